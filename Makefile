@@ -1,0 +1,49 @@
+# scopefs: `make demo` shows the isolation end to end; `make test` runs the suite.
+# Both install what is missing first: Debian packages and a .venv with the
+# project (editable) and its test dependencies.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# fuse3/libfuse3-dev/pkg-config: the FUSE mount; bubblewrap: the sandbox;
+# vim/nano: real editors in tests; strace: fsync fault injection;
+# e2fsprogs/util-linux: loop-mounted ext4 for the power-loss tests.
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config bubblewrap vim nano strace e2fsprogs util-linux
+
+.PHONY: all deps venv test demo bench clean
+
+all: test
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+test: deps venv
+	$(BIN)/pytest -q
+
+demo: deps venv
+	./demo/demo.sh
+
+bench: deps venv
+	$(BIN)/python bench/write_read.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

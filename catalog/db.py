@@ -1,0 +1,104 @@
+"""SQLite connections on apsw, configured for durability and safety.
+
+Every connection gets the same settings, so no code path can open a weaker
+one by accident:
+
+* WAL with ``synchronous=FULL``. Measured on this kind of machine with a
+  simulated power loss: under WAL with ``NORMAL``, acknowledged commits were
+  lost; with ``FULL`` they survived. An acknowledged write must survive.
+* ``foreign_keys=ON`` (SQLite leaves it off per connection by default).
+* ``trusted_schema=OFF``: schema objects cannot call application functions.
+* A busy timeout, so concurrent CLI processes wait instead of failing.
+
+Transactions are explicit ``BEGIN IMMEDIATE`` blocks: the write lock is taken
+at the start, so a transaction never discovers halfway that it must retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from catalog.errors import StorageError
+
+BUSY_TIMEOUT_MS = 10_000
+
+# Failures of the storage below SQLite. Anything else (constraint, misuse) is
+# a bug or a policy refusal and propagates as itself.
+STORAGE_FAILURES: tuple[type[BaseException], ...] = (
+    apsw.IOError,
+    apsw.FullError,
+    apsw.CantOpenError,
+    apsw.CorruptError,
+    apsw.NotADBError,
+    apsw.ReadOnlyError,
+    apsw.BusyError,
+)
+
+
+def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonly: bool = False) -> apsw.Connection:
+    """Open ``path`` with the project's pragmas applied.
+
+    ``vfs`` selects a registered SQLite VFS; tests use it to inject write and
+    sync failures at the storage layer without mocking the catalog.
+    """
+    if readonly:
+        flags = apsw.SQLITE_OPEN_READONLY
+    else:
+        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
+    flags |= apsw.SQLITE_OPEN_NOFOLLOW
+    try:
+        conn = apsw.Connection(str(path), flags=flags, vfs=vfs)
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        if not readonly:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
+            if mode != "wal":
+                raise StorageError(f"cannot enable WAL on {path.name} (got {mode})")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA trusted_schema=OFF")
+    except STORAGE_FAILURES as exc:
+        raise StorageError(f"cannot open {path.name}: {exc.__class__.__name__}") from exc
+    return conn
+
+
+@contextlib.contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """A short write transaction that commits on success, rolls back on error.
+
+    Storage failures (I/O error, disk full, busy past the timeout) surface as
+    StorageError after the rollback, so callers never see a half-applied
+    transaction and never retry an fsync that failed.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except STORAGE_FAILURES as exc:
+        raise StorageError(f"catalog unavailable: {exc.__class__.__name__}") from exc
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+        raise
+    try:
+        conn.execute("COMMIT")
+    except STORAGE_FAILURES as exc:
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+        raise StorageError(f"catalog commit failed: {exc.__class__.__name__}") from exc
+
+
+def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
+    """The first row of a query, or None."""
+    for row in conn.execute(sql, params):
+        return row
+    return None
+
+
+def scalar(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
+    row = one(conn, sql, params)
+    return None if row is None else row[0]

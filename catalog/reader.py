@@ -1,0 +1,40 @@
+"""Reading a note through a session's view: decide, verify, audit.
+
+The only read path for content. The same steps serve the command line now
+and the filesystem later: validate the path, authorize the session, resolve
+inside the view, evaluate ``read``, verify the artifact's hash, and audit
+the outcome. A refusal names no other scope; an integrity failure returns no
+bytes.
+"""
+
+from __future__ import annotations
+
+from catalog.access import authorize_session, decide, excluded_reason, resolve
+from catalog.artifacts import read_verified
+from catalog.audit import record, record_quietly
+from catalog.errors import IntegrityError
+from catalog.home import Home
+from catalog.paths import split_virtual_path
+from catalog.policy import Op
+from catalog.reasons import Reason
+
+
+def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> bytes:
+    parts = split_virtual_path(path)  # BadInput before anything is looked up
+    access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
+    target = resolve(access, parts)
+    decision = decide(access, target, Op.READ)
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    if not decision:
+        reason = excluded_reason(access, parts) if target.mount is None else decision.reason
+        raise access.refuse(Op.READ, reason, store_id=store_id, revision_id=revision_id)
+    assert target.store is not None and target.revision is not None
+    try:
+        data = read_verified(home, access.agent_id, target.store, target.revision)
+    except IntegrityError:
+        record_quietly(home.state(), access.event(Op.READ, "error", Reason.REVISION_STALE, store_id=store_id,
+                                                  revision_id=revision_id))
+        raise
+    record(home.state(), access.event(Op.READ, "allow", Reason.ALLOWED, store_id=store_id, revision_id=revision_id))
+    return data

@@ -1,0 +1,57 @@
+"""Stable reason codes from the specification's authorization model.
+
+Audit rows, refusals and tests use these strings; they are part of the
+public contract and never change meaning.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    ALLOWED = "allowed"
+    INVALID_CONTEXT = "invalid-context"
+    SESSION_REBOUND = "session-rebound"
+    DELIVERY_REBOUND = "delivery-rebound"
+    PLAN_EXPIRED = "plan-expired"
+    IDENTITY_REVOKED = "identity-revoked"
+    MEMBERSHIP_STALE = "membership-stale"
+    OUTSIDE_VIEW = "outside-view"
+    REVISION_STALE = "revision-stale"
+    EXPLICIT_DENY = "explicit-deny"
+    DEFAULT_DENY = "default-deny"
+    LINEAGE_DENY = "lineage-deny"
+    BACKEND_NONCONFORMING = "backend-nonconforming"
+
+
+# Reasons that describe the caller's own session rather than a resource.
+# These may be shown as they are; every resource-level reason is reported to
+# the caller as OUTSIDE_VIEW so that "hidden" and "missing" look the same.
+SESSION_REASONS = frozenset(
+    {
+        Reason.INVALID_CONTEXT,
+        Reason.SESSION_REBOUND,
+        Reason.DELIVERY_REBOUND,
+        Reason.PLAN_EXPIRED,
+        Reason.IDENTITY_REVOKED,
+        Reason.MEMBERSHIP_STALE,
+    }
+)
+
+
+def public_reason(reason: Reason, *, read_like: bool) -> Reason:
+    """The reason a caller may see for an internal decision.
+
+    For reads and lookups every resource-level refusal collapses to
+    ``outside-view``: the caller cannot tell a hidden note from a missing
+    one. Write refusals against a root the caller can already see keep
+    ``default-deny`` (the root is visibly read-only, nothing is revealed).
+    """
+    if reason in SESSION_REASONS:
+        return reason
+    if read_like:
+        return Reason.OUTSIDE_VIEW
+    if reason in (Reason.DEFAULT_DENY, Reason.OUTSIDE_VIEW):
+        return reason
+    return Reason.OUTSIDE_VIEW

@@ -1,0 +1,195 @@
+"""Schema of one agent's ``catalog.sqlite``: stores, revisions, policy, sessions.
+
+The agent id is a hard cell boundary: the database holds exactly one
+``agent_cell`` row, every store-, resource- and session-bearing row carries
+``agent_id`` with a foreign key to it, and every query also constrains it.
+Revisions are immutable apart from their lifecycle state, which may only
+move forward; session subjects are write-once. Both rules are enforced by
+triggers, so no code path, including a buggy one, can break them.
+"""
+
+from __future__ import annotations
+
+from catalog.schema import SchemaKind
+
+V1 = """
+CREATE TABLE agent_cell (
+    agent_id   TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER agent_cell_single BEFORE INSERT ON agent_cell
+WHEN (SELECT count(*) FROM agent_cell) > 0
+BEGIN SELECT RAISE(ABORT, 'a catalog belongs to exactly one agent'); END;
+CREATE TRIGGER agent_cell_fixed BEFORE UPDATE ON agent_cell
+BEGIN SELECT RAISE(ABORT, 'the agent cell is fixed'); END;
+
+-- Physical namespaces. path_key is the opaque directory name; it is distinct
+-- from store_id so that a path key can be rotated without changing identity.
+CREATE TABLE storage_roots (
+    storage_root_id  TEXT PRIMARY KEY,
+    agent_id         TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    backend_kind     TEXT NOT NULL CHECK (backend_kind = 'fs'),
+    path_key         TEXT NOT NULL,
+    path_key_version INTEGER NOT NULL DEFAULT 1,
+    authority_kind   TEXT NOT NULL,
+    authority_owner  TEXT,
+    state            TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_at       INTEGER NOT NULL,
+    UNIQUE (agent_id, path_key)
+) STRICT;
+
+CREATE TABLE stores (
+    store_id        TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    storage_root_id TEXT NOT NULL UNIQUE REFERENCES storage_roots (storage_root_id),
+    scope_kind      TEXT NOT NULL CHECK (scope_kind IN
+                        ('user', 'channel', 'role', 'agent-shared', 'agent', 'projection', 'quarantine')),
+    audience_id     TEXT NOT NULL,           -- principal id; '' for agent-shared
+    state           TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_at      INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX stores_one_per_audience ON stores (agent_id, scope_kind, audience_id) WHERE state = 'active';
+CREATE TRIGGER stores_identity_fixed
+BEFORE UPDATE OF store_id, agent_id, storage_root_id, scope_kind, audience_id, created_at ON stores
+BEGIN SELECT RAISE(ABORT, 'a store keeps its scope and audience'); END;
+
+-- Stable resource identity; the logical path may change (rename), the id not.
+CREATE TABLE resources (
+    resource_id TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    store_id    TEXT NOT NULL REFERENCES stores (store_id),
+    path        TEXT NOT NULL,
+    state       TEXT NOT NULL DEFAULT 'live' CHECK (state IN ('live', 'tombstoned')),
+    created_at  INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX resources_live_path ON resources (agent_id, store_id, path) WHERE state = 'live';
+CREATE TRIGGER resources_identity_fixed
+BEFORE UPDATE OF resource_id, agent_id, store_id, created_at ON resources
+BEGIN SELECT RAISE(ABORT, 'a resource keeps its identity and store'); END;
+
+-- Immutable revisions. At most one is active per resource; readers resolve
+-- only active ones. locator is the broker-generated artifact file name.
+CREATE TABLE revisions (
+    revision_id      TEXT PRIMARY KEY,
+    agent_id         TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    resource_id      TEXT NOT NULL REFERENCES resources (resource_id),
+    revision_no      INTEGER NOT NULL,
+    base_revision_id TEXT REFERENCES revisions (revision_id),
+    content_sha256   TEXT NOT NULL CHECK (length(content_sha256) = 64),
+    size             INTEGER NOT NULL CHECK (size >= 0),
+    locator          TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN
+                         ('pending', 'active', 'superseded', 'rolled-back', 'tombstoned', 'corrupt')),
+    session_id       TEXT,
+    actor_id         TEXT,                   -- NULL when unattributed
+    trust_origin     TEXT NOT NULL,
+    created_at       INTEGER NOT NULL,
+    activated_at     INTEGER,
+    UNIQUE (resource_id, revision_no),
+    UNIQUE (agent_id, locator)
+) STRICT;
+CREATE UNIQUE INDEX revisions_one_active ON revisions (resource_id) WHERE state = 'active';
+CREATE INDEX revisions_by_state ON revisions (state) WHERE state IN ('pending', 'active');
+CREATE TRIGGER revisions_immutable
+BEFORE UPDATE OF revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,
+                 size, locator, session_id, actor_id, trust_origin, created_at ON revisions
+BEGIN SELECT RAISE(ABORT, 'revisions are immutable'); END;
+CREATE TRIGGER revisions_forward_only
+BEFORE UPDATE OF state ON revisions
+WHEN NOT ((OLD.state = 'pending' AND NEW.state IN ('active', 'rolled-back'))
+       OR (OLD.state = 'active' AND NEW.state IN ('superseded', 'tombstoned', 'corrupt'))
+       OR (OLD.state = 'superseded' AND NEW.state IN ('tombstoned', 'corrupt')))
+BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
+CREATE TRIGGER revisions_activated_once
+BEFORE UPDATE OF activated_at ON revisions WHEN OLD.activated_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'activation time is fixed'); END;
+CREATE TRIGGER revisions_no_delete BEFORE DELETE ON revisions
+BEGIN SELECT RAISE(ABORT, 'revisions are never deleted'); END;
+
+-- Policy: stable ids, a revision counter, and immutable entries (deny rows,
+-- exceptional allows, expiry). Placement in a store supplies the common allow.
+CREATE TABLE policies (
+    policy_id   TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    target_kind TEXT NOT NULL CHECK (target_kind IN ('store', 'resource')),
+    target_id   TEXT NOT NULL,
+    revision    INTEGER NOT NULL DEFAULT 1,
+    state       TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_by  TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    UNIQUE (agent_id, target_kind, target_id)
+) STRICT;
+
+CREATE TABLE policy_entries (
+    entry_id        TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    policy_id       TEXT NOT NULL REFERENCES policies (policy_id),
+    policy_revision INTEGER NOT NULL,
+    effect          TEXT NOT NULL CHECK (effect IN ('allow', 'deny')),
+    capability      TEXT NOT NULL,
+    audience_kind   TEXT NOT NULL CHECK (audience_kind IN ('any', 'principal', 'subject-kind')),
+    audience_id     TEXT NOT NULL DEFAULT '',
+    grantor         TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    expires_at      INTEGER,
+    revoked_at      INTEGER
+) STRICT;
+CREATE INDEX policy_entries_by_policy ON policy_entries (policy_id) WHERE revoked_at IS NULL;
+CREATE TRIGGER policy_entries_immutable
+BEFORE UPDATE OF entry_id, agent_id, policy_id, policy_revision, effect, capability, audience_kind,
+                 audience_id, grantor, created_at, expires_at ON policy_entries
+BEGIN SELECT RAISE(ABORT, 'policy entries are immutable; revoke and add'); END;
+
+-- Sessions: the subject is stamped once. Closing a session is the only change.
+CREATE TABLE sessions (
+    session_id           TEXT PRIMARY KEY,
+    agent_id             TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    subject_kind         TEXT NOT NULL CHECK (subject_kind IN ('user', 'conversation', 'service', 'ambiguous')),
+    subject_principal_id TEXT,
+    subject_reason       TEXT CHECK (subject_reason IN ('shared-main', 'unbound')),
+    binding_id           TEXT,               -- the evidence a user subject was opened through
+    subject_revision     INTEGER NOT NULL DEFAULT 1,
+    created_at           INTEGER NOT NULL,
+    closed_at            INTEGER,
+    CHECK ((subject_kind = 'ambiguous') = (subject_principal_id IS NULL)),
+    CHECK ((subject_kind = 'ambiguous') = (subject_reason IS NOT NULL)),
+    CHECK ((subject_kind = 'user') = (binding_id IS NOT NULL))
+) STRICT;
+CREATE TRIGGER sessions_subject_write_once
+BEFORE UPDATE OF session_id, agent_id, subject_kind, subject_principal_id, subject_reason,
+                 binding_id, subject_revision, created_at ON sessions
+BEGIN SELECT RAISE(ABORT, 'session subject is write-once'); END;
+CREATE TRIGGER sessions_close_once
+BEFORE UPDATE OF closed_at ON sessions WHEN OLD.closed_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'session already closed'); END;
+CREATE TRIGGER sessions_no_delete BEFORE DELETE ON sessions
+BEGIN SELECT RAISE(ABORT, 'sessions are never deleted'); END;
+
+-- Crash-recovery state machine for the staged-rename write transaction.
+CREATE TABLE write_intents (
+    intent_id       TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    revision_id     TEXT NOT NULL UNIQUE REFERENCES revisions (revision_id),
+    store_id        TEXT NOT NULL REFERENCES stores (store_id),
+    staged_name     TEXT NOT NULL,
+    final_locator   TEXT NOT NULL,
+    expected_sha256 TEXT NOT NULL,
+    event_id        TEXT,                    -- its audit outbox row
+    state           TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done', 'rolled-back')),
+    created_at      INTEGER NOT NULL,
+    finished_at     INTEGER
+) STRICT;
+CREATE INDEX write_intents_pending ON write_intents (state) WHERE state = 'pending';
+
+-- Audit rows committed with catalog state, drained idempotently to state.sqlite.
+CREATE TABLE audit_outbox (
+    event_id   TEXT PRIMARY KEY,
+    agent_id   TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    payload    TEXT NOT NULL,                -- JSON of ids, decision and reason only
+    state      TEXT NOT NULL CHECK (state IN ('pending', 'ready', 'drained')),
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX audit_outbox_ready ON audit_outbox (state) WHERE state = 'ready';
+"""
+
+AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1,))  # 'SCAG'

@@ -1,0 +1,1 @@
+"""The ``scopefs`` command line: thin wiring over catalog and writer, no policy."""

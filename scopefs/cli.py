@@ -1,0 +1,305 @@
+"""``scopefs``: the operator's and the tests' entry point (DESIGN.md §7).
+
+Every command takes ``--home`` and ``--json``; exit codes are 0 ok, 2 bad
+input, 3 denied by policy, 4 integrity failure, 1 anything else. This module
+parses, calls one function of ``catalog`` or ``writer``, and prints; it
+decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from catalog import groups, identity
+from catalog.agents import add_agent
+from catalog.durations import parse_duration_us
+from catalog.errors import BadInput, Denied, ScopefsError
+from catalog.home import Home, resolve_home, validate_agent_name
+from catalog.listing import list_folder
+from catalog.reader import read_note
+from catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
+from scopefs.output import emit, fail
+from writer.recovery import exit_code as doctor_exit_code
+from writer.recovery import inspect
+from writer.transaction import write_note
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{message} (see '{self.prog} --help')")
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    default: Any = None if top else argparse.SUPPRESS
+    parser.add_argument("--home", default=default, help="state directory (default: $SCOPEFS_HOME or ./.scopefs)")
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="print exactly one JSON object on stdout")
+
+
+def _home(args: argparse.Namespace) -> Home:
+    return Home.open(resolve_home(args.home))
+
+
+# -- commands ---------------------------------------------------------------
+
+def cmd_init(args: argparse.Namespace) -> int:
+    home, created = Home.init(resolve_home(args.home))
+    emit(args.json, {"home": str(home.root), "created": created},
+         [f"{'created' if created else 'exists'}: {home.root}"])
+    return 0
+
+
+def cmd_agent_add(args: argparse.Namespace) -> int:
+    home = _home(args)
+    created = add_agent(home, validate_agent_name(args.agent))
+    emit(args.json, {"agent_id": args.agent, "created": created}, [args.agent])
+    return 0
+
+
+def cmd_principal_add(args: argparse.Namespace) -> int:
+    home = _home(args)
+    principal_id = identity.add_principal(home.state(), args.name, args.kind)
+    emit(args.json, {"principal_id": principal_id, "kind": args.kind}, [principal_id])
+    return 0
+
+
+def cmd_role_add(args: argparse.Namespace) -> int:
+    home = _home(args)
+    role_id, created = groups.add_role(home.state(), args.name)
+    emit(args.json, {"role_id": role_id, "created": created}, [role_id])
+    return 0
+
+
+def cmd_bind(args: argparse.Namespace) -> int:
+    home = _home(args)
+    binding_id, created = identity.bind(home.state(), home.hmac_key(), args.principal, args.channel, args.account,
+                                        args.sender)
+    emit(args.json, {"binding_id": binding_id, "created": created}, [binding_id])
+    return 0
+
+
+def cmd_binding_revoke(args: argparse.Namespace) -> int:
+    home = _home(args)
+    revoked = identity.revoke_binding(home.state(), args.binding)
+    emit(args.json, {"binding_id": args.binding, "revoked": revoked},
+         [f"revoked: {args.binding}" if revoked else f"already revoked: {args.binding}"])
+    return 0
+
+
+def cmd_conversation_add(args: argparse.Namespace) -> int:
+    home = _home(args)
+    validate_agent_name(args.agent)
+    conversation_id, created = groups.add_conversation(home.state(), home.hmac_key(), args.agent, args.channel,
+                                                       args.account, args.conversation)
+    emit(args.json, {"conversation_id": conversation_id, "created": created}, [conversation_id])
+    return 0
+
+
+def cmd_member_add(args: argparse.Namespace) -> int:
+    expires = parse_duration_us(args.expires) if args.expires is not None else None
+    home = _home(args)
+    membership_id = groups.add_member(home.state(), args.group, args.principal, expires)
+    emit(args.json, {"membership_id": membership_id}, [membership_id])
+    return 0
+
+
+def cmd_member_remove(args: argparse.Namespace) -> int:
+    home = _home(args)
+    removed = groups.remove_member(home.state(), args.group, args.principal)
+    emit(args.json, {"removed": removed}, ["removed" if removed else "not a member"])
+    return 0
+
+
+def cmd_session_open(args: argparse.Namespace) -> int:
+    modes = [args.dm, args.group, args.service is not None, args.shared_main]
+    if sum(modes) != 1:
+        raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main")
+    opening: DirectMessage | Group | Service | SharedMain
+    if args.dm:
+        if None in (args.channel, args.account, args.sender):
+            raise BadInput("--dm needs --channel, --account and --sender")
+        opening = DirectMessage(args.channel, args.account, args.sender)
+    elif args.group:
+        if args.conversation is None:
+            raise BadInput("--group needs --conversation")
+        opening = Group(args.conversation)
+    elif args.service is not None:
+        opening = Service(args.service)
+    else:
+        opening = SharedMain()
+    if not args.dm and any(v is not None for v in (args.channel, args.account, args.sender)):
+        raise BadInput("--channel, --account and --sender belong to --dm")
+    home = _home(args)
+    session = open_session(home, validate_agent_name(args.agent), opening)
+    subject = session.subject
+    payload = {"session_id": session.session_id, "subject": subject.kind.value,
+               "subject_principal_id": subject.principal_id,
+               "subject_reason": subject.reason.value if subject.reason else None}
+    emit(args.json, payload, [session.session_id, f"subject: {subject.kind.value}"
+                              + (f" ({subject.reason.value})" if subject.reason else "")])
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    home = _home(args)
+    data = read_note(home, args.session, args.path, actor_id=args.actor)
+    if args.json:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ScopefsError("note is not UTF-8 text; read it without --json") from None
+        emit(True, {"content": text, "size": len(data)})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    home = _home(args)
+    result = write_note(home, args.session, args.path, sys.stdin.buffer, actor_id=args.actor)
+    emit(args.json, {"resource_id": result.resource_id, "revision_id": result.revision_id,
+                     "revision": result.revision_no, "sha256": result.sha256, "size": result.size,
+                     "created": result.created},
+         [f"{args.path}: revision {result.revision_no} ({result.size} bytes)"])
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    home = _home(args)
+    entries = list_folder(home, args.session, args.path or "", actor_id=args.actor)
+    emit(args.json, {"entries": [{"name": e.name, "type": "folder" if e.is_dir else "note", "size": e.size}
+                                 for e in entries]},
+         [e.name + "/" if e.is_dir else e.name for e in entries])
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    home = _home(args)
+    agents = [validate_agent_name(args.agent)] if args.agent else home.agents()
+    if args.agent and not home.agent_exists(args.agent):
+        raise BadInput(f"unknown agent: {args.agent}")
+    findings = []
+    for agent_id in agents:
+        findings.extend(inspect(home, agent_id, fix=args.fix))
+    code = doctor_exit_code(findings)
+    lines = [f"{f.agent_id}: {f.kind}" + (f" {f.ref}" if f.ref else "") + (f": {f.action}" if f.action else "")
+             for f in findings] or ["ok: the artifact area matches the catalog"]
+    emit(args.json, {"findings": [{"kind": f.kind, "agent_id": f.agent_id, "ref_id": f.ref, "action": f.action,
+                                   "integrity": f.integrity} for f in findings], "exit_code": code}, lines)
+    return code
+
+
+# -- parser -----------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="scopefs", description="Identity-aware memory views for multi-user agents.")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], helptext: str,
+                where: Any = sub) -> argparse.ArgumentParser:
+        p = where.add_parser(name, help=helptext, description=helptext)
+        _common(p, top=False)
+        p.set_defaults(func=func)
+        return p
+
+    command("init", cmd_init, "create the state directory (idempotent)")
+
+    agent = sub.add_parser("agent", help="manage agents").add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    command("add", cmd_agent_add, "add an agent cell", agent).add_argument("agent")
+
+    principal = sub.add_parser("principal", help="manage principals").add_subparsers(dest="verb", required=True,
+                                                                                     parser_class=_Parser)
+    p = command("add", cmd_principal_add, "add a principal; NAME is a display label only", principal)
+    p.add_argument("name")
+    p.add_argument("--kind", choices=("human", "service"), required=True)
+
+    role = sub.add_parser("role", help="manage roles").add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    command("add", cmd_role_add, "add a role (its name is its folder under roles/)", role).add_argument("name")
+
+    p = command("bind", cmd_bind, "bind a channel sender to a human principal")
+    p.add_argument("principal")
+    p.add_argument("--channel", required=True)
+    p.add_argument("--account", required=True)
+    p.add_argument("--sender", required=True)
+
+    binding = sub.add_parser("binding", help="manage bindings").add_subparsers(dest="verb", required=True,
+                                                                               parser_class=_Parser)
+    command("revoke", cmd_binding_revoke, "revoke a binding; its sessions are denied from now on",
+            binding).add_argument("binding")
+
+    conversation = sub.add_parser("conversation", help="manage conversations").add_subparsers(
+        dest="verb", required=True, parser_class=_Parser)
+    p = command("add", cmd_conversation_add, "register a group conversation for an agent", conversation)
+    for flag in ("--agent", "--channel", "--account", "--conversation"):
+        p.add_argument(flag, required=True)
+
+    member = sub.add_parser("member", help="manage memberships").add_subparsers(dest="verb", required=True,
+                                                                                parser_class=_Parser)
+    p = command("add", cmd_member_add, "add a principal to a conversation or role", member)
+    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("principal")
+    p.add_argument("--expires", metavar="DURATION", help="evidence freshness bound, e.g. 12h or 7d")
+    p = command("remove", cmd_member_remove, "remove a principal from a conversation or role", member)
+    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("principal")
+
+    session = sub.add_parser("session", help="manage sessions").add_subparsers(dest="verb", required=True,
+                                                                               parser_class=_Parser)
+    p = command("open", cmd_session_open, "open a session; its subject is fixed for life", session)
+    p.add_argument("--agent", required=True)
+    p.add_argument("--dm", action="store_true")
+    p.add_argument("--group", action="store_true")
+    p.add_argument("--service", metavar="PRINCIPAL")
+    p.add_argument("--shared-main", action="store_true")
+    p.add_argument("--channel")
+    p.add_argument("--account")
+    p.add_argument("--sender")
+    p.add_argument("--conversation")
+
+    for name, func, helptext in (
+        ("read", cmd_read, "print a note of the session's view (verified against its hash)"),
+        ("write", cmd_write, "write stdin as a new revision of a note; missing folders are created"),
+    ):
+        p = command(name, func, helptext)
+        p.add_argument("session")
+        p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
+        p.add_argument("--actor", metavar="PRINCIPAL", help="the principal causing this operation")
+    p = command("ls", cmd_ls, "list a folder of the session's view")
+    p.add_argument("session")
+    p.add_argument("path", nargs="?", default="")
+    p.add_argument("--actor", metavar="PRINCIPAL")
+
+    p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
+    p.add_argument("--fix", action="store_true")
+    p.add_argument("--agent")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.umask(0o077)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in raw
+    try:
+        args = build_parser().parse_args(raw)
+        as_json = bool(getattr(args, "json", as_json))
+        return args.func(args)
+    except Denied as exc:
+        return fail(as_json, exc.exit_code, str(exc), exc.reason)
+    except ScopefsError as exc:
+        return fail(as_json, exc.exit_code, str(exc))
+    except KeyboardInterrupt:
+        return fail(as_json, 1, "interrupted")
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Recovery and inspection: make the artifact area agree with the catalog.
+
+``recover_pending_if_idle`` runs before writes: if no writer holds the lock,
+every pending intent was abandoned by a crash and is settled now. ``inspect``
+is ``scopefs doctor``: it reports, and with ``fix`` repairs, everything that
+does not match the catalog:
+
+* pending intents: completed when the staged or final file hashes to the
+  pending row and its base is still the active revision, else rolled back;
+* staging leftovers (never committed content): removed;
+* files and directories in the artifact area that no revision or store
+  names, and entries that are not plain single-link files: moved to the
+  agent's quarantine, never into a readable place;
+* undrained audit outbox rows: drained;
+* committed revisions whose artifact is missing, unsafe or does not hash to
+  the catalog: reported as integrity failures. They cannot be repaired from
+  here and stay unreadable.
+
+Without ``fix`` nothing is changed. Findings carry our own ids only, never
+content or user-chosen paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from catalog import ids
+from catalog.artifacts import check_locator, hash_fd, open_artifact, open_scopes_dir, open_store_dir
+from catalog.audit import drain
+from catalog.db import one
+from catalog.errors import Conflict, IntegrityError, StorageError
+from catalog.fsafe import open_dir, open_regular, renameat2_noreplace
+from catalog.home import Home
+from catalog.reasons import Reason
+from writer import lock
+from writer.commit import activate, roll_back
+
+INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    agent_id: str
+    ref: str | None  # one of our ids (revision, store) or None
+    action: str | None = None  # what --fix did; None when nothing was done
+
+    @property
+    def integrity(self) -> bool:
+        return self.kind in INTEGRITY_KINDS
+
+
+@dataclass(frozen=True)
+class _Intent:
+    intent_id: str
+    revision_id: str
+    resource_id: str
+    base_revision_id: str | None
+    staged_name: str
+    final_locator: str
+    expected_sha256: str
+    event_id: str | None
+    path_key: str
+
+
+def _pending_intents(home: Home, agent_id: str) -> list[_Intent]:
+    rows = home.catalog(agent_id).execute(
+        "SELECT i.intent_id, i.revision_id, v.resource_id, v.base_revision_id, i.staged_name, i.final_locator,"
+        " i.expected_sha256, i.event_id, r.path_key"
+        " FROM write_intents i JOIN revisions v ON v.revision_id = i.revision_id"
+        " JOIN stores s ON s.store_id = i.store_id JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+        " WHERE i.agent_id = ? AND v.agent_id = ? AND s.agent_id = ? AND i.state = 'pending' ORDER BY i.created_at",
+        (agent_id, agent_id, agent_id),
+    )
+    return [_Intent(*row) for row in rows]
+
+
+def _hash_of(dirfd: int, name: str) -> str | None:
+    """SHA-256 of a plain file below ``dirfd``, or None if absent or unsafe."""
+    try:
+        fd, _ = open_regular(dirfd, name)
+    except OSError:
+        return None
+    try:
+        return hash_fd(fd)[0]
+    finally:
+        os.close(fd)
+
+
+def _fsync_entry(dirfd: int, name: str) -> None:
+    fd, _ = open_regular(dirfd, name)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str) -> None:
+    qfd = open_dir(home.quarantine_dir(agent_id))
+    try:
+        renameat2_noreplace(dirfd, name, qfd, ids.random_token())
+        os.fsync(qfd)
+        os.fsync(dirfd)
+    finally:
+        os.close(qfd)
+
+
+def _settle(home: Home, agent_id: str, intent: _Intent) -> str:
+    """Complete or roll back one abandoned intent; returns what was done."""
+    catalog = home.catalog(agent_id)
+    staging_fd = open_dir(home.staging_dir(agent_id))
+    try:
+        try:
+            store_fd = open_store_dir(home, agent_id, intent.path_key)
+        except IntegrityError:
+            store_fd = -1
+        try:
+            final = _hash_of(store_fd, intent.final_locator) if store_fd >= 0 else None
+            if final is None and store_fd >= 0 and _hash_of(staging_fd, intent.staged_name) == intent.expected_sha256:
+                renameat2_noreplace(staging_fd, intent.staged_name, store_fd, intent.final_locator)
+                final = _hash_of(store_fd, intent.final_locator)
+            if final == intent.expected_sha256:
+                # The crash may have come before step 3's fsyncs: make the
+                # file and its name durable before the catalog points at it.
+                _fsync_entry(store_fd, intent.final_locator)
+                os.fsync(store_fd)
+                try:
+                    activate(catalog, agent_id, resource_id=intent.resource_id, revision_id=intent.revision_id,
+                             base_revision_id=intent.base_revision_id, intent_id=intent.intent_id,
+                             event_id=intent.event_id, expected_sha256=intent.expected_sha256, final_sha256=final)
+                    return "completed"
+                except (Conflict, IntegrityError):
+                    pass
+            if store_fd >= 0:
+                with contextlib.suppress(FileNotFoundError):
+                    _to_quarantine(home, agent_id, store_fd, intent.final_locator)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(intent.staged_name, dir_fd=staging_fd)
+            roll_back(catalog, agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
+                      event_id=intent.event_id, reason=Reason.REVISION_STALE)
+            return "rolled back"
+        finally:
+            if store_fd >= 0:
+                os.close(store_fd)
+    finally:
+        os.close(staging_fd)
+
+
+def recover_pending_if_idle(home: Home, agent_id: str) -> int:
+    """Settle abandoned intents when no writer is active; returns how many."""
+    catalog = home.catalog(agent_id)
+    if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,)) is None:
+        return 0
+    with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
+        if not held:
+            return 0
+        intents = _pending_intents(home, agent_id)
+        for intent in intents:
+            _settle(home, agent_id, intent)
+        return len(intents)
+
+
+def _names(dirfd: int) -> Iterator[os.DirEntry[str]]:
+    with os.scandir(dirfd) as entries:
+        yield from sorted(entries, key=lambda e: e.name)
+
+
+def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix: bool) -> list[Finding]:
+    catalog = home.catalog(agent_id)
+    findings: list[Finding] = []
+    revisions = {
+        row[0]: (row[1], row[2], row[3], row[4])
+        for row in catalog.execute(
+            "SELECT v.locator, v.revision_id, v.state, v.content_sha256, v.size FROM revisions v"
+            " JOIN resources r ON r.resource_id = v.resource_id"
+            " WHERE v.agent_id = ? AND r.agent_id = ? AND r.store_id = ? AND v.state != 'rolled-back'",
+            (agent_id, agent_id, store_id),
+        )
+    }
+    try:
+        store_fd = open_store_dir(home, agent_id, path_key)
+    except IntegrityError:
+        committed = any(state in ("active", "superseded") for _, state, _, _ in revisions.values())
+        if committed:
+            return [Finding("missing-store-dir", agent_id, store_id)]
+        action = None
+        if fix:  # nothing was ever committed there: an empty directory is the whole repair
+            scopes_fd = open_scopes_dir(home, agent_id)
+            try:
+                os.mkdir(path_key, 0o700, dir_fd=scopes_fd)
+                os.fsync(scopes_fd)
+            finally:
+                os.close(scopes_fd)
+            action = "recreated"
+        return [Finding("empty-store-dir-missing", agent_id, store_id, action)]
+    try:
+        for entry in _names(store_fd):
+            known = revisions.get(entry.name)
+            if known is None:
+                moved = None
+                if fix:
+                    _to_quarantine(home, agent_id, store_fd, entry.name)
+                    moved = "quarantined"
+                kind = "orphan-file" if entry.is_file(follow_symlinks=False) else "unexpected-entry"
+                findings.append(Finding(kind, agent_id, store_id, moved))
+        for locator, (revision_id, state, sha256, size) in revisions.items():
+            if state not in ("active", "superseded"):
+                continue
+            check_locator(locator)
+            try:
+                fd = open_artifact(store_fd, locator)
+            except IntegrityError as exc:
+                missing = isinstance(exc.__cause__, FileNotFoundError)
+                findings.append(Finding("missing-artifact" if missing else "unsafe-artifact", agent_id, revision_id))
+                continue
+            try:
+                actual, actual_size = hash_fd(fd)
+            finally:
+                os.close(fd)
+            if actual != sha256 or actual_size != size:
+                findings.append(Finding("tampered-artifact", agent_id, revision_id))
+    finally:
+        os.close(store_fd)
+    return findings
+
+
+def inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
+    """Doctor for one agent. With ``fix`` it holds the writer lock throughout."""
+    if fix:
+        with lock.exclusive(home.lock_path(agent_id), wait=True):
+            return _inspect(home, agent_id, fix=True)
+    return _inspect(home, agent_id, fix=False)
+
+
+def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
+    catalog = home.catalog(agent_id)
+    findings: list[Finding] = []
+    pending = _pending_intents(home, agent_id)
+    for intent in pending:
+        findings.append(Finding("pending-intent", agent_id, intent.revision_id, _settle(home, agent_id, intent) if fix else None))
+    in_flight = set() if fix else {i.staged_name for i in pending}
+    staging_fd = open_dir(home.staging_dir(agent_id))
+    try:
+        for entry in _names(staging_fd):
+            if entry.name in in_flight:
+                continue
+            action = None
+            if fix:
+                if entry.is_dir(follow_symlinks=False):
+                    _to_quarantine(home, agent_id, staging_fd, entry.name)
+                    action = "quarantined"
+                else:
+                    os.unlink(entry.name, dir_fd=staging_fd)
+                    action = "removed"
+            findings.append(Finding("staging-leftover", agent_id, None, action))
+    finally:
+        os.close(staging_fd)
+    stores = {
+        row[0]: row[1]
+        for row in catalog.execute(
+            "SELECT r.path_key, s.store_id FROM stores s JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+            " WHERE s.agent_id = ? AND r.agent_id = ?",
+            (agent_id, agent_id),
+        )
+    }
+    scopes_fd = open_scopes_dir(home, agent_id)
+    try:
+        present = set()
+        for entry in _names(scopes_fd):
+            if entry.name in stores and entry.is_dir(follow_symlinks=False):
+                present.add(entry.name)
+                continue
+            action = None
+            if fix:
+                if entry.is_dir(follow_symlinks=False) and not any(True for _ in _names_of(scopes_fd, entry.name)):
+                    os.rmdir(entry.name, dir_fd=scopes_fd)
+                    action = "removed"
+                else:
+                    _to_quarantine(home, agent_id, scopes_fd, entry.name)
+                    action = "quarantined"
+            findings.append(Finding("orphan-store-dir" if entry.is_dir(follow_symlinks=False) else "unexpected-entry",
+                                    agent_id, None, action))
+    finally:
+        os.close(scopes_fd)
+    for path_key, store_id in stores.items():
+        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix))
+    ready = one(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))[0]
+    if ready:
+        action = None
+        if fix:
+            drain(home.state(), catalog, agent_id)
+            action = "drained"
+        findings.append(Finding("undrained-audit", agent_id, None, action))
+    return findings
+
+
+def _names_of(dirfd: int, name: str) -> list[str]:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0 clean; 4 an integrity failure remains; 1 other findings left unfixed."""
+    if any(f.integrity for f in findings):
+        return IntegrityError.exit_code
+    if any(f.action is None for f in findings):
+        return StorageError.exit_code
+    return 0
+

@@ -1,0 +1,36 @@
+"""Named points between the steps of the write transaction.
+
+Production code calls ``checkpoint`` at each boundary and nothing happens.
+The crash and power-loss tests install a hook in a child process that stops
+there and lets the parent SIGKILL it or shut the filesystem down, so every
+interleaving of "crash" and "step" is exercised by the real code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+
+
+class Step(StrEnum):
+    STORE_DIR_MADE = "store-dir-made"  # lazy store: directory exists, no catalog row yet
+    STORE_ROW = "store-row"  # lazy store: catalog row committed
+    STAGED = "staged"  # 1: staged file written and fsynced
+    PENDING = "pending"  # 2: pending revision, intent and outbox committed
+    RENAMED = "renamed"  # 3a: staged file renamed to its final locator
+    FINALIZED = "finalized"  # 3b: file and directory fsynced, final hash computed
+    ACTIVATED = "activated"  # 4: revision active, resource repointed
+    AUDITED = "audited"  # after: outbox drained to the shared audit
+
+
+_hook: Callable[[Step], None] | None = None
+
+
+def set_hook(hook: Callable[[Step], None] | None) -> None:
+    global _hook
+    _hook = hook
+
+
+def checkpoint(step: Step) -> None:
+    if _hook is not None:
+        _hook(step)

@@ -1,0 +1,280 @@
+"""The staged-rename write transaction (DESIGN.md §6), exactly.
+
+1. Validate the expected active revision and policy; write the content to a
+   0600 staging file and fsync it.
+2. One short SQLite transaction: re-read the resource, insert the pending
+   revision, the write intent and the audit outbox row. No file I/O inside.
+3. Rename the staged file to its broker-generated final locator (never
+   replacing anything), fsync the file and the store directory, and hash the
+   final file, all outside any transaction.
+4. A second short transaction: check the pending row against the final hash
+   and the base revision, activate, supersede the old revision, settle the
+   intent and the outbox row. No stat, open or read inside.
+
+Readers only ever resolve active revisions, so a crash at any point exposes
+nothing pending; ``writer.recovery`` completes or rolls back what remains.
+An fsync failure is never retried: the write fails, its files are removed
+and nothing is activated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from catalog import ids
+from catalog.access import Access, Target, authorize_session, decide, excluded_reason, resolve, revalidate
+from catalog.artifacts import hash_fd, open_artifact, open_store_dir
+from catalog.audit import AuditEvent, drain_quietly, enqueue, settle
+from catalog.clock import now_us
+from catalog.db import STORAGE_FAILURES, immediate, one
+from catalog.errors import BadInput, Conflict, IntegrityError, StorageError
+from catalog.fsafe import open_dir, renameat2_noreplace
+from catalog.paths import split_virtual_path
+from catalog.policy import Op
+from catalog.reasons import Reason
+from catalog.stores import StoreRow, active_revision, find_resource, path_conflict
+from catalog.subject import SubjectKind
+from writer import lock
+from writer.commit import activate, roll_back
+from writer.recovery import recover_pending_if_idle
+from writer.steps import Step, checkpoint
+from writer.stores import ensure_store
+
+MAX_NOTE_BYTES = 1 << 30  # 1 GiB: far above any note, bounds what stdin can make us stage
+CHUNK = 1 << 20
+
+_TRUST_ORIGIN = {
+    SubjectKind.USER: "verified-user",
+    SubjectKind.CONVERSATION: "conversation",
+    SubjectKind.SERVICE: "service",
+}
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    resource_id: str
+    revision_id: str
+    revision_no: int
+    sha256: str
+    size: int
+    created: bool  # a new resource, not a new revision of an existing one
+
+
+def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        view = memoryview(source)
+        for start in range(0, len(view), CHUNK):
+            yield bytes(view[start:start + CHUNK])
+        return
+    while True:
+        chunk = source.read(CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _storage_error(what: str, exc: OSError) -> StorageError:
+    return StorageError(f"{what}: {os.strerror(exc.errno or 0)}; nothing was written")
+
+
+def _unlink_quietly(dirfd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dirfd)
+
+
+def _stage(staging_fd: int, name: str, source: bytes | BinaryIO) -> tuple[int, str, int]:
+    """Step 1: the staged file, written and fsynced; returns (fd, sha256, size)."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=staging_fd)
+    except OSError as exc:
+        raise _storage_error("cannot create the staging file", exc) from exc
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for chunk in _chunks(source):
+            size += len(chunk)
+            if size > MAX_NOTE_BYTES:
+                raise BadInput(f"note is larger than {MAX_NOTE_BYTES} bytes")
+            digest.update(chunk)
+            _write_all(fd, chunk)
+        os.fsync(fd)  # an error here is final: never retried, never trusted
+    except BaseException as exc:
+        os.close(fd)
+        _unlink_quietly(staging_fd, name)
+        if isinstance(exc, OSError):
+            raise _storage_error("cannot stage the note", exc) from exc
+        raise
+    return fd, digest.hexdigest(), size
+
+
+@dataclass(frozen=True)
+class _Pending:
+    resource_id: str
+    revision_id: str
+    revision_no: int
+    base_revision_id: str | None
+    intent_id: str
+    event_id: str
+    created: bool
+
+
+def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, staged: str, locator: str,
+                    sha256: str, size: int) -> _Pending:
+    """Step 2: one short transaction, no file I/O."""
+    agent_id = access.agent_id
+    catalog = access.home.catalog(agent_id)
+    path = target.inner_path
+    expected_base = target.revision.revision_id if target.revision else None
+    now = now_us()
+    with immediate(catalog):
+        resource = find_resource(catalog, agent_id, store.store_id, path)
+        current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
+        if (current.revision_id if current else None) != expected_base:
+            raise Conflict("the note changed while it was being written; nothing was written, try again")
+        created = resource is None
+        if created:
+            why = path_conflict(catalog, agent_id, store.store_id, path)
+            if why is not None:
+                raise BadInput(f"invalid path: {why}")
+            resource_id = ids.new_id("resource")
+            catalog.execute(
+                "INSERT INTO resources (resource_id, agent_id, store_id, path, created_at) VALUES (?, ?, ?, ?, ?)",
+                (resource_id, agent_id, store.store_id, path, now),
+            )
+        else:
+            assert resource is not None
+            resource_id = resource.resource_id
+        revision_no = one(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
+                          (resource_id,))[0]
+        revision_id, intent_id = ids.new_id("revision"), ids.new_id("intent")
+        event = access.event(op, "allow", Reason.ALLOWED, store_id=store.store_id, revision_id=revision_id)
+        event_id = enqueue(catalog, agent_id, event)
+        subject_kind = access.session.subject.kind
+        actor = access.actor_id or (access.session.subject.principal_id
+                                    if subject_kind in (SubjectKind.USER, SubjectKind.SERVICE) else None)
+        catalog.execute(
+            "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
+            " size, locator, state, session_id, actor_id, trust_origin, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+            (revision_id, agent_id, resource_id, revision_no, expected_base, sha256, size, locator,
+             access.session.session_id, actor, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
+        )
+        catalog.execute(
+            "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"
+            " expected_sha256, event_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (intent_id, agent_id, revision_id, store.store_id, staged, locator, sha256, event_id, now),
+        )
+    return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
+
+
+def _abandon(access: Access, staging_fd: int, store_fd: int, staged: str, locator: str, pending: _Pending) -> None:
+    """Undo a transaction that failed after step 2: files first, then rows.
+
+    The files go first so that, if the rollback transaction itself fails,
+    recovery finds no file and rolls the intent back instead of completing
+    it from bytes whose fsync failed.
+    """
+    _unlink_quietly(store_fd, locator)
+    _unlink_quietly(staging_fd, staged)
+    for fd in (store_fd, staging_fd):
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    with contextlib.suppress(StorageError, *STORAGE_FAILURES):
+        roll_back(access.home.catalog(access.agent_id), access.agent_id, revision_id=pending.revision_id,
+                  intent_id=pending.intent_id, event_id=pending.event_id, reason=Reason.REVISION_STALE)
+
+
+def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
+    fd = open_artifact(store_fd, locator)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(access: Access, store: StoreRow, target: Target, op: Op, source: bytes | BinaryIO) -> WriteResult:
+    home, agent_id = access.home, access.agent_id
+    staged, locator = ids.random_token(), ids.random_token()
+    staging_fd = open_dir(home.staging_dir(agent_id))
+    try:
+        store_fd = open_store_dir(home, agent_id, store.path_key)
+        try:
+            fd, sha256, size = _stage(staging_fd, staged, source)
+            try:
+                checkpoint(Step.STAGED)
+                try:
+                    revalidate(access, op)
+                    pending = _record_pending(access, store, target, op, staged, locator, sha256, size)
+                except BaseException:
+                    _unlink_quietly(staging_fd, staged)
+                    raise
+                checkpoint(Step.PENDING)
+                try:
+                    renameat2_noreplace(staging_fd, staged, store_fd, locator)
+                    checkpoint(Step.RENAMED)
+                    os.fsync(fd)
+                    os.fsync(store_fd)
+                    final_sha256, _ = _final_hash(store_fd, locator)
+                    checkpoint(Step.FINALIZED)
+                    revalidate(access, op)
+                    activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id,
+                             revision_id=pending.revision_id, base_revision_id=pending.base_revision_id,
+                             intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=sha256,
+                             final_sha256=final_sha256)
+                except BaseException as exc:
+                    _abandon(access, staging_fd, store_fd, staged, locator, pending)
+                    if isinstance(exc, OSError):
+                        raise _storage_error("cannot finalize the note", exc) from exc
+                    raise
+            finally:
+                os.close(fd)
+        finally:
+            os.close(store_fd)
+    finally:
+        os.close(staging_fd)
+    checkpoint(Step.ACTIVATED)
+    drain_quietly(home.state(), home.catalog(agent_id), agent_id)
+    checkpoint(Step.AUDITED)
+    return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, sha256, size, pending.created)
+
+
+def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
+               actor_id: str | None = None) -> WriteResult:
+    """Write ``source`` as the next revision of the note at virtual ``path``.
+
+    Validation, authorization and the policy decision all happen before any
+    file is created; a refusal changes nothing but the audit.
+    """
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse(Op.APPEND, excluded_reason(access, parts))
+    if not target.inner:
+        raise BadInput("invalid path: name a note inside the root, e.g. private/notes/x.md")
+    op = Op.REPLACE if target.revision is not None else Op.APPEND
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=target.store.store_id if target.store else None,
+                            revision_id=target.revision.revision_id if target.revision else None)
+    if target.store is not None and target.resource is None:
+        why = path_conflict(home.catalog(access.agent_id), access.agent_id, target.store.store_id, target.inner_path)
+        if why is not None:
+            raise BadInput(f"invalid path: {why}")
+    recover_pending_if_idle(home, access.agent_id)
+    with lock.shared(home.lock_path(access.agent_id)):
+        store = target.store or ensure_store(access, target.mount)
+        return _commit(access, store, target, op, source)
