@@ -8,6 +8,7 @@ one by accident:
   lost; with ``FULL`` they survived. An acknowledged write must survive.
 * ``foreign_keys=ON`` (SQLite leaves it off per connection by default).
 * ``trusted_schema=OFF``: schema objects cannot call application functions.
+* ``recursive_triggers=ON``: rows deleted by REPLACE fire delete triggers.
 * A busy timeout, so concurrent CLI processes wait instead of failing.
 
 Transactions are explicit ``BEGIN IMMEDIATE`` blocks: the write lock is taken
@@ -61,6 +62,9 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonl
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA trusted_schema=OFF")
+        # REPLACE conflict resolution then fires delete triggers too, so the
+        # no-delete rules cannot be bypassed by an INSERT OR REPLACE.
+        conn.execute("PRAGMA recursive_triggers=ON")
     except STORAGE_FAILURES as exc:
         raise StorageError(f"cannot open {path.name}: {exc.__class__.__name__}") from exc
     return conn

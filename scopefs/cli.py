@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+import apsw
+
 from catalog import groups, identity
 from catalog.agents import add_agent
 from catalog.durations import parse_duration_us
@@ -299,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(as_json, 1, "interrupted")
     except BrokenPipeError:
         return 1
+    except (OSError, apsw.Error) as exc:
+        # Unexpected storage trouble: one line naming the class of failure,
+        # never a path or a value that might carry content.
+        return fail(as_json, 1, f"storage failure: {exc.__class__.__name__}"
+                    + (f" ({os.strerror(exc.errno)})" if isinstance(exc, OSError) and exc.errno else ""))
 
 
 if __name__ == "__main__":

@@ -123,6 +123,61 @@ def build_scenario(cli: Cli, agent: str = "main") -> Scenario:
                     alice_session, bob_session, group_session)
 
 
+@pytest.fixture(scope="session")
+def scenario_template(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    """Built once per test run; tests get private copies of its home."""
+    runner = Cli(tmp_path_factory.mktemp("scenario") / "home")
+    runner("init", check=True)
+    return build_scenario(runner)
+
+
 @pytest.fixture
-def scenario(cli: Cli) -> Scenario:
-    return build_scenario(cli)
+def scenario(scenario_template: Scenario, tmp_path: Path) -> Scenario:
+    """A fresh copy of the scenario's home: a test may change anything in it.
+
+    Every CLI process has exited, so each database is checkpointed and
+    closed; copying the directory copies the whole state.
+    """
+    import dataclasses
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(scenario_template.cli.home, home, symlinks=True)
+    return dataclasses.replace(scenario_template, cli=Cli(home))
+
+
+def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple]]:
+    """Every row of every table, for "nothing changed" comparisons."""
+    import apsw
+
+    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'"
+                                             " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables if t not in skip}
+    finally:
+        conn.close()
+
+
+def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, object]:
+    """Logical state of a home: all table rows plus every other file's bytes.
+
+    SQLite's -wal/-shm files and the writer lock are excluded: opening a
+    database may checkpoint its WAL without changing any row.
+    """
+    import hashlib
+
+    state: dict[str, object] = {}
+    for path in sorted(home.rglob("*")):
+        rel = str(path.relative_to(home))
+        if path.name.endswith(("-wal", "-shm")) or path.name == "writer.lock":
+            continue
+        if path.is_symlink():
+            state[rel] = ("symlink", os.readlink(path))
+        elif path.is_dir():
+            state[rel] = ("dir", oct(path.stat().st_mode))
+        elif path.name.endswith(".sqlite"):
+            state[rel] = table_dump(path, skip=skip_tables)
+        else:
+            state[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+    return state

@@ -49,6 +49,14 @@ CREATE TABLE stores (
     created_at      INTEGER NOT NULL
 ) STRICT;
 CREATE UNIQUE INDEX stores_one_per_audience ON stores (agent_id, scope_kind, audience_id) WHERE state = 'active';
+-- INSERT OR REPLACE deletes conflicting rows without firing delete triggers
+-- (unless recursive_triggers is on), so every table with write-once rows
+-- refuses an insert that would replace one.
+CREATE TRIGGER stores_no_replace BEFORE INSERT ON stores
+WHEN EXISTS (SELECT 1 FROM stores WHERE store_id = NEW.store_id OR storage_root_id = NEW.storage_root_id
+             OR (agent_id = NEW.agent_id AND scope_kind = NEW.scope_kind AND audience_id = NEW.audience_id
+                 AND state = 'active' AND NEW.state = 'active'))
+BEGIN SELECT RAISE(ABORT, 'stores are never replaced'); END;
 CREATE TRIGGER stores_identity_fixed
 BEFORE UPDATE OF store_id, agent_id, storage_root_id, scope_kind, audience_id, created_at ON stores
 BEGIN SELECT RAISE(ABORT, 'a store keeps its scope and audience'); END;
@@ -63,6 +71,11 @@ CREATE TABLE resources (
     created_at  INTEGER NOT NULL
 ) STRICT;
 CREATE UNIQUE INDEX resources_live_path ON resources (agent_id, store_id, path) WHERE state = 'live';
+CREATE TRIGGER resources_no_replace BEFORE INSERT ON resources
+WHEN EXISTS (SELECT 1 FROM resources WHERE resource_id = NEW.resource_id
+             OR (agent_id = NEW.agent_id AND store_id = NEW.store_id AND path = NEW.path AND state = 'live'
+                 AND NEW.state = 'live'))
+BEGIN SELECT RAISE(ABORT, 'resources are never replaced'); END;
 CREATE TRIGGER resources_identity_fixed
 BEFORE UPDATE OF resource_id, agent_id, store_id, created_at ON resources
 BEGIN SELECT RAISE(ABORT, 'a resource keeps its identity and store'); END;
@@ -90,6 +103,12 @@ CREATE TABLE revisions (
 ) STRICT;
 CREATE UNIQUE INDEX revisions_one_active ON revisions (resource_id) WHERE state = 'active';
 CREATE INDEX revisions_by_state ON revisions (state) WHERE state IN ('pending', 'active');
+CREATE TRIGGER revisions_born_pending BEFORE INSERT ON revisions
+WHEN NEW.state != 'pending' OR NEW.activated_at IS NOT NULL
+  OR EXISTS (SELECT 1 FROM revisions WHERE revision_id = NEW.revision_id
+             OR (resource_id = NEW.resource_id AND revision_no = NEW.revision_no)
+             OR (agent_id = NEW.agent_id AND locator = NEW.locator))
+BEGIN SELECT RAISE(ABORT, 'a revision is born pending and never replaced'); END;
 CREATE TRIGGER revisions_immutable
 BEFORE UPDATE OF revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,
                  size, locator, session_id, actor_id, trust_origin, created_at ON revisions
@@ -135,6 +154,9 @@ CREATE TABLE policy_entries (
     revoked_at      INTEGER
 ) STRICT;
 CREATE INDEX policy_entries_by_policy ON policy_entries (policy_id) WHERE revoked_at IS NULL;
+CREATE TRIGGER policy_entries_no_replace BEFORE INSERT ON policy_entries
+WHEN EXISTS (SELECT 1 FROM policy_entries WHERE entry_id = NEW.entry_id)
+BEGIN SELECT RAISE(ABORT, 'policy entries are never replaced'); END;
 CREATE TRIGGER policy_entries_immutable
 BEFORE UPDATE OF entry_id, agent_id, policy_id, policy_revision, effect, capability, audience_kind,
                  audience_id, grantor, created_at, expires_at ON policy_entries
@@ -155,6 +177,9 @@ CREATE TABLE sessions (
     CHECK ((subject_kind = 'ambiguous') = (subject_reason IS NOT NULL)),
     CHECK ((subject_kind = 'user') = (binding_id IS NOT NULL))
 ) STRICT;
+CREATE TRIGGER sessions_no_replace BEFORE INSERT ON sessions
+WHEN EXISTS (SELECT 1 FROM sessions WHERE session_id = NEW.session_id)
+BEGIN SELECT RAISE(ABORT, 'session subject is write-once'); END;
 CREATE TRIGGER sessions_subject_write_once
 BEFORE UPDATE OF session_id, agent_id, subject_kind, subject_principal_id, subject_reason,
                  binding_id, subject_revision, created_at ON sessions

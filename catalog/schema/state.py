@@ -39,6 +39,11 @@ CREATE TABLE identity_bindings (
 ) STRICT;
 -- One live binding per provider tuple: rebinding needs a revocation first.
 CREATE UNIQUE INDEX identity_bindings_live ON identity_bindings (lookup_key) WHERE revoked_at IS NULL;
+-- INSERT OR REPLACE would silently delete the live binding it conflicts with.
+CREATE TRIGGER identity_bindings_no_replace BEFORE INSERT ON identity_bindings
+WHEN EXISTS (SELECT 1 FROM identity_bindings WHERE binding_id = NEW.binding_id
+             OR (lookup_key = NEW.lookup_key AND revoked_at IS NULL AND NEW.revoked_at IS NULL))
+BEGIN SELECT RAISE(ABORT, 'this sender is already bound; revoke that binding first'); END;
 CREATE TRIGGER identity_bindings_immutable
 BEFORE UPDATE OF binding_id, lookup_key, principal_id, adapter, assurance, verification,
                  evidence_revision, created_by, created_at ON identity_bindings

@@ -1,0 +1,173 @@
+"""Crash consistency of the write transaction (DESIGN.md §6, invariant 8).
+
+A real writer process is SIGKILLed at every checkpoint of the staged-rename
+transaction, for a note in a store that does not exist yet, a new note in an
+existing store, and an overwrite of a note with committed history. Then:
+
+* ``scopefs doctor`` names exactly the leftovers that step leaves and
+  changes nothing (logical dump of every database, hash of every file);
+* before any repair a reader sees only committed bytes;
+* ``scopefs doctor --fix`` repairs everything it found, after which a reader
+  sees the old or the new note and nothing else (the new one once the commit
+  was acknowledged), nothing is pending or staged, every file in a store is
+  a committed revision, no committed revision is lost, a second doctor is
+  clean and normal writing resumes.
+
+A second test tampers with, deletes and plants artifacts behind the
+catalog's back and checks that doctor reports (and only partly repairs) them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli
+from tests.crashkit import (
+    ALICE_V2,
+    NEW_NOTE,
+    NEW_STORE,
+    OVERWRITE,
+    STEPS,
+    Base,
+    WriteCase,
+    allowed_outcomes,
+    artifact_path,
+    build_base,
+    case_steps,
+    committed,
+    copy_home,
+    diff_snapshots,
+    doctor,
+    locator_like_name,
+    new_bytes,
+    read_outcome,
+    sha256,
+    snapshot,
+    the_revision,
+    verify_recovered,
+    writer_stopped_at,
+)
+from writer.steps import Step
+
+# What each interruption leaves behind, as doctor names it. Derived from what
+# exists on disk at that point: an uncatalogued store directory, a staged file
+# without an intent, a pending intent (its staged or final file is in flight),
+# an activated revision whose audit row is not yet in the shared audit.
+LEFTOVERS: dict[Step, Counter[str]] = {
+    Step.STORE_DIR_MADE: Counter({"orphan-store-dir": 1}),
+    Step.STORE_ROW: Counter(),  # an empty, catalogued store is a valid state
+    Step.STAGED: Counter({"staging-leftover": 1}),
+    Step.PENDING: Counter({"pending-intent": 1}),
+    Step.RENAMED: Counter({"pending-intent": 1}),
+    Step.FINALIZED: Counter({"pending-intent": 1}),
+    Step.ACTIVATED: Counter({"undrained-audit": 1}),
+    Step.AUDITED: Counter(),
+}
+# --fix finds the same, and settling a pending intent (completed or rolled
+# back) readies its audit row, which the same run then drains.
+FIXED: dict[Step, Counter[str]] = {
+    step: found + (Counter({"undrained-audit": 1}) if "pending-intent" in found else Counter())
+    for step, found in LEFTOVERS.items()
+}
+
+
+def test_leftover_table_covers_every_step() -> None:
+    """A new checkpoint must get its own expectation (and so its own crash case)."""
+    assert set(LEFTOVERS) == set(STEPS)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    return build_base(tmp_path_factory.mktemp("crash-base") / "home")
+
+
+@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, NEW_NOTE, OVERWRITE))
+def test_sigkill_between_steps(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
+    """Kill -9 at ``step``: doctor reports without changing, --fix leaves old or new."""
+    cli = Cli(copy_home(base, tmp_path / "home"))
+    before = committed(cli.home)
+    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step) as writer:
+        writer.kill()
+
+    # doctor without --fix: reports exactly this step's leftovers, changes nothing.
+    untouched = snapshot(cli.home)
+    report = doctor(cli)
+    assert report.kinds == LEFTOVERS[step], report.findings
+    assert all(f["action"] is None for f in report.findings), report.findings
+    assert report.code == (1 if report.findings else 0)
+    assert diff_snapshots(untouched, snapshot(cli.home)) == []
+
+    # Before any repair only committed bytes are served: never the pending or staged file.
+    seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
+    acknowledged = STEPS.index(step) >= STEPS.index(Step.ACTIVATED)
+    assert seen == ("new" if acknowledged else ("old" if case.old is not None else "absent"))
+
+    fixed = doctor(cli, fix=True)
+    assert fixed.kinds == FIXED[step], fixed.findings
+    assert all(f["action"] is not None for f in fixed.findings), fixed.findings
+    assert fixed.code == 0, fixed.findings
+
+    outcome = verify_recovered(cli, case, base, step, before)
+    assert outcome in allowed_outcomes(case, step)
+
+
+def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_path: Path) -> None:
+    """Damage behind the catalog's back is reported, changes nothing, and stays unreadable.
+
+    The tamper keeps the size, so only the hash can catch it; the orphan has a
+    locator-shaped name, so only the catalog can tell it apart.
+    """
+    cli = Cli(copy_home(base, tmp_path / "home"))
+    home = cli.home
+    alice_rev = the_revision(home, ALICE_V2)
+    bob_rev = the_revision(home, BOB_FACT)
+    channel_rev = the_revision(home, CHANNEL_FACT)
+    alice_v1 = the_revision(home, ALICE_FACT, state="superseded")
+
+    tampered = artifact_path(home, alice_rev)
+    data = bytearray(tampered.read_bytes())
+    data[0] ^= 0x01
+    tampered.write_bytes(bytes(data))
+    artifact_path(home, bob_rev).unlink()
+    orphan = artifact_path(home, channel_rev).with_name(locator_like_name())
+    orphan_bytes = b"not a revision: planted behind the catalog's back\n"
+    orphan.write_bytes(orphan_bytes)
+    orphan.chmod(0o600)
+
+    untouched = snapshot(home)
+    report = doctor(cli)
+    assert report.code == 4, report
+    found = sorted((f["kind"], f["ref_id"], f["action"], f["integrity"]) for f in report.findings)
+    assert found == sorted([
+        ("tampered-artifact", alice_rev.revision_id, None, True),
+        ("missing-artifact", bob_rev.revision_id, None, True),
+        ("orphan-file", channel_rev.store_id, None, False),
+    ])
+    assert diff_snapshots(untouched, snapshot(home)) == []
+
+    quarantine = home / "agents" / "main" / "quarantine"
+    assert list(quarantine.iterdir()) == []
+    fixed = doctor(cli, fix=True)
+    assert fixed.code == 4, fixed  # integrity failures cannot be repaired from here
+    found = sorted((f["kind"], f["ref_id"], f["action"]) for f in fixed.findings)
+    assert found == sorted([
+        ("tampered-artifact", alice_rev.revision_id, None),
+        ("missing-artifact", bob_rev.revision_id, None),
+        ("orphan-file", channel_rev.store_id, "quarantined"),
+    ])
+    assert not orphan.exists()
+    assert [p.read_bytes() for p in quarantine.iterdir()] == [orphan_bytes]
+
+    for session in (base.alice_session, base.bob_session):
+        result = cli("read", session, "private/notes/allergy.md")
+        assert (result.code, result.out) == (4, b""), result
+    assert cli("read", base.group_session, "channel/offsite.md", check=True).out == CHANNEL_FACT
+    # Untouched history is not collateral damage.
+    assert sha256(artifact_path(home, alice_v1).read_bytes()) == alice_v1.sha256
+
+    again = doctor(cli)
+    assert again.code == 4
+    assert again.kinds == Counter({"tampered-artifact": 1, "missing-artifact": 1})
