@@ -95,10 +95,12 @@ def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: s
     session = load_session(home, session_id)
     now = now_us()
     view = memory_view(session.subject, _roles(home, session), now)
-    access = Access(home, session, actor_id, view, now)
     problem = _evidence_problem(home, session)
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
+    if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
+        actor_id = session.subject.principal_id  # a private or service session acts as its subject
+    access = Access(home, session, actor_id, view, now)
     if problem is not None:
         raise access.refuse(operation, problem)
     return access

@@ -37,9 +37,15 @@ def check_locator(locator: str) -> str:
 
 
 def open_scopes_dir(home: Home, agent_id: str) -> int:
-    agent_fd = open_dir(home.agent_dir(agent_id))
+    """The agent's artifact area; IntegrityError if missing or swapped."""
+    try:
+        agent_fd = open_dir(home.agent_dir(agent_id))
+    except OSError as exc:
+        raise IntegrityError("the agent's directory is missing or unsafe") from exc
     try:
         return open_dir_beneath(agent_fd, "memory-scopes/v1")
+    except OSError as exc:
+        raise IntegrityError("the artifact area is missing or unsafe") from exc
     finally:
         os.close(agent_fd)
 

@@ -73,8 +73,8 @@ MIKE2_SENDER = "tg-sender-mike-2222801166"
 ACCOUNT = "tg-bot-account-77810"
 CHANNEL = "telegram"
 GROUP_CONVERSATION = "tg-chat-group-9917700123"
-ALICE_FACT = b"Alice's private fact: allergic to hazelnuts (canary A1c3)\n"
-BOB_FACT = b"Bob's private fact: allergic to peanuts (canary B0b7)\n"
+ALICE_FACT = b"First private fact: allergic to hazelnuts (canary A1c3)\n"
+BOB_FACT = b"Second private fact: allergic to peanuts (canary B0b7)\n"
 CHANNEL_FACT = b"Channel fact: the team offsite is in Lisbon (canary C4an)\n"
 
 
@@ -181,3 +181,23 @@ def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, obje
         else:
             state[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
     return state
+
+
+def artifact_path(home: Path, audience_id: str, path: str, agent: str = "main") -> Path:
+    """Where the active revision of a note lives on disk (tests only)."""
+    import apsw
+
+    conn = apsw.Connection(str(home / "agents" / agent / "catalog.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT sr.path_key, v.locator FROM resources r JOIN stores s ON s.store_id = r.store_id"
+            " JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
+            " JOIN revisions v ON v.resource_id = r.resource_id AND v.state = 'active'"
+            " WHERE s.audience_id = ? AND r.path = ? AND r.state = 'live'",
+            (audience_id, path),
+        ).fetchall()
+    finally:
+        conn.close()
+    assert len(rows) == 1, rows
+    path_key, locator = rows[0]
+    return home / "agents" / agent / "memory-scopes" / "v1" / path_key / locator

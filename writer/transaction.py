@@ -163,14 +163,12 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, sta
         event = access.event(op, "allow", Reason.ALLOWED, store_id=store.store_id, revision_id=revision_id)
         event_id = enqueue(catalog, agent_id, event)
         subject_kind = access.session.subject.kind
-        actor = access.actor_id or (access.session.subject.principal_id
-                                    if subject_kind in (SubjectKind.USER, SubjectKind.SERVICE) else None)
         catalog.execute(
             "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
             " size, locator, state, session_id, actor_id, trust_origin, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
             (revision_id, agent_id, resource_id, revision_no, expected_base, sha256, size, locator,
-             access.session.session_id, actor, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
+             access.session.session_id, access.actor_id, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
         )
         catalog.execute(
             "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"

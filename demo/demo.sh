@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The end-to-end demonstration: Alice, Bob and a group share one agent, and
+# each session sees only what it may. Until the FUSE mount lands this runs
+# through the scopefs command line; every expectation is checked, so the demo
+# fails loudly if isolation does not hold.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCOPEFS="$PWD/.venv/bin/scopefs"
+export SCOPEFS_HOME="$(mktemp -d /tmp/scopefs-demo.XXXXXX)/home"
+trap 'rm -rf "$(dirname "$SCOPEFS_HOME")"' EXIT
+
+bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+run() { printf '$ scopefs %s\n' "$*"; "$SCOPEFS" "$@"; }
+expect_refused() {  # expect_refused CODE ARGS...: the command must fail with CODE
+  local want=$1; shift
+  printf '$ scopefs %s\n' "$*"
+  set +e; "$SCOPEFS" "$@" </dev/null; local got=$?; set -e
+  if [ "$got" != "$want" ]; then echo "DEMO FAILED: expected exit $want, got $got" >&2; exit 1; fi
+  echo "  -> refused (exit $got), as it must be"
+}
+id_of() { "$SCOPEFS" --json "$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(next(v for k,v in d.items() if k.endswith("_id")))'; }
+
+bold "1. A fresh home and one agent"
+run init
+run agent add main
+
+bold "2. Two people with verified DMs, and two different people both named Mike"
+ALICE=$(id_of principal add Alice --kind human)
+BOB=$(id_of principal add Bob --kind human)
+MIKE1=$(id_of principal add Mike --kind human)
+MIKE2=$(id_of principal add Mike --kind human)
+echo "Alice=$ALICE Bob=$BOB Mike=$MIKE1 Mike=$MIKE2 (same label, two principals)"
+ALICE_BINDING=$(id_of bind "$ALICE" --channel telegram --account demo-bot --sender 100001)
+run bind "$BOB" --channel telegram --account demo-bot --sender 100002 >/dev/null
+ALICE_DM=$(id_of session open --agent main --dm --channel telegram --account demo-bot --sender 100001)
+BOB_DM=$(id_of session open --agent main --dm --channel telegram --account demo-bot --sender 100002)
+echo "Alice's DM session: $ALICE_DM"
+echo "Bob's DM session:   $BOB_DM"
+
+bold "3. One group with both of them"
+GROUP=$(id_of conversation add --agent main --channel telegram --account demo-bot --conversation -100777)
+run member add "$GROUP" "$ALICE" --expires 7d >/dev/null
+run member add "$GROUP" "$BOB" --expires 7d >/dev/null
+GROUP_S=$(id_of session open --agent main --group --conversation "$GROUP")
+echo "Group session: $GROUP_S"
+
+bold "4. Each remembers something: same noun, different people"
+echo "prefers tea, never coffee" | run write "$ALICE_DM" private/profile/drinks.md
+echo "prefers coffee, black" | run write "$BOB_DM" private/profile/drinks.md
+echo "the team drinks list: water and juice" | run write "$GROUP_S" channel/drinks.md
+
+bold "5. What each session sees"
+for who in ALICE_DM BOB_DM GROUP_S; do
+  echo "--- $who: roots"
+  "$SCOPEFS" ls "${!who}"
+done
+run read "$ALICE_DM" private/profile/drinks.md
+run read "$BOB_DM" private/profile/drinks.md
+run read "$GROUP_S" channel/drinks.md
+
+bold "6. Nothing crosses: the group cannot name a private root, Alice cannot read the channel"
+expect_refused 3 read "$GROUP_S" private/profile/drinks.md
+expect_refused 3 read "$ALICE_DM" channel/drinks.md
+expect_refused 3 write "$ALICE_DM" agent-shared/note.md
+expect_refused 2 read "$ALICE_DM" ../../state.sqlite
+
+bold "7. An unverified DM and the shared main DM are ambiguous: no private root, no writes"
+STRANGER=$(id_of session open --agent main --dm --channel telegram --account demo-bot --sender 999999)
+"$SCOPEFS" ls "$STRANGER"
+expect_refused 3 read "$STRANGER" private/profile/drinks.md
+expect_refused 3 write "$STRANGER" agent-shared/x.md
+
+bold "8. Bob leaves the group, then Alice's binding is revoked"
+run member remove "$GROUP" "$BOB"
+expect_refused 3 write "$GROUP_S" channel/from-bob.md --actor "$BOB"
+run binding revoke "$ALICE_BINDING"
+expect_refused 3 read "$ALICE_DM" private/profile/drinks.md
+run read "$BOB_DM" private/profile/drinks.md
+
+bold "9. Integrity: the artifact area agrees with the catalog"
+run doctor
+
+bold "10. The audit records decisions, never content; no raw id is on disk"
+python3 - "$SCOPEFS_HOME" <<'PY'
+import collections, pathlib, sqlite3, sys
+home = pathlib.Path(sys.argv[1])
+rows = sqlite3.connect(home / "state.sqlite").execute("SELECT operation, decision, reason FROM audit").fetchall()
+for (op, decision, reason), n in sorted(collections.Counter(rows).items()):
+    print(f"  {n:3d} x {op:8s} {decision:5s} {reason}")
+needles = [b"100001", b"100002", b"-100777", b"demo-bot", b"prefers tea", b"prefers coffee", b"drinks list"]
+meta = [p for p in home.rglob("*") if p.is_file() and "memory-scopes" not in p.parts]
+leaks = [(n, str(p.relative_to(home))) for p in meta for n in needles if n in p.read_bytes()]
+if leaks:
+    sys.exit(f"DEMO FAILED: raw ids or content in metadata: {leaks}")
+print("  no raw sender, account or conversation id, and no note content, outside the artifact area")
+PY
+
+bold "Demo passed: each session saw only its own view."

@@ -1,0 +1,72 @@
+"""Audit (issue item 10): every allow and deny is recorded with operation,
+subject kind, store, revision, reason and time, and never content, a path a
+user chose, a query or a raw provider id."""
+
+from __future__ import annotations
+
+from catalog.reasons import Reason
+from tests.conftest import (ACCOUNT, ALICE_FACT, ALICE_SENDER, BOB_FACT, BOB_SENDER, CHANNEL_FACT,
+                            GROUP_CONVERSATION, Scenario, table_dump)
+
+STABLE_REASONS = {r.value for r in Reason}
+COLUMNS = ("audit_id", "event_id", "at", "agent_id", "session_id", "operation", "subject_kind", "actor_id",
+           "store_id", "revision_id", "decision", "reason")
+
+
+def _audit(scenario: Scenario) -> list[dict]:
+    return [dict(zip(COLUMNS, row)) for row in table_dump(scenario.cli.home / "state.sqlite")["audit"]]
+
+
+def test_allows_and_denies_are_recorded_with_ids(scenario: Scenario) -> None:
+    cli = scenario.cli
+    start = len(_audit(scenario))
+    assert cli("read", scenario.alice_session, "private/notes/allergy.md").code == 0
+    assert cli("read", scenario.group_session, "private/notes/allergy.md").code == 3
+    assert cli("write", scenario.alice_session, "agent-shared/x.md", stdin=b"nope").code == 3
+    assert cli("write", scenario.bob_session, "private/notes/allergy.md", stdin=b"Bob v2\n").code == 0
+    rows = _audit(scenario)[start:]
+    by_kind = [(r["operation"], r["decision"], r["reason"], r["subject_kind"]) for r in rows]
+    assert by_kind == [
+        ("read", "allow", "allowed", "user"),
+        ("read", "deny", "outside-view", "conversation"),
+        ("append", "deny", "default-deny", "user"),
+        ("replace", "allow", "allowed", "user"),
+    ]
+    read_allow, _, _, write_allow = rows
+    for row in (read_allow, write_allow):
+        assert row["store_id"].startswith("st_") and row["revision_id"].startswith("v_")
+        assert row["session_id"] and row["at"] > 0 and row["agent_id"] == "main"
+    assert write_allow["event_id"].startswith("ev_")  # came through the outbox
+    assert write_allow["actor_id"] == scenario.bob
+    assert all(r["reason"] in STABLE_REASONS for r in _audit(scenario))
+
+
+def test_writes_reach_the_shared_audit_through_the_outbox(scenario: Scenario) -> None:
+    catalog = table_dump(scenario.cli.home / "agents" / "main" / "catalog.sqlite")
+    states = {row[3] for row in catalog["audit_outbox"]}
+    assert states == {"drained"}
+    drained = {row[0] for row in catalog["audit_outbox"]}
+    shared = {r["event_id"] for r in _audit(scenario) if r["event_id"]}
+    assert drained == shared
+
+
+def test_audit_holds_no_content_paths_or_raw_ids(scenario: Scenario) -> None:
+    cli = scenario.cli
+    cli("read", scenario.alice_session, "private/notes/allergy.md")
+    cli("read", scenario.group_session, "private/notes/allergy.md")
+    cli("read", scenario.bob_session, "private/no-such-secret-path.md")
+    forbidden = [ALICE_FACT, BOB_FACT, CHANNEL_FACT, b"hazelnut", b"peanut", b"Lisbon", b"allergy", b"offsite",
+                 b"no-such-secret-path", ALICE_SENDER.encode(), BOB_SENDER.encode(), ACCOUNT.encode(),
+                 GROUP_CONVERSATION.encode(), b"Alice", b"Bob"]
+    for row in _audit(scenario):
+        blob = repr(row).encode()
+        for needle in forbidden:
+            assert needle not in blob, (needle, row)
+    outbox = table_dump(cli.home / "agents" / "main" / "catalog.sqlite")["audit_outbox"]
+    for row in outbox:
+        for needle in forbidden:
+            assert needle not in repr(row).encode(), (needle, row)
+    # The shared database as a whole holds no content or paths either.
+    raw = b"".join(p.read_bytes() for p in cli.home.glob("state.sqlite*"))
+    for needle in (b"hazelnut", b"peanut", b"Lisbon", b"allergy", b"offsite", b"no-such-secret-path"):
+        assert needle not in raw
