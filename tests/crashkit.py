@@ -41,7 +41,7 @@ from typing import Any
 import apsw
 import pytest
 
-from tests.conftest import ACCOUNT, ALICE_FACT, BOB_FACT, CHANNEL, CHANNEL_FACT, MIKE1_SENDER, Cli, build_scenario
+from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario
 from writer.steps import Step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -518,11 +518,3 @@ def loop_ext4(base: Path, size_mib: int = 64) -> Iterator[LoopExt4]:
         with contextlib.suppress(FileNotFoundError):
             fs.image.unlink()
 
-
-__all__ = [
-    "AFTER", "AGENT", "ALICE_FACT", "ALICE_V2", "BOB_FACT", "CHANNEL_FACT", "NEW_NOTE", "NEW_STORE", "OVERWRITE",
-    "STEPS", "Base", "DoctorReport", "LoopExt4", "Rev", "StoppedWriter", "WriteCase", "allowed_outcomes",
-    "artifact_path", "assert_consistent", "build_base", "case_steps", "committed", "copy_home", "db_copy",
-    "diff_snapshots", "doctor", "locator_like_name", "loop_ext4", "new_bytes", "read_outcome", "revisions",
-    "sha256", "snapshot", "the_revision", "verify_recovered", "writer_stopped_at",
-]

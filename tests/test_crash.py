@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli
 from tests.crashkit import (
+    AFTER,
     ALICE_V2,
     NEW_NOTE,
     NEW_STORE,
@@ -35,6 +36,7 @@ from tests.crashkit import (
     WriteCase,
     allowed_outcomes,
     artifact_path,
+    assert_consistent,
     build_base,
     case_steps,
     committed,
@@ -171,3 +173,24 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     again = doctor(cli)
     assert again.code == 4
     assert again.kinds == Counter({"tampered-artifact": 1, "missing-artifact": 1})
+
+
+@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE))
+def test_next_write_after_sigkill_recovers_by_itself(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
+    """Without any doctor, the next write settles the crashed one and succeeds.
+
+    DESIGN.md §6.5: recovery completes abandoned intents before writing, so a
+    crash is invisible to the next writer: it must not fail with "the note
+    changed while it was being written" when nobody else wrote.
+    """
+    cli = Cli(copy_home(base, tmp_path / "home"))
+    before = committed(cli.home)
+    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step) as writer:
+        writer.kill()
+
+    result = cli("write", case.session_id(base), case.path, stdin=AFTER)
+    assert result.code == 0, result.err
+    assert cli("read", case.session_id(base), case.path, check=True).out == AFTER
+    # Whatever the write-time recovery left for doctor is repairable, and nothing committed was lost.
+    assert doctor(cli, fix=True).code == 0
+    assert_consistent(cli.home, before)

@@ -29,15 +29,19 @@ from tests.crashkit import (
     NEW_STORE,
     OVERWRITE,
     REPO,
+    STEPS,
     Base,
     WriteCase,
     build_base,
     case_steps,
     committed,
     copy_home,
+    diff_snapshots,
     doctor,
     loop_ext4,
     new_bytes,
+    read_outcome,
+    snapshot,
     verify_recovered,
     writer_stopped_at,
 )
@@ -62,6 +66,14 @@ def test_power_loss_between_steps(base: Base, tmp_path: Path, case: WriteCase, s
             fs.power_cut()
             writer.kill()
         fs.reboot()
+
+        # After the reboot, before any repair: doctor changes nothing, readers see only committed bytes.
+        untouched = snapshot(cli.home)
+        assert doctor(cli).code in (0, 1)  # leftovers, never an integrity failure
+        assert diff_snapshots(untouched, snapshot(cli.home)) == []
+        seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
+        acknowledged = STEPS.index(step) >= STEPS.index(Step.ACTIVATED)
+        assert seen == ("new" if acknowledged else ("old" if case.old is not None else "absent"))
 
         fixed = doctor(cli, fix=True)
         assert fixed.code == 0, fixed
@@ -140,7 +152,7 @@ def test_control_acknowledged_sqlite_commit(tmp_path: Path, synchronous: str) ->
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         try:
             assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline() == b"base\n", proc.stderr
+            assert proc.stdout.readline() == b"base\n", "the sqlite child failed before its first commit"
             fs.sync()
             proc.stdin.write(b"g")
             proc.stdin.flush()

@@ -178,14 +178,17 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, sta
     return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
 
 
-def _abandon(access: Access, staging_fd: int, store_fd: int, staged: str, locator: str, pending: _Pending) -> None:
+def _abandon(access: Access, staging_fd: int, store_fd: int, staged: str, locator: str | None,
+             pending: _Pending) -> None:
     """Undo a transaction that failed after step 2: files first, then rows.
 
     The files go first so that, if the rollback transaction itself fails,
     recovery finds no file and rolls the intent back instead of completing
-    it from bytes whose fsync failed.
+    it from bytes whose fsync failed. ``locator`` is None until our rename
+    succeeded: a name we did not create is never removed.
     """
-    _unlink_quietly(store_fd, locator)
+    if locator is not None:
+        _unlink_quietly(store_fd, locator)
     _unlink_quietly(staging_fd, staged)
     for fd in (store_fd, staging_fd):
         with contextlib.suppress(OSError):
@@ -220,8 +223,10 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op, source: byt
                     _unlink_quietly(staging_fd, staged)
                     raise
                 checkpoint(Step.PENDING)
+                renamed = False
                 try:
                     renameat2_noreplace(staging_fd, staged, store_fd, locator)
+                    renamed = True
                     checkpoint(Step.RENAMED)
                     os.fsync(fd)
                     os.fsync(store_fd)
@@ -233,7 +238,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op, source: byt
                              intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=sha256,
                              final_sha256=final_sha256)
                 except BaseException as exc:
-                    _abandon(access, staging_fd, store_fd, staged, locator, pending)
+                    _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending)
                     if isinstance(exc, OSError):
                         raise _storage_error("cannot finalize the note", exc) from exc
                     raise
@@ -249,15 +254,9 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op, source: byt
     return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, sha256, size, pending.created)
 
 
-def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
-               actor_id: str | None = None) -> WriteResult:
-    """Write ``source`` as the next revision of the note at virtual ``path``.
-
-    Validation, authorization and the policy decision all happen before any
-    file is created; a refusal changes nothing but the audit.
-    """
-    parts = split_virtual_path(path)
-    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
+    """Resolve, validate and decide a write; raises before anything changes."""
+    home = access.home
     target = resolve(access, parts)
     if target.mount is None:
         raise access.refuse(Op.APPEND, excluded_reason(access, parts))
@@ -272,7 +271,23 @@ def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
         why = path_conflict(home.catalog(access.agent_id), access.agent_id, target.store.store_id, target.inner_path)
         if why is not None:
             raise BadInput(f"invalid path: {why}")
-    recover_pending_if_idle(home, access.agent_id)
+    return target, op
+
+
+def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
+               actor_id: str | None = None) -> WriteResult:
+    """Write ``source`` as the next revision of the note at virtual ``path``.
+
+    Validation, authorization and the policy decision all happen before any
+    file is created; a refusal changes nothing but the audit. Abandoned
+    writes of a crashed process are settled first, and the plan is made
+    again if that changed anything: a crash never surfaces as a conflict.
+    """
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+    target, op = _plan(access, parts)
+    if recover_pending_if_idle(home, access.agent_id):
+        target, op = _plan(access, parts)
     with lock.shared(home.lock_path(access.agent_id)):
         store = target.store or ensure_store(access, target.mount)
         return _commit(access, store, target, op, source)
