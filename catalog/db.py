@@ -18,6 +18,7 @@ at the start, so a transaction never discovers halfway that it must retry.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonl
         if not readonly:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
             if mode != "wal":
+                conn.close()
                 raise StorageError(f"cannot enable WAL on {path.name} (got {mode})")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -67,7 +69,32 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonl
         conn.execute("PRAGMA recursive_triggers=ON")
     except STORAGE_FAILURES as exc:
         raise StorageError(f"cannot open {path.name}: {exc.__class__.__name__}") from exc
+    if not readonly:
+        try:
+            _fsync_parent(path)
+        except StorageError:
+            conn.close()
+            raise
     return conn
+
+
+def _fsync_parent(path: Path) -> None:
+    """Make the database's -wal name durable, failing the open if we cannot.
+
+    Each process that opens a database after the last one closed it creates
+    a new -wal file; SQLite fsyncs its directory on the first sync but
+    ignores the result (unixSync). An acknowledged commit in a WAL whose
+    directory entry never reached the disk can vanish on power loss, so we
+    sync the directory ourselves and treat a failure as final.
+    """
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(f"cannot sync the directory of {path.name}: {os.strerror(exc.errno or 0)}") from exc
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ leaves at worst an empty directory that doctor reports and removes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from catalog import ids
@@ -33,6 +34,10 @@ _AUTHORITY = {
 MKDIR_ATTEMPTS = 8
 
 
+def _storage_error(exc: OSError) -> StorageError:
+    return StorageError(f"cannot create the store directory: {os.strerror(exc.errno or 0)}; nothing was written")
+
+
 def ensure_store(access: Access, mount: Mount) -> StoreRow:
     """The store behind ``mount``, created on first use."""
     catalog = access.home.catalog(access.agent_id)
@@ -50,9 +55,16 @@ def ensure_store(access: Access, mount: Mount) -> StoreRow:
                 break
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise _storage_error(exc) from exc
         else:
             raise StorageError("could not allocate a store directory")
-        os.fsync(scopes_fd)
+        try:
+            os.fsync(scopes_fd)
+        except OSError as exc:  # never retried: the directory goes, the write fails
+            with contextlib.suppress(OSError):
+                os.rmdir(path_key, dir_fd=scopes_fd)
+            raise _storage_error(exc) from exc
         checkpoint(Step.STORE_DIR_MADE)
         store_id, root_id = ids.new_id("store"), ids.new_id("storage_root")
         with immediate(catalog):
