@@ -6,7 +6,8 @@ transaction (DESIGN.md §6) and a verified read of it, each timed over 1,000
 operations, reported next to a plain write+fsync+rename and a plain read of
 the same bytes on the same disk. A number on its own says little (a VM disk
 can be 10x slower than a laptop NVMe), so every scopefs figure is printed as
-a ratio to the plain baseline measured seconds apart in the same directory.
+a ratio to its plain baseline, timed interleaved with it op by op in the same
+directory.
 
 Everything runs in-process through the library API (``write_note``,
 ``read_note``), the way a long-lived broker would call it, plus, as context,
@@ -54,6 +55,7 @@ try:
     from catalog.reader import read_note
     from catalog.sessions import DirectMessage, open_session
     from catalog.subject import SubjectKind
+    from writer.steps import Step, set_hook
     from writer.transaction import write_note
 except ImportError as exc:  # pragma: no cover - a usage error, not a result
     sys.exit(f"cannot import scopefs ({exc}); run with the project venv: .venv/bin/python bench/write_read.py")
@@ -111,6 +113,11 @@ def percentile(sorted_ns: Sequence[int], q: float) -> float:
 
 
 def summarize(name: str, group: str, samples_ns: Sequence[int], note: str = "") -> Stats:
+    """Percentiles and mean from raw samples, plus first/last tenth for drift.
+
+    The drift pair is there because a catalog that grows with every write
+    could make op 1,000 slower than op 1, which one mean would hide.
+    """
     ordered = sorted(samples_ns)
     mean_ns = sum(ordered) / len(ordered)
     tenth = max(1, len(samples_ns) // 10)
@@ -133,21 +140,36 @@ def compare(stats: Stats, baseline: Stats) -> Stats:
     return stats
 
 
-def time_ops(n: int, op: Callable[[int], Any], check: Callable[[int, Any], None] | None = None) -> list[int]:
-    """Time ``op(i)`` for i in 0..n-1, one sample per call.
+@dataclass
+class Series:
+    """One timed operation kind: what to run, how to check it, its samples."""
 
-    ``check`` runs outside the timed region, so verifying every result (the
-    benchmark must not time a write that silently did nothing) costs nothing.
+    name: str
+    group: str
+    op: Callable[[int], Any]
+    check: Callable[[int, Any], None] | None = None
+    samples: list[int] = field(default_factory=list)
+
+    def stats(self) -> Stats:
+        return summarize(self.name, self.group, self.samples)
+
+
+def run_interleaved(n: int, series: Sequence[Series]) -> None:
+    """Time op ``i`` of every series before op ``i + 1`` of any (ABBA order).
+
+    Interleaving keeps a slow patch of the shared disk from landing on one
+    series only; reversing the order every other round keeps "goes right
+    after the other one's fsync" from always favouring the same series.
+    Checks run outside the timed region.
     """
-    samples: list[int] = []
     clock = time.perf_counter_ns
     for i in range(n):
-        start = clock()
-        result = op(i)
-        samples.append(clock() - start)
-        if check is not None:
-            check(i, result)
-    return samples
+        for s in (series if i % 2 == 0 else list(reversed(series))):
+            start = clock()
+            result = s.op(i)
+            s.samples.append(clock() - start)
+            if s.check is not None:
+                s.check(i, result)
 
 
 # ---------------------------------------------------------------------------
@@ -181,7 +203,25 @@ def filesystem_of(path: Path) -> dict[str, str]:
     return best
 
 
+def source_version() -> dict[str, Any]:
+    """The commit measured, and any uncommitted change outside bench/.
+
+    The code under test moves quickly; a figure is only useful next to the
+    exact version that produced it.
+    """
+    repo = BENCH_DIR.parent
+
+    def git(*argv: str) -> str:
+        proc = subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True)
+        return proc.stdout.rstrip("\n") if proc.returncode == 0 else ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines() if not line[3:].startswith("bench/")]
+    return {"commit": git("rev-parse", "--short=12", "HEAD") or "?", "subject": git("log", "-1", "--format=%s"),
+            "uncommitted_outside_bench": dirty}
+
+
 def machine_info(workdir: Path) -> dict[str, Any]:
+    """Everything needed to judge whether two runs are comparable."""
     cpu = "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -200,7 +240,31 @@ def machine_info(workdir: Path) -> dict[str, Any]:
         "apsw": apsw.apsw_version(),
         "workdir": str(workdir),
         "filesystem": filesystem_of(workdir),
+        "source": source_version(),
     }
+
+
+def fsync_probe(directory: Path, n: int = 100) -> dict[str, float]:
+    """p50/p95 of a bare 4 KiB overwrite + fsync, to record the disk's state.
+
+    On a shared or rate-limited virtual disk, fsync latency is bimodal (here
+    ~0.2 ms when idle, ~4 ms when another tenant is busy). Taken before and
+    after the run, this says which regime the figures were measured in.
+    """
+    path = directory / "probe.dat"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    samples = []
+    try:
+        for _ in range(n):
+            os.pwrite(fd, os.urandom(NOTE_BYTES), 0)
+            start = time.perf_counter_ns()
+            os.fsync(fd)
+            samples.append(time.perf_counter_ns() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    samples.sort()
+    return {"p50_us": percentile(samples, 50) / 1e3, "p95_us": percentile(samples, 95) / 1e3}
 
 
 def payloads(n: int, size: int) -> list[bytes]:
@@ -268,23 +332,46 @@ def setup_home(root: Path) -> tuple[Home, str]:
     return home, session.session_id
 
 
-def sqlite_commit_micro(root: Path, n: int) -> list[int]:
-    """One small durable SQLite commit, with the project's own pragmas.
+# What each step boundary of the transaction closes (DESIGN.md §6), for the
+# per-phase breakdown taken through writer.steps' own hook.
+PHASES: tuple[tuple[Step | None, str], ...] = (
+    (Step.STAGED, "authorize, resolve, decide; stage + fsync (1 fsync)"),
+    (Step.PENDING, "revalidate; txn 1: pending revision + intent + outbox (1 commit)"),
+    (Step.RENAMED, "renameat2 staged -> final locator"),
+    (Step.FINALIZED, "fsync file, fsync store dir, re-hash (2 fsyncs)"),
+    (Step.ACTIVATED, "revalidate; txn 2: activate (1 commit)"),
+    (Step.AUDITED, "audit drain: state insert + outbox mark (2 commits)"),
+    (None, "return"),
+)
 
-    Context for the analysis: the transaction and the audited read are
-    bounded by how many of these they do, so its cost is the unit.
+
+def write_breakdown(home: Home, session_id: str, data: Sequence[bytes], n: int) -> list[dict[str, Any]]:
+    """Mean and p50 of each phase of ``write_note``, via the checkpoint hook.
+
+    ``writer.steps`` is the hook the crash tests use; production calls it at
+    every step boundary anyway, so recording a timestamp there measures the
+    real code with no patching. Run as its own series so the headline
+    figures are taken without any hook installed.
     """
-    conn = connect(root / "micro.sqlite", create=True)
+    marks: list[tuple[Step | None, int]] = []
+    per_phase: dict[str, list[int]] = {label: [] for _, label in PHASES}
+    set_hook(lambda step: marks.append((step, time.perf_counter_ns())))
     try:
-        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-
-        def op(i: int) -> None:
-            with immediate(conn):
-                conn.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 64,))
-
-        return time_ops(n, op)
+        for i in range(n):
+            marks.clear()
+            start = time.perf_counter_ns()
+            write_note(home, session_id, SAME_NOTE, data[i % len(data)])
+            marks.append((None, time.perf_counter_ns()))
+            at = dict(marks)
+            previous = start
+            for step, label in PHASES:
+                per_phase[label].append(at[step] - previous)
+                previous = at[step]
     finally:
-        conn.close()
+        set_hook(None)
+    total = sum(sum(v) for v in per_phase.values())
+    return [{"phase": label, "mean_us": sum(v) / len(v) / 1e3, "p50_us": percentile(sorted(v), 50) / 1e3,
+             "share": sum(v) / total} for label, v in per_phase.items()]
 
 
 # ---------------------------------------------------------------------------
@@ -292,6 +379,7 @@ def sqlite_commit_micro(root: Path, n: int) -> list[int]:
 # ---------------------------------------------------------------------------
 
 def scopefs_executable() -> str:
+    """The console script of this venv, so the CLI measured is this checkout's."""
     beside = Path(sys.executable).with_name("scopefs")
     if beside.exists():
         return str(beside)
@@ -321,20 +409,20 @@ def cli_env(home_root: Path, pycache: Path | None, *, cached: bool) -> dict[str,
     return env
 
 
-def time_subprocess(n: int, argv: list[str], env: dict[str, str], stdin: bytes = b"",
-                    expect_stdout: bytes | None = None) -> list[int]:
-    """Wall time of whole processes, from fork to exit; every run must succeed."""
+def subprocess_series(name: str, group: str, argv: list[str], env: dict[str, str], stdin: bytes = b"",
+                      expect_stdout: bytes | None = None) -> Series:
+    """Wall time of a whole process, fork to exit; every run must succeed."""
 
     def op(i: int) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(argv, input=stdin, capture_output=True, env=env)
 
     def check(i: int, proc: subprocess.CompletedProcess[bytes]) -> None:
         if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv[:2])} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+            raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
         if expect_stdout is not None and proc.stdout != expect_stdout:
-            raise SystemExit(f"{' '.join(argv[:2])} returned other bytes than were written")
+            raise SystemExit(f"{name} returned other bytes than were written")
 
-    return time_ops(n, op, check)
+    return Series(name, group, op, check)
 
 
 # ---------------------------------------------------------------------------
@@ -351,13 +439,13 @@ def classify_sync(path: str, home: Path) -> str:
     except ValueError:
         return f"outside home: {path}"
     if not rel:
-        return "home directory (SQLite: state WAL file created)"
+        return "home directory (holds state.sqlite-wal)"
     if rel[0] == "state.sqlite-wal":
         return "state.sqlite-wal (state WAL commit)"
     if rel[0] == "state.sqlite":
         return "state.sqlite (checkpoint)"
     if len(rel) == 2 and rel[0] == "agents":
-        return "agent directory (SQLite: catalog WAL file created)"
+        return "agent directory (holds catalog.sqlite-wal)"
     if len(rel) >= 3 and rel[0] == "agents":
         rest = rel[2:]
         if rest[0] == "catalog.sqlite-wal":
@@ -468,62 +556,51 @@ def count_syncs(home_root: Path, session_id: str, scratch: Path, cli: str, env: 
 
 @dataclass
 class Report:
+    """One run: where, how, the figures, and the fsync accounting behind them."""
+
     machine: dict[str, Any]
     config: dict[str, Any]
     results: list[Stats] = field(default_factory=list)
     syncs: dict[str, Any] | None = None
+    breakdown: list[dict[str, Any]] | None = None
     elapsed_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {"machine": self.machine, "config": self.config, "results": [asdict(r) for r in self.results],
-                "syncs": self.syncs, "elapsed_s": self.elapsed_s}
+                "breakdown": self.breakdown, "syncs": self.syncs, "elapsed_s": self.elapsed_s}
 
 
 def run(args: argparse.Namespace, workdir: Path) -> Report:
+    """Every comparison is timed interleaved, op by op, on one disk.
+
+    This VM shares its two CPUs and its disk with other work, and fsync
+    latency drifted 20x within one run when series were timed one after the
+    other. Alternating the scopefs operation with its baseline (ABBA order,
+    so neither always goes first) exposes both to the same conditions, which
+    is what makes the ratio meaningful even when the absolute numbers move.
+    """
     n, warmup = args.ops, args.warmup
-    report = Report(machine_info(workdir), {"ops": n, "warmup": warmup, "note_bytes": NOTE_BYTES,
-                                            "cli_runs": args.cli_runs, "gc": "enabled (as in real use)"})
+    report = Report(machine_info(workdir), {
+        "ops": n, "warmup": warmup, "note_bytes": NOTE_BYTES, "cli_runs": args.cli_runs,
+        "method": "series of one comparison interleaved op by op, ABBA order; gc enabled (as in real use)",
+        "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
+        "fsync_probe_before": fsync_probe(workdir),
+    })
     os.umask(0o077)  # as the CLI does: the home must stay private
     data = payloads(n, NOTE_BYTES)
     warm = payloads(max(warmup, 1), NOTE_BYTES)
-    add = report.results.append
 
-    # -- plain baselines: write tmp + fsync + rename + fsync(dir) -------------
     plain_dir = workdir / "plain"
     plain_dir.mkdir(mode=0o700)
     dirfd = os.open(plain_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        log(f"baseline A: plain write+fsync+rename+fsync(dir), one target, {n} ops")
-        for i in range(warmup):
-            plain_write(dirfd, "same.tmp", "same.dat", warm[i % len(warm)])
-        base_w_same = summarize("plain write+fsync+rename, same file", "write",
-                                time_ops(n, lambda i: plain_write(dirfd, "same.tmp", "same.dat", data[i])))
-        log("baseline A': the same, a new target file each time")
-        for i in range(warmup):
-            plain_write(dirfd, "warm.tmp", f"warm-{i:05d}.dat", warm[i % len(warm)])
-        base_w_new = summarize("plain write+fsync+rename, new files", "write",
-                               time_ops(n, lambda i: plain_write(dirfd, "new.tmp", f"n{i:05d}.dat", data[i])))
-        log("baseline B: plain open+read+close of the same bytes")
-        for _ in range(warmup):
-            plain_read(dirfd, "same.dat")
-        base_r_same = summarize(
-            "plain open+read+close, same file", "read",
-            time_ops(n, lambda i: plain_read(dirfd, "same.dat"),
-                     lambda i, got: None if got == data[-1] else sys.exit("plain read mismatch")))
-        base_r_new = summarize(
-            "plain open+read+close, distinct files", "read",
-            time_ops(n, lambda i: plain_read(dirfd, f"n{i:05d}.dat"),
-                     lambda i, got: None if got == data[i] else sys.exit("plain read mismatch")))
-    finally:
-        os.close(dirfd)
-
-    # -- scopefs in-process ----------------------------------------------------
     home_root = workdir / "home"
     home, session_id = setup_home(home_root)
-    log(f"scopefs write_note: {n} revisions of one note")
-    for i in range(warmup):
-        write_note(home, session_id, SAME_NOTE, warm[i % len(warm)])
-    first_rev = write_note(home, session_id, SAME_NOTE, warm[0]).revision_no
+    micro = connect(workdir / "micro.sqlite", create=True)
+    micro.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+
+    def sqlite_commit(i: int) -> None:
+        with immediate(micro):
+            micro.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 64,))
 
     def check_write(expect_created: bool) -> Callable[[int, Any], None]:
         def check(i: int, res: Any) -> None:
@@ -532,87 +609,127 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 sys.exit(f"write_note result does not match what was written (op {i})")
         return check
 
-    w_same = summarize("scopefs write_note, new revision", "write",
-                       time_ops(n, lambda i: write_note(home, session_id, SAME_NOTE, data[i]), check_write(False)))
-    last = read_note(home, session_id, SAME_NOTE)
-    if last != data[-1]:
-        sys.exit("the note does not read back as the last revision written")
-    revisions = home.catalog(AGENT).execute(
-        "SELECT count(*) FROM revisions v JOIN resources r USING (resource_id) WHERE r.path = ?",
-        ("notes/bench.md",)).fetchall()[0][0]
-    add(compare(w_same, base_w_same))
-    w_same.note = f"revisions {first_rev + 1}..{first_rev + n} of one note ({revisions} rows)"
+    def same_bytes(expected: Callable[[int], bytes], what: str) -> Callable[[int, Any], None]:
+        def check(i: int, got: Any) -> None:
+            if got != expected(i):
+                sys.exit(f"{what} returned other bytes than were written (op {i})")
+        return check
 
-    log(f"scopefs write_note: {n} distinct new notes")
-    for i in range(warmup):
-        write_note(home, session_id, f"private/notes/warm-{i:05d}.md", warm[i % len(warm)])
-    w_new = summarize("scopefs write_note, new note", "write",
-                      time_ops(n, lambda i: write_note(home, session_id, f"private/notes/n{i:05d}.md", data[i]),
-                               check_write(True)))
-    add(compare(w_new, base_w_new))
+    try:
+        log(f"warm-up: {warmup} ops of each kind")
+        for i in range(warmup):
+            w = warm[i % len(warm)]
+            plain_write(dirfd, "same.tmp", "same.dat", w)
+            plain_write(dirfd, "warm.tmp", f"warm-{i:05d}.dat", w)
+            write_note(home, session_id, SAME_NOTE, w)
+            write_note(home, session_id, f"private/notes/warm-{i:05d}.md", w)
+            sqlite_commit(i)
+            plain_read(dirfd, "same.dat")
+            read_note(home, session_id, SAME_NOTE)
+        same_resource = write_note(home, session_id, SAME_NOTE, warm[0]).resource_id
 
-    log(f"scopefs read_note: {n} verified reads of one note")
-    for _ in range(warmup):
-        read_note(home, session_id, SAME_NOTE)
-    r_same = summarize("scopefs read_note, same note", "read",
-                       time_ops(n, lambda i: read_note(home, session_id, SAME_NOTE),
-                                lambda i, got: None if got == data[-1] else sys.exit("read_note mismatch")))
-    add(compare(r_same, base_r_same))
-    log(f"scopefs read_note: {n} verified reads of distinct notes")
-    r_new = summarize("scopefs read_note, distinct notes", "read",
-                      time_ops(n, lambda i: read_note(home, session_id, f"private/notes/n{i:05d}.md"),
-                               lambda i, got: None if got == data[i] else sys.exit("read_note mismatch")))
-    add(compare(r_new, base_r_new))
-    audit_rows = home.state().execute("SELECT count(*) FROM audit").fetchall()[0][0]
-    report.config["audit_rows_after_in_process"] = audit_rows
-    home.close()
+        log(f"writes, one note: {n} x (plain write+fsync+rename | write_note | SQLite commit), interleaved")
+        base_w_same = Series("plain write+fsync+rename, same file", "write",
+                             lambda i: plain_write(dirfd, "same.tmp", "same.dat", data[i]))
+        w_same = Series("scopefs write_note, new revision", "write",
+                        lambda i: write_note(home, session_id, SAME_NOTE, data[i]), check_write(False))
+        sql = Series("SQLite commit, WAL + synchronous=FULL", "micro", sqlite_commit)
+        run_interleaved(n, [base_w_same, w_same, sql])
+        if read_note(home, session_id, SAME_NOTE) != data[-1]:
+            sys.exit("the note does not read back as the last revision written")
 
-    for base in (base_w_same, base_w_new, base_r_same, base_r_new):
-        add(base)
+        log(f"writes, new notes: {n} x (plain write+fsync+rename to a new name | write_note of a new note)")
+        base_w_new = Series("plain write+fsync+rename, new files", "write",
+                            lambda i: plain_write(dirfd, "new.tmp", f"n{i:05d}.dat", data[i]))
+        w_new = Series("scopefs write_note, new note", "write",
+                       lambda i: write_note(home, session_id, f"private/notes/n{i:05d}.md", data[i]), check_write(True))
+        run_interleaved(n, [base_w_new, w_new])
 
-    # -- micro context: the units the figures are made of ----------------------
-    log("micro: SHA-256 of 4 KiB, one durable SQLite commit")
-    add(summarize("sha256 of 4 KiB", "micro", time_ops(n, lambda i: hashlib.sha256(data[i]).hexdigest())))
-    add(summarize("SQLite commit, WAL + synchronous=FULL", "micro", sqlite_commit_micro(workdir, n),
-                  note="BEGIN IMMEDIATE; one INSERT; COMMIT, with catalog.db.connect's pragmas"))
+        log(f"reads, one note: {n} x (plain open+read+close | read_note | sha256 of 4 KiB)")
+        base_r_same = Series("plain open+read+close, same file", "read", lambda i: plain_read(dirfd, "same.dat"),
+                             same_bytes(lambda i: data[-1], "plain read"))
+        r_same = Series("scopefs read_note, same note", "read", lambda i: read_note(home, session_id, SAME_NOTE),
+                        same_bytes(lambda i: data[-1], "read_note"))
+        sha = Series("sha256 of 4 KiB", "micro", lambda i: hashlib.sha256(data[i]).hexdigest())
+        run_interleaved(n, [base_r_same, r_same, sha])
+
+        log(f"reads, distinct notes: {n} x (plain open+read+close | read_note), each op a different note")
+        base_r_new = Series("plain open+read+close, distinct files", "read",
+                            lambda i: plain_read(dirfd, f"n{i:05d}.dat"), same_bytes(lambda i: data[i], "plain read"))
+        r_new = Series("scopefs read_note, distinct notes", "read",
+                       lambda i: read_note(home, session_id, f"private/notes/n{i:05d}.md"),
+                       same_bytes(lambda i: data[i], "read_note"))
+        run_interleaved(n, [base_r_new, r_new])
+
+        if args.breakdown_ops:
+            log(f"write_note phase breakdown over {args.breakdown_ops} ops (writer.steps hook)")
+            report.breakdown = write_breakdown(home, session_id, data, args.breakdown_ops)
+        catalog = home.catalog(AGENT)
+        report.config["revisions_of_same_note"] = catalog.execute(
+            "SELECT count(*) FROM revisions WHERE resource_id = ?", (same_resource,)).fetchall()[0][0]
+        report.config["audit_rows_after_in_process"] = home.state().execute("SELECT count(*) FROM audit").fetchall()[0][0]
+    finally:
+        os.close(dirfd)
+        micro.close()
+        home.close()
+
+    summary = {s.name: s.stats() for s in (base_w_same, w_same, sql, base_w_new, w_new, base_r_same, r_same, sha,
+                                            base_r_new, r_new)}
+    add = report.results.append
+    add(compare(summary[w_same.name], summary[base_w_same.name]))
+    add(compare(summary[w_new.name], summary[base_w_new.name]))
+    add(compare(summary[r_same.name], summary[base_r_same.name]))
+    add(compare(summary[r_new.name], summary[base_r_new.name]))
+    for name in (base_w_same.name, base_w_new.name, base_r_same.name, base_r_new.name):
+        add(summary[name])
+    add(compare(summary[sql.name], summary[base_w_same.name]))
+    summary[sql.name].note = "BEGIN IMMEDIATE; one INSERT; COMMIT, with catalog.db.connect's pragmas"
+    add(compare(summary[sha.name], summary[base_r_same.name]))
 
     # -- the command line --------------------------------------------------------
     cli = scopefs_executable()
     env = cli_env(home_root, workdir / "pycache", cached=True)
     runs = args.cli_runs
     if runs > 0:
-        log(f"CLI: {runs} runs each of python -c pass, import (cached, uncached), scopefs write, scopefs read")
+        log(f"CLI: {runs} x (python -c pass | import cached | import uncached | scopefs write | scopefs read)")
         cli_payload = data[0]
         # creates the note and fills the bytecode cache under the workdir
-        time_subprocess(1, [cli, "write", session_id, CLI_NOTE], env, cli_payload)
-        py_start = summarize("python -c pass (interpreter start)", "cli",
-                             time_subprocess(runs, [sys.executable, "-c", "pass"], env))
-        py_import = summarize("python -c 'import scopefs.cli'", "cli",
-                              time_subprocess(runs, [sys.executable, "-c", "import scopefs.cli"], env),
-                              note="bytecode cached (PYTHONPYCACHEPREFIX in the workdir)")
+        for _ in range(2):
+            subprocess_series("warm-up", "cli", [cli, "write", session_id, CLI_NOTE], env, cli_payload).op(0)
         no_cache = cli_env(home_root, None, cached=False)
-        py_import_nc = summarize("  same, no bytecode cache", "cli",
-                                 time_subprocess(runs, [sys.executable, "-c", "import scopefs.cli"], no_cache),
-                                 note="PYTHONDONTWRITEBYTECODE=1 and no __pycache__: every module compiled")
-        cli_w = summarize("scopefs write (subprocess)", "cli",
-                          time_subprocess(runs, [cli, "write", session_id, CLI_NOTE], env, cli_payload))
-        cli_r = summarize("scopefs read (subprocess)", "cli",
-                          time_subprocess(runs, [cli, "read", session_id, CLI_NOTE], env,
-                                          expect_stdout=cli_payload))
-        add(compare(cli_w, base_w_same))
-        add(compare(cli_r, base_r_same))
+        group = [
+            subprocess_series("python -c pass (interpreter start)", "cli", [sys.executable, "-c", "pass"], env),
+            subprocess_series("python -c 'import scopefs.cli'", "cli", [sys.executable, "-c", "import scopefs.cli"],
+                              env),
+            subprocess_series("import scopefs.cli, no bytecode cache", "cli", [sys.executable, "-c", "import scopefs.cli"],
+                              no_cache),
+            subprocess_series("scopefs write (subprocess)", "cli", [cli, "write", session_id, CLI_NOTE], env,
+                              cli_payload),
+            subprocess_series("scopefs read (subprocess)", "cli", [cli, "read", session_id, CLI_NOTE], env,
+                              expect_stdout=cli_payload),
+        ]
+        run_interleaved(runs, group)
+        py_start, py_import, py_import_nc, cli_w, cli_r = (s.stats() for s in group)
+        py_import.note = "bytecode cached (PYTHONPYCACHEPREFIX in the workdir)"
+        py_import_nc.note = "PYTHONDONTWRITEBYTECODE=1, no __pycache__: every module compiled on each run"
+        cli_w.note = f"{cli_w.mean_us / summary[w_same.name].mean_us:.0f}x the in-process write_note"
+        cli_r.note = f"{cli_r.mean_us / summary[r_same.name].mean_us:.0f}x the in-process read_note"
+        add(compare(cli_w, summary[base_w_same.name]))
+        add(compare(cli_r, summary[base_r_same.name]))
         add(py_start)
         add(py_import)
         add(py_import_nc)
 
     # -- fsync counts ----------------------------------------------------------------
     if args.strace and shutil.which("strace"):
-        log("strace: counting fsync/fdatasync per CLI write/read and per in-process operation")
+        log(f"strace: fsync/fdatasync per CLI write/read, and per in-process op over {args.strace_ops} ops")
         scratch = workdir / "strace"
         scratch.mkdir()
         report.syncs = count_syncs(home_root, session_id, scratch, cli, env, data[0], args.strace_ops)
     elif args.strace:
         log("strace not found; fsync counts skipped")
+    report.config["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    report.config["fsync_probe_after"] = fsync_probe(workdir)
     return report
 
 
@@ -621,6 +738,7 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
 # ---------------------------------------------------------------------------
 
 def fmt(value: float) -> str:
+    """Three significant-ish digits: enough to compare, not false precision."""
     if value >= 100:
         return f"{value:,.0f}"
     if value >= 10:
@@ -629,12 +747,20 @@ def fmt(value: float) -> str:
 
 
 def render(report: Report) -> str:
+    """The human table: conditions first, since they decide how to read it."""
     m, c = report.machine, report.config
     fs = m["filesystem"]
     lines = [
         f"scopefs write/read benchmark: {c['ops']} ops of {c['note_bytes']} B, {c['warmup']} warm-up ops",
         f"machine: {m['nproc']} CPU ({m['cpu']}), kernel {m['kernel']}, Python {m['python']}, SQLite {m['sqlite']}",
         f"disk: {fs['source']} {fs['fstype']} mounted on {fs['mountpoint']}; workdir {m['workdir']}",
+        "code: commit {c} ({s}){d}".format(
+            c=m.get("source", {}).get("commit", "?"), s=m.get("source", {}).get("subject", ""),
+            d="; uncommitted: " + ", ".join(m["source"]["uncommitted_outside_bench"])
+            if m.get("source", {}).get("uncommitted_outside_bench") else ""),
+        "conditions: 4 KiB fsync p50/p95 {b[p50_us]:.0f}/{b[p95_us]:.0f} µs before, {a[p50_us]:.0f}/{a[p95_us]:.0f} µs"
+        " after; loadavg {lb} -> {la}".format(b=c["fsync_probe_before"], a=c["fsync_probe_after"],
+                                               lb=" ".join(c["loadavg_before"]), la=" ".join(c["loadavg_after"])),
         "",
         f"| {'operation':<42} | {'n':>5} | {'p50 µs':>8} | {'p95 µs':>8} | {'p99 µs':>8} | {'mean µs':>8} "
         f"| {'ops/s':>8} | {'× base (mean)':>13} | {'× base (p50)':>12} |",
@@ -655,6 +781,9 @@ def render(report: Report) -> str:
     for r in report.results:
         if r.baseline:
             lines.append(f"  {r.name}  ->  {r.baseline}")
+    if report.breakdown:
+        lines += ["", "write_note by phase (mean / p50 µs, share of the mean):"]
+        lines += [f"  {b['mean_us']:>8.0f} / {b['p50_us']:>8.0f}  {b['share']:>5.1%}  {b['phase']}" for b in report.breakdown]
     if report.syncs:
         s = report.syncs
         lines += ["", "fsync/fdatasync calls (strace):",
@@ -673,6 +802,7 @@ def render(report: Report) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Options; ``--_child`` is the internal entry point of the strace child."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", type=int, default=1000, help="timed operations per series (default 1000)")
@@ -684,19 +814,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--allow-tmpfs", action="store_true", help="run even if --dir is on tmpfs/ramfs")
     p.add_argument("--no-strace", dest="strace", action="store_false", help="skip the fsync counts")
     p.add_argument("--strace-ops", type=int, default=200, help="operations traced in-process for fsync counts")
+    p.add_argument("--breakdown-ops", type=int, default=200,
+                   help="extra write_note ops timed phase by phase; 0 skips (default 200)")
+    p.add_argument("--from-json", type=Path, metavar="FILE", help="print the table of a saved --json run and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.ops < 1 or args.warmup < 0 or args.cli_runs < 0 or args.strace_ops < 1:
-        p.error("--ops and --strace-ops must be >= 1, --warmup and --cli-runs >= 0")
+    if args.ops < 1 or args.strace_ops < 1 or min(args.warmup, args.cli_runs, args.breakdown_ops) < 0:
+        p.error("--ops and --strace-ops must be >= 1; --warmup, --cli-runs and --breakdown-ops >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run in a fresh workdir on a real disk, print, and clean up."""
     args = parse_args(argv)
     if args._child:
         home_root, session_id, k = args._child
         inproc_child(Path(home_root), session_id, int(k))
+        return 0
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        report = Report(saved["machine"], saved["config"], [Stats(**r) for r in saved["results"]],
+                        saved.get("syncs"), saved.get("breakdown"), saved.get("elapsed_s", 0.0))
+        print(render(report))
         return 0
     args.dir.mkdir(parents=True, exist_ok=True)
     fs = filesystem_of(args.dir)

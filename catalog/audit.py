@@ -109,9 +109,16 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
             for event_id, payload in rows:
                 values = json.loads(payload)
                 state.execute(_INSERT, (event_id, *(values.get(c) for c in _COLUMNS)))
-        with immediate(catalog):
-            for event_id, _ in rows:
-                catalog.execute("UPDATE audit_outbox SET state = 'drained' WHERE event_id = ?", (event_id,))
+        # The "drained" mark needs no fsync of its own: if power loss takes
+        # it, the rows are delivered again and INSERT OR IGNORE drops them.
+        # The next FULL commit on this database makes the mark durable.
+        catalog.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with immediate(catalog):
+                for event_id, _ in rows:
+                    catalog.execute("UPDATE audit_outbox SET state = 'drained' WHERE event_id = ?", (event_id,))
+        finally:
+            catalog.execute("PRAGMA synchronous=FULL")
         total += len(rows)
 
 
