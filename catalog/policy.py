@@ -53,6 +53,10 @@ WRITE_OPS = frozenset({Op.APPEND, Op.REPLACE, Op.DELETE, Op.DEPOSIT, Op.PROJECT,
                        Op.POLICY_ADMIN})
 
 
+# Operations on existing content: they need an active revision to act on.
+NEEDS_ACTIVE = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE, Op.REPLACE, Op.DELETE, Op.PROJECT, Op.EXPORT})
+
+
 def required(op: Op) -> frozenset[Op]:
     """Every permission an operation needs: the op and all it implies."""
     out = {op}
@@ -85,6 +89,13 @@ class Entry:
     audience_kind: AudienceKind
     audience_id: str = ""
     expires_at: int | None = None
+
+    def __post_init__(self) -> None:
+        # Coerce plain strings: the checks below compare enum members, and a
+        # deny that silently failed to match would fail open.
+        object.__setattr__(self, "effect", Effect(self.effect))
+        object.__setattr__(self, "capability", Op(self.capability))
+        object.__setattr__(self, "audience_kind", AudienceKind(self.audience_kind))
 
     def live(self, now: int) -> bool:
         return self.expires_at is None or now < self.expires_at
@@ -145,18 +156,20 @@ def evaluate(op: Op, subject: Subject, mount: Mount | None, resource: ResourceSt
     """Decide one operation; see the module docstring for the order.
 
     ``resource`` is None when the operation creates a new resource (append
-    of a path that does not exist). For every other operation a resource
-    without an active revision is ``revision-stale``.
+    of a path that does not exist). An operation on existing content
+    (``NEEDS_ACTIVE``) without a live resource and an active revision is
+    ``revision-stale``.
     """
     if mount is None:
         return Decision(False, Reason.OUTSIDE_VIEW)
     needs = required(op)
-    if resource is not None:
-        if not resource.live:
+    if resource is None:
+        if needs & NEEDS_ACTIVE:  # nothing to read, replace or delete
             return Decision(False, Reason.REVISION_STALE)
-        if needs & {Op.RETRIEVE, Op.READ, Op.DERIVE, Op.REPLACE, Op.DELETE, Op.PROJECT, Op.EXPORT}:
-            if resource.revision_state != "active":
-                return Decision(False, Reason.REVISION_STALE)
+    elif not resource.live:
+        return Decision(False, Reason.REVISION_STALE)
+    elif needs & NEEDS_ACTIVE and resource.revision_state != "active":
+        return Decision(False, Reason.REVISION_STALE)
     applicable = [e for e in entries if e.live(now) and e.matches(subject)]
     if any(e.effect is Effect.DENY and e.capability in needs for e in applicable):
         return Decision(False, Reason.EXPLICIT_DENY)

@@ -86,9 +86,13 @@ def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int) -> Vi
             _shared(),
         ]
         excluded: list[tuple[str, Reason]] = []
+        roles = tuple(roles)
+        names = [r.role_name for r in roles]
         for role in sorted(roles, key=lambda r: r.role_name):
             root = f"roles/{role.role_name}"
-            if role.fresh(now):
+            if names.count(role.role_name) > 1:  # ambiguous folder: mount neither (fail closed)
+                excluded.append((root, Reason.OUTSIDE_VIEW))
+            elif role.fresh(now):
                 mounts.append(Mount(root, "role", role.role_id, READ_ONLY, READ_ONLY))
             else:
                 excluded.append((root, Reason.MEMBERSHIP_STALE))
