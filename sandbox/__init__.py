@@ -1,0 +1,1 @@
+"""Bubblewrap sandboxes whose whole world is one session's mount: issue 4."""
