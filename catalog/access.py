@@ -21,8 +21,15 @@ from catalog.identity import binding_live, get_principal
 from catalog.policy import Decision, Entry, Mount, Op, ResourceState, evaluate
 from catalog.reasons import Reason, public_reason
 from catalog.sessions import SessionRecord, load_session
-from catalog.stores import (ResourceRow, RevisionRow, StoreRow, active_revision, find_resource, find_store,
-                            policy_entries)
+from catalog.stores import (
+    ResourceRow,
+    RevisionRow,
+    StoreRow,
+    active_revision,
+    find_resource,
+    find_store,
+    policy_entries,
+)
 from catalog.subject import SubjectKind
 from catalog.view import RoleEvidence, View, memory_view
 

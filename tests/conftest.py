@@ -7,13 +7,22 @@ real SQLite files in a temporary directory.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import apsw
 import pytest
 
 SCOPEFS = str(Path(sys.executable).with_name("scopefs"))
@@ -138,55 +147,106 @@ def scenario(scenario_template: Scenario, tmp_path: Path) -> Scenario:
     Every CLI process has exited, so each database is checkpointed and
     closed; copying the directory copies the whole state.
     """
-    import dataclasses
-    import shutil
-
     home = tmp_path / "home"
     shutil.copytree(scenario_template.cli.home, home, symlinks=True)
     return dataclasses.replace(scenario_template, cli=Cli(home))
 
 
-def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple]]:
-    """Every row of every table, for "nothing changed" comparisons."""
-    import apsw
+@contextlib.contextmanager
+def db_copy(db: Path) -> Iterator[apsw.Connection]:
+    """A connection to a byte copy of ``db`` (and its WAL), so reading never
+    checkpoints, creates a -shm or otherwise changes the home."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "copy.sqlite"
+        shutil.copyfile(db, copy)
+        wal = db.with_name(db.name + "-wal")
+        if wal.exists():
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        conn = apsw.Connection(str(copy))
+        try:
+            yield conn
+        finally:
+            conn.close()
 
-    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
+
+def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple]]:
+    """Every row of every table (sorted), read from a copy of the database."""
+    with db_copy(db) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'"
                                              " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables if t not in skip}
-    finally:
-        conn.close()
+        return {t: sorted((tuple(r) for r in conn.execute(f'SELECT * FROM "{t}"')), key=repr)
+                for t in tables if t not in skip}
 
 
-def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, object]:
-    """Logical state of a home: all table rows plus every other file's bytes.
+def sqlite_dump(db: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every table's rows, the schema and the version pragmas."""
+    with db_copy(db) as conn:
+        dump: dict[str, Any] = {
+            "user_version": conn.execute("PRAGMA user_version").fetchall(),
+            "application_id": conn.execute("PRAGMA application_id").fetchall(),
+            "schema": sorted(tuple(r) for r in conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")),
+        }
+    for table, rows in table_dump(db, skip=skip_tables).items():
+        dump[f"table:{table}"] = rows
+    return dump
 
-    SQLite's -wal/-shm files and the writer lock are excluded: opening a
-    database may checkpoint its WAL without changing any row.
+
+_SKIP_SUFFIXES = ("-wal", "-shm")
+_SKIP_NAMES = frozenset({"writer.lock"})
+
+
+def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every entry under ``home``: type, mode and content hash.
+
+    SQLite files are compared by their logical content: opening a database
+    may legitimately checkpoint its WAL into the main file, which changes
+    bytes but not data. WAL/SHM files and the writer lock are left out;
+    ``skip_tables`` leaves out tables a check expects to change (the audit).
     """
-    import hashlib
+    out: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(home):
+        for name in sorted(dirnames + filenames):
+            if name in _SKIP_NAMES or name.endswith(_SKIP_SUFFIXES):
+                continue
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(home))
+            st = os.lstat(path)
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", mode)
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", os.readlink(path))
+            elif stat.S_ISREG(st.st_mode) and name.endswith(".sqlite"):
+                out[rel] = ("sqlite", mode, sqlite_dump(path, skip_tables=skip_tables))
+            elif stat.S_ISREG(st.st_mode):
+                out[rel] = ("file", mode, st.st_nlink, hashlib.sha256(path.read_bytes()).hexdigest())
+            else:
+                out[rel] = ("other", stat.S_IFMT(st.st_mode), mode)
+    return out
 
-    state: dict[str, object] = {}
-    for path in sorted(home.rglob("*")):
-        rel = str(path.relative_to(home))
-        if path.name.endswith(("-wal", "-shm")) or path.name == "writer.lock":
+
+def diff_snapshots(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Readable differences (entry, and for databases the table) between two snapshots."""
+    diffs: list[str] = []
+    for rel in sorted(before.keys() | after.keys()):
+        a, b = before.get(rel), after.get(rel)
+        if a == b:
             continue
-        if path.is_symlink():
-            state[rel] = ("symlink", os.readlink(path))
-        elif path.is_dir():
-            state[rel] = ("dir", oct(path.stat().st_mode))
-        elif path.name.endswith(".sqlite"):
-            state[rel] = table_dump(path, skip=skip_tables)
+        if a is None or b is None:
+            diffs.append(f"{rel}: {'added' if a is None else 'removed'}")
+        elif a[0] == b[0] == "sqlite":
+            for key in sorted(a[2].keys() | b[2].keys()):
+                if a[2].get(key) != b[2].get(key):
+                    diffs.append(f"{rel} {key}: changed")
+            if a[1] != b[1]:
+                diffs.append(f"{rel}: mode changed")
         else:
-            state[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
-    return state
+            diffs.append(f"{rel}: {a!r} -> {b!r}")
+    return diffs
 
 
 def artifact_path(home: Path, audience_id: str, path: str, agent: str = "main") -> Path:
     """Where the active revision of a note lives on disk (tests only)."""
-    import apsw
-
     conn = apsw.Connection(str(home / "agents" / agent / "catalog.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         rows = conn.execute(

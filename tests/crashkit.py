@@ -6,9 +6,8 @@
 * ``LoopExt4``: a small loop-mounted ext4 whose power can be cut with
   ``FS_IOC_SHUTDOWN`` (NOLOGFLUSH: nothing that was not already committed to
   the journal survives), then remounted the way a reboot would.
-* ``snapshot`` / ``diff_snapshots``: a logical picture of a home (every
-  SQLite table, every file's hash) to prove that ``doctor`` without ``--fix``
-  changes nothing.
+* ``snapshot`` / ``diff_snapshots`` (from conftest): a logical picture of
+  a home to prove that ``doctor`` without ``--fix`` changes nothing.
 * ``verify_recovered``: the "old or new, never pending or staged, nothing
   committed lost" checks every interrupted write must pass after repair.
 
@@ -31,17 +30,15 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 
-from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario
+from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
 from writer.steps import Step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,93 +211,8 @@ def writer_stopped_at(home: Path, session_id: str, path: str, data: bytes, step:
 
 # -- reading the catalog without touching the home --------------------------
 
-@contextlib.contextmanager
-def db_copy(db: Path) -> Iterator[apsw.Connection]:
-    """A connection to a byte copy of ``db`` (and its WAL), so reading never
-    checkpoints, creates a -shm or otherwise changes the home."""
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "copy.sqlite"
-        shutil.copyfile(db, copy)
-        wal = db.with_name(db.name + "-wal")
-        if wal.exists():
-            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
-        conn = apsw.Connection(str(copy))
-        try:
-            yield conn
-        finally:
-            conn.close()
-
-
 def catalog_path(home: Path, agent: str = AGENT) -> Path:
     return home / "agents" / agent / "catalog.sqlite"
-
-
-def sqlite_dump(db: Path) -> dict[str, Any]:
-    """Every table's rows (sorted), the schema and the version pragmas."""
-    with db_copy(db) as conn:
-        dump: dict[str, Any] = {
-            "user_version": conn.execute("PRAGMA user_version").fetchall(),
-            "application_id": conn.execute("PRAGMA application_id").fetchall(),
-            "schema": sorted(tuple(r) for r in conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")),
-        }
-        tables = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        for table in tables:
-            dump[f"table:{table}"] = sorted((tuple(r) for r in conn.execute(f'SELECT * FROM "{table}"')), key=repr)
-    return dump
-
-
-_SKIP_SUFFIXES = ("-wal", "-shm")
-_SKIP_NAMES = frozenset({"writer.lock"})
-
-
-def snapshot(home: Path) -> dict[str, Any]:
-    """Every entry under ``home``: type, mode and content hash.
-
-    SQLite files are compared by their logical content: opening a database
-    may legitimately checkpoint its WAL into the main file, which changes
-    bytes but not data. WAL/SHM files and the writer lock are left out.
-    """
-    out: dict[str, Any] = {}
-    for dirpath, dirnames, filenames in os.walk(home):
-        for name in sorted(dirnames + filenames):
-            if name in _SKIP_NAMES or name.endswith(_SKIP_SUFFIXES):
-                continue
-            path = Path(dirpath) / name
-            rel = str(path.relative_to(home))
-            st = os.lstat(path)
-            mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir", mode)
-            elif stat.S_ISLNK(st.st_mode):
-                out[rel] = ("symlink", os.readlink(path))
-            elif stat.S_ISREG(st.st_mode) and name.endswith(".sqlite"):
-                out[rel] = ("sqlite", mode, sqlite_dump(path))
-            elif stat.S_ISREG(st.st_mode):
-                out[rel] = ("file", mode, st.st_nlink, sha256(path.read_bytes()))
-            else:
-                out[rel] = ("other", stat.S_IFMT(st.st_mode), mode)
-    return out
-
-
-def diff_snapshots(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Readable differences (entry, and for databases the table) between two snapshots."""
-    diffs: list[str] = []
-    for rel in sorted(before.keys() | after.keys()):
-        a, b = before.get(rel), after.get(rel)
-        if a == b:
-            continue
-        if a is None or b is None:
-            diffs.append(f"{rel}: {'added' if a is None else 'removed'}")
-        elif a[0] == b[0] == "sqlite":
-            for key in sorted(a[2].keys() | b[2].keys()):
-                if a[2].get(key) != b[2].get(key):
-                    diffs.append(f"{rel} {key}: changed")
-            if a[1] != b[1]:
-                diffs.append(f"{rel}: mode changed")
-        else:
-            diffs.append(f"{rel}: {a!r} -> {b!r}")
-    return diffs
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli
+from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli, diff_snapshots, snapshot
 from tests.crashkit import (
     AFTER,
     ALICE_V2,
@@ -41,13 +41,11 @@ from tests.crashkit import (
     case_steps,
     committed,
     copy_home,
-    diff_snapshots,
     doctor,
     locator_like_name,
     new_bytes,
     read_outcome,
     sha256,
-    snapshot,
     the_revision,
     verify_recovered,
     writer_stopped_at,

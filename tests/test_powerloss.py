@@ -24,7 +24,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from tests.conftest import Cli
+from tests.conftest import Cli, diff_snapshots, snapshot
 from tests.crashkit import (
     NEW_STORE,
     OVERWRITE,
@@ -36,12 +36,10 @@ from tests.crashkit import (
     case_steps,
     committed,
     copy_home,
-    diff_snapshots,
     doctor,
     loop_ext4,
     new_bytes,
     read_outcome,
-    snapshot,
     verify_recovered,
     writer_stopped_at,
 )

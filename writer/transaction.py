@@ -29,10 +29,10 @@ from typing import BinaryIO
 from catalog import ids
 from catalog.access import Access, Target, authorize_session, decide, excluded_reason, resolve, revalidate
 from catalog.artifacts import hash_fd, open_artifact, open_store_dir
-from catalog.audit import AuditEvent, drain_quietly, enqueue, settle
+from catalog.audit import drain_quietly, enqueue
 from catalog.clock import now_us
 from catalog.db import STORAGE_FAILURES, immediate, one
-from catalog.errors import BadInput, Conflict, IntegrityError, StorageError
+from catalog.errors import BadInput, Conflict, StorageError
 from catalog.fsafe import open_dir, renameat2_noreplace
 from catalog.paths import split_virtual_path
 from catalog.policy import Op
