@@ -59,19 +59,32 @@ class Access:
         )
 
     def refuse(self, operation: Op, reason: Reason, *, store_id: str | None = None,
-               revision_id: str | None = None) -> Denied:
-        """Audit a refusal with its true reason; return the public error."""
+               revision_id: str | None = None, hide: bool = False) -> Denied:
+        """Audit a refusal with its true reason; return the public error.
+
+        ``hide`` is for paths outside the view: whatever the internal reason
+        (a stale role, say), the caller learns only ``outside-view``, so it
+        cannot tell which roots exist for others or once existed for it.
+        """
         record_quietly(self.home.state(), self.event(operation, "deny", reason, store_id=store_id,
                                                      revision_id=revision_id))
-        shown = public_reason(reason, read_like=operation in READ_LIKE)
+        shown = Reason.OUTSIDE_VIEW if hide else public_reason(reason, read_like=operation in READ_LIKE)
         if shown is Reason.OUTSIDE_VIEW:
             return Denied(shown, "not available in this view (no such note, or not permitted)")
         return Denied(shown, f"denied: {shown}")
 
+    def refuse_outside(self, operation: Op, parts: tuple[str, ...]) -> Denied:
+        """Refuse a path under no mount of the view (audited with why)."""
+        return self.refuse(operation, self.view.excluded_reason(parts) or Reason.OUTSIDE_VIEW, hide=True)
+
 
 def _check_actor(home: Home, session: SessionRecord, actor_id: str, now: int) -> Reason | None:
-    get_principal(home.state(), actor_id)  # BadInput if unknown
+    actor = get_principal(home.state(), actor_id)  # BadInput if unknown
+    if actor.state != "active":
+        return Reason.IDENTITY_REVOKED
     subject = session.subject
+    if subject.kind is SubjectKind.AMBIGUOUS:
+        return Reason.INVALID_CONTEXT  # nobody is verified here; a claimed actor proves nothing
     if subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         return None if actor_id == subject.principal_id else Reason.INVALID_CONTEXT
     if subject.kind is SubjectKind.CONVERSATION:
@@ -79,7 +92,7 @@ def _check_actor(home: Home, session: SessionRecord, actor_id: str, now: int) ->
         member, expires = membership_expiry(home.state(), subject.principal_id, actor_id)
         if not member or (expires is not None and now >= expires):
             return Reason.MEMBERSHIP_STALE
-    return None  # an actor in an ambiguous session is attribution only
+    return None
 
 
 def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
@@ -181,8 +194,3 @@ def decide(access: Access, target: Target, op: Op) -> Decision:
     if target.resource is not None:
         state = ResourceState(target.resource.state == "live", target.revision.state if target.revision else None)
     return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
-
-
-def excluded_reason(access: Access, parts: tuple[str, ...]) -> Reason:
-    """The internal reason a path outside the view was refused (audit only)."""
-    return access.view.excluded_reason(parts) or Reason.OUTSIDE_VIEW

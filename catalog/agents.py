@@ -7,22 +7,12 @@ any session can use, and running it again completes it.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from catalog.clock import now_us
 from catalog.db import connect, immediate, one
+from catalog.fsafe import fsync_dir
 from catalog.home import Home, validate_agent_name
 from catalog.schema import ensure_schema
 from catalog.schema.agent import AGENT_SCHEMA
-
-
-def _fsync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def add_agent(home: Home, agent_id: str) -> bool:
@@ -31,7 +21,7 @@ def add_agent(home: Home, agent_id: str) -> bool:
     for path in (home.agent_dir(agent_id), home.scopes_dir(agent_id).parent, home.scopes_dir(agent_id),
                  home.staging_dir(agent_id), home.quarantine_dir(agent_id)):
         path.mkdir(mode=0o700, exist_ok=True)
-        _fsync_dir(path.parent)  # the new name is durable before anything relies on it
+        fsync_dir(path.parent)  # the new name is durable before anything relies on it
     conn = connect(home.catalog_path(agent_id), create=True)
     try:
         ensure_schema(conn, AGENT_SCHEMA)
@@ -40,7 +30,7 @@ def add_agent(home: Home, agent_id: str) -> bool:
                 conn.execute("INSERT INTO agent_cell (agent_id, created_at) VALUES (?, ?)", (agent_id, now_us()))
     finally:
         conn.close()
-    _fsync_dir(home.agent_dir(agent_id))
+    fsync_dir(home.agent_dir(agent_id))
     state = home.state()
     with immediate(state):
         if one(state, "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)) is not None:

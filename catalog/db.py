@@ -18,7 +18,6 @@ at the start, so a transaction never discovers halfway that it must retry.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import apsw
 
 from catalog.errors import StorageError
+from catalog.fsafe import fsync_dir
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -42,25 +42,20 @@ STORAGE_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 
-def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonly: bool = False) -> apsw.Connection:
+def connect(path: Path, *, vfs: str | None = None, create: bool = False) -> apsw.Connection:
     """Open ``path`` with the project's pragmas applied.
 
     ``vfs`` selects a registered SQLite VFS; tests use it to inject write and
     sync failures at the storage layer without mocking the catalog.
     """
-    if readonly:
-        flags = apsw.SQLITE_OPEN_READONLY
-    else:
-        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
-    flags |= apsw.SQLITE_OPEN_NOFOLLOW
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW | (apsw.SQLITE_OPEN_CREATE if create else 0)
     try:
         conn = apsw.Connection(str(path), flags=flags, vfs=vfs)
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-        if not readonly:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
-            if mode != "wal":
-                conn.close()
-                raise StorageError(f"cannot enable WAL on {path.name} (got {mode})")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
+        if mode != "wal":
+            conn.close()
+            raise StorageError(f"cannot enable WAL on {path.name} (got {mode})")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA trusted_schema=OFF")
@@ -69,32 +64,17 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False, readonl
         conn.execute("PRAGMA recursive_triggers=ON")
     except STORAGE_FAILURES as exc:
         raise StorageError(f"cannot open {path.name}: {exc.__class__.__name__}") from exc
-    if not readonly:
-        try:
-            _fsync_parent(path)
-        except StorageError:
-            conn.close()
-            raise
-    return conn
-
-
-def _fsync_parent(path: Path) -> None:
-    """Make the database's -wal name durable, failing the open if we cannot.
-
-    Each process that opens a database after the last one closed it creates
-    a new -wal file; SQLite fsyncs its directory on the first sync but
-    ignores the result (unixSync). An acknowledged commit in a WAL whose
-    directory entry never reached the disk can vanish on power loss, so we
-    sync the directory ourselves and treat a failure as final.
-    """
+    # Each process that opens a database after the last one closed it creates
+    # a new -wal file; SQLite fsyncs its directory on the first sync but
+    # ignores the result (unixSync). A commit in a WAL whose name never
+    # reached the disk can vanish on power loss, so we sync the directory
+    # ourselves and fail the open if we cannot.
     try:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise StorageError(f"cannot sync the directory of {path.name}: {os.strerror(exc.errno or 0)}") from exc
+        fsync_dir(path.parent)
+    except StorageError:
+        conn.close()
+        raise
+    return conn
 
 
 @contextlib.contextmanager
@@ -133,3 +113,4 @@ def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any
 def scalar(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
     row = one(conn, sql, params)
     return None if row is None else row[0]
+

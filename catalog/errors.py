@@ -8,6 +8,8 @@ refusal never needs to carry detail about other scopes to be actionable.
 
 from __future__ import annotations
 
+import os
+
 
 class ScopefsError(Exception):
     """Base class: anything else (exit code 1)."""
@@ -66,3 +68,9 @@ class StorageError(ScopefsError):
     """
 
     exit_code = 1
+
+
+def storage_error(what: str, exc: OSError) -> StorageError:
+    """A StorageError for a failed file operation of a write: names the
+    operation and the errno's text, never a path (paths may carry names)."""
+    return StorageError(f"{what}: {os.strerror(exc.errno or 0)}; nothing was written")

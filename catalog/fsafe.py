@@ -107,8 +107,20 @@ def open_regular(dirfd: int, name: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def fsync_dir(dirfd: int) -> None:
-    os.fsync(dirfd)
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries durable; StorageError if the disk says no.
+
+    The one place a directory is synced by path (new names in the home, the
+    agent cell, a database's -wal). A failure is final, never retried.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(f"cannot sync a directory of the scopefs home: {os.strerror(exc.errno or 0)}") from exc
 
 
 def read_all(fd: int, size: int) -> bytes:

@@ -27,6 +27,7 @@ import apsw
 
 from catalog.db import connect, one
 from catalog.errors import BadInput, StorageError
+from catalog.fsafe import fsync_dir
 from catalog.schema import ensure_schema
 from catalog.schema.agent import AGENT_SCHEMA
 from catalog.schema.state import STATE_SCHEMA
@@ -106,7 +107,7 @@ class Home:
 
     # -- lifecycle ------------------------------------------------------
     @classmethod
-    def init(cls, root: Path) -> tuple["Home", bool]:
+    def init(cls, root: Path) -> tuple[Home, bool]:
         """Create the home if needed; returns (home, created).
 
         Idempotent: an existing, valid home is opened unchanged.
@@ -115,10 +116,12 @@ class Home:
         try:
             root.mkdir(mode=0o700, parents=True)
             created = True
+            fsync_dir(root.parent)
         except FileExistsError:
             pass
         _check_private(root, want_dir=True, mode=0o700)
         (root / "agents").mkdir(mode=0o700, exist_ok=True)
+        fsync_dir(root)
         key_path = root / "hmac.key"
         try:
             fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -130,11 +133,7 @@ class Home:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(root)
             created = True
         home = cls(root)
         conn = connect(home.state_path, create=True)
@@ -144,7 +143,7 @@ class Home:
         return home, created
 
     @classmethod
-    def open(cls, root: Path, *, vfs: str | None = None) -> "Home":
+    def open(cls, root: Path, *, vfs: str | None = None) -> Home:
         """Open an existing home; BadInput if there is none."""
         if not (root / "state.sqlite").exists():
             raise BadInput(f"no scopefs home at {root}; run 'scopefs init' first")

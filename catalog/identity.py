@@ -37,11 +37,17 @@ def _clean_text(value: str, what: str, max_bytes: int) -> str:
         raise BadInput(f"{what} is longer than {max_bytes} bytes")
     if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
         raise BadInput(f"{what} contains control characters")
-    return unicodedata.normalize("NFC", value)
+    return value
 
 
 def provider_field(value: str, what: str) -> str:
-    """A normalized provider identifier (channel, account, sender, conversation)."""
+    """A provider identifier (channel, account, sender, conversation), exactly.
+
+    Never normalized: two ids the provider treats as different (say the NFC
+    and NFD spellings of one handle) must never share a binding, so the HMAC
+    is taken over the exact UTF-8 bytes. Only empty, non-UTF-8, over-long or
+    control-character values are refused.
+    """
     return _clean_text(value, what, MAX_PROVIDER_FIELD_BYTES)
 
 

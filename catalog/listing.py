@@ -1,8 +1,8 @@
 """Listing a folder of a session's view.
 
 Folders are implicit in note paths. A listing shows the view's roots at the
-top and, below them, only notes the evaluator lets this subject
-``retrieve``: a hidden note leaves no name, size or gap behind, and a folder
+top and, below them, only notes the evaluator lets this subject ``read``
+(the decision ``read`` itself makes, so the two never disagree): a hidden note leaves no name, size or gap behind, and a folder
 that holds only hidden notes does not appear at all. A folder that does not
 exist and one that is not in the view are refused alike.
 """
@@ -48,20 +48,19 @@ def list_folder(home: Home, session_id: str, path: str = "", *, actor_id: str | 
         return virtual
     found = access.view.mount_for(parts)
     if found is None:
-        raise access.refuse(Op.RETRIEVE, access.view.excluded_reason(parts) or Reason.OUTSIDE_VIEW)
+        raise access.refuse_outside(Op.RETRIEVE, parts)
     mount, inner = found
     catalog = home.catalog(access.agent_id)
     store = find_store(catalog, access.agent_id, mount.scope_kind, mount.audience_id)
     children: dict[str, Listed] = {}
     if store is not None:
         prefix = "/".join(inner) + "/" if inner else ""
-        store_entries = policy_entries(catalog, access.agent_id, store.store_id, None)
         for resource, revision in live_resources_under(catalog, access.agent_id, store.store_id, prefix):
-            entries = store_entries + tuple(
-                e for e in policy_entries(catalog, access.agent_id, store.store_id, resource.resource_id)
-                if e not in store_entries)
+            entries = policy_entries(catalog, access.agent_id, store.store_id, resource.resource_id)
             state = ResourceState(resource.state == "live", revision.state)
-            if not evaluate(Op.RETRIEVE, access.session.subject, mount, state, entries, access.now):
+            # The same decision a read makes: retrieve alone lets a candidate
+            # exist inside the broker, never its name or size outside it.
+            if not evaluate(Op.READ, access.session.subject, mount, state, entries, access.now):
                 continue
             rest = resource.path[len(prefix):].split("/")
             if len(rest) == 1:

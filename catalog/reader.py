@@ -9,7 +9,7 @@ bytes.
 
 from __future__ import annotations
 
-from catalog.access import authorize_session, decide, excluded_reason, resolve
+from catalog.access import authorize_session, decide, resolve
 from catalog.artifacts import read_verified
 from catalog.audit import record, record_quietly
 from catalog.errors import IntegrityError
@@ -26,9 +26,10 @@ def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = 
     decision = decide(access, target, Op.READ)
     store_id = target.store.store_id if target.store else None
     revision_id = target.revision.revision_id if target.revision else None
+    if target.mount is None:
+        raise access.refuse_outside(Op.READ, parts)
     if not decision:
-        reason = excluded_reason(access, parts) if target.mount is None else decision.reason
-        raise access.refuse(Op.READ, reason, store_id=store_id, revision_id=revision_id)
+        raise access.refuse(Op.READ, decision.reason, store_id=store_id, revision_id=revision_id)
     assert target.store is not None and target.revision is not None
     try:
         data = read_verified(home, access.agent_id, target.store, target.revision)

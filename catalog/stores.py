@@ -57,16 +57,6 @@ def find_store(conn: apsw.Connection, agent_id: str, scope_kind: str, audience_i
     return None if row is None else StoreRow(*row)
 
 
-def store_by_id(conn: apsw.Connection, agent_id: str, store_id: str) -> StoreRow | None:
-    row = one(
-        conn,
-        f"SELECT {_STORE_COLS} FROM stores s JOIN storage_roots r USING (storage_root_id)"
-        " WHERE s.agent_id = ? AND r.agent_id = ? AND s.store_id = ?",
-        (agent_id, agent_id, store_id),
-    )
-    return None if row is None else StoreRow(*row)
-
-
 def find_resource(conn: apsw.Connection, agent_id: str, store_id: str, path: str) -> ResourceRow | None:
     row = one(
         conn,
@@ -83,11 +73,6 @@ def active_revision(conn: apsw.Connection, agent_id: str, resource_id: str) -> R
         f"SELECT {_REV_COLS} FROM revisions WHERE agent_id = ? AND resource_id = ? AND state = 'active'",
         (agent_id, resource_id),
     )
-    return None if row is None else RevisionRow(*row)
-
-
-def revision_by_id(conn: apsw.Connection, agent_id: str, revision_id: str) -> RevisionRow | None:
-    row = one(conn, f"SELECT {_REV_COLS} FROM revisions WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
     return None if row is None else RevisionRow(*row)
 
 

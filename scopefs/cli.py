@@ -34,6 +34,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        # argparse quotes stray values back ("unrecognized arguments: X");
+        # a value may be a raw provider id, so only the kind of error is kept.
+        if message.startswith("unrecognized arguments"):
+            message = "unrecognized arguments"
         raise BadInput(f"{message} (see '{self.prog} --help')")
 
 
@@ -164,6 +168,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
+    if sys.stdin is None:
+        raise BadInput("write reads the note from stdin, which is closed")
     home = _home(args)
     result = write_note(home, args.session, args.path, sys.stdin.buffer, actor_id=args.actor)
     emit(args.json, {"resource_id": result.resource_id, "revision_id": result.revision_id,
@@ -287,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.umask(0o077)
+    if sys.stdout is None:  # started with stdout closed: nowhere to report anything
+        return 1
     raw = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in raw
     try:
@@ -306,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # never a path or a value that might carry content.
         return fail(as_json, 1, f"storage failure: {exc.__class__.__name__}"
                     + (f" ({os.strerror(exc.errno)})" if isinstance(exc, OSError) and exc.errno else ""))
+    except Exception as exc:  # a bug: still one line, and still no values
+        return fail(as_json, 1, f"internal error: {exc.__class__.__name__}")
 
 
 if __name__ == "__main__":

@@ -136,16 +136,13 @@ def case_steps(*cases: WriteCase) -> list[Any]:
 def allowed_outcomes(case: WriteCase, step: Step) -> set[str]:
     """What a reader may see after an interruption at ``step``.
 
-    Before the pending row exists nothing can complete the write; between
-    the pending row and activation recovery may complete or roll back; once
-    ACTIVATED was reached the write was acknowledged and must be visible.
+    Until ACTIVATED nothing was acknowledged and recovery rolls the write
+    back (it cannot prove a dead writer's fsync succeeded); once ACTIVATED
+    was reached the write was acknowledged and must be visible.
     """
     before = "absent" if case.old is None else "old"
-    index = STEPS.index(step)
-    if index < STEPS.index(Step.PENDING):
+    if STEPS.index(step) < STEPS.index(Step.ACTIVATED):
         return {before}
-    if index < STEPS.index(Step.ACTIVATED):
-        return {before, "new"}
     return {"new"}
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import apsw
 
 from catalog.db import connect
-from tests.conftest import ALICE_FACT, ACCOUNT, CHANNEL, MIKE1_SENDER, SCOPEFS, Cli, Result, build_scenario
+from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, MIKE1_SENDER, SCOPEFS, Cli, Result, build_scenario
 
 STRACE = shutil.which("strace") or "/usr/bin/strace"
 

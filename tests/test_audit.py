@@ -5,8 +5,17 @@ user chose, a query or a raw provider id."""
 from __future__ import annotations
 
 from catalog.reasons import Reason
-from tests.conftest import (ACCOUNT, ALICE_FACT, ALICE_SENDER, BOB_FACT, BOB_SENDER, CHANNEL_FACT,
-                            GROUP_CONVERSATION, Scenario, table_dump)
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    ALICE_SENDER,
+    BOB_FACT,
+    BOB_SENDER,
+    CHANNEL_FACT,
+    GROUP_CONVERSATION,
+    Scenario,
+    table_dump,
+)
 
 STABLE_REASONS = {r.value for r in Reason}
 COLUMNS = ("audit_id", "event_id", "at", "agent_id", "session_id", "operation", "subject_kind", "actor_id",

@@ -135,3 +135,15 @@ def test_json_errors_are_one_object(scenario: Scenario) -> None:
     assert result.code == 2
     body = result.json()
     assert body["exit_code"] == 2 and "unknown session" in body["error"]
+
+
+def test_closed_stdin_and_stray_arguments_are_one_line(scenario: Scenario) -> None:
+    home = scenario.cli.home
+    env = {**os.environ, "SCOPEFS_HOME": str(home)}
+    before = snapshot(home)
+    proc = subprocess.run(f"{SCOPEFS} write {scenario.alice_session} private/x.md <&-", shell=True,
+                          capture_output=True, env=env)
+    assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1 and b"stdin" in proc.stderr
+    stray = scenario.cli("read", scenario.alice_session, "private/notes/allergy.md", "raw-sender-4711")
+    assert stray.code == 2 and "raw-sender-4711" not in stray.err and stray.err.count("\n") == 1
+    assert snapshot(home) == before

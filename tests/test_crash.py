@@ -57,17 +57,17 @@ from writer.steps import Step
 # without an intent, a pending intent (its staged or final file is in flight),
 # an activated revision whose audit row is not yet in the shared audit.
 LEFTOVERS: dict[Step, Counter[str]] = {
-    Step.STORE_DIR_MADE: Counter({"orphan-store-dir": 1}),
-    Step.STORE_ROW: Counter(),  # an empty, catalogued store is a valid state
     Step.STAGED: Counter({"staging-leftover": 1}),
+    Step.STORE_DIR_MADE: Counter({"staging-leftover": 1, "orphan-store-dir": 1}),
+    Step.STORE_ROW: Counter({"staging-leftover": 1}),  # an empty, catalogued store is a valid state
     Step.PENDING: Counter({"pending-intent": 1}),
     Step.RENAMED: Counter({"pending-intent": 1}),
     Step.FINALIZED: Counter({"pending-intent": 1}),
     Step.ACTIVATED: Counter({"undrained-audit": 1}),
     Step.AUDITED: Counter(),
 }
-# --fix finds the same, and settling a pending intent (completed or rolled
-# back) readies its audit row, which the same run then drains.
+# --fix finds the same, and rolling back a pending intent readies its audit
+# row (an error), which the same run then drains.
 FIXED: dict[Step, Counter[str]] = {
     step: found + (Counter({"undrained-audit": 1}) if "pending-intent" in found else Counter())
     for step, found in LEFTOVERS.items()

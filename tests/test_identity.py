@@ -10,8 +10,18 @@ import stat
 
 import apsw
 
-from tests.conftest import (ACCOUNT, ALICE_FACT, ALICE_SENDER, BOB_SENDER, CHANNEL, MIKE1_SENDER, MIKE2_SENDER,
-                            Scenario, snapshot, table_dump)
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    ALICE_SENDER,
+    BOB_SENDER,
+    CHANNEL,
+    MIKE1_SENDER,
+    MIKE2_SENDER,
+    Scenario,
+    snapshot,
+    table_dump,
+)
 
 
 def _reference_hmac(key: bytes, *fields: str) -> bytes:
@@ -156,3 +166,21 @@ def test_bob_sender_resolves_to_bob(scenario: Scenario) -> None:
     opened = scenario.cli.j("session", "open", "--agent", "main", "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
                             "--sender", BOB_SENDER)
     assert opened["subject_principal_id"] == scenario.bob
+
+
+def test_canonically_equivalent_ids_are_different_identities(scenario: Scenario) -> None:
+    """NFC and NFD spellings of one handle are two provider ids: never merged."""
+    cli = scenario.cli
+    nfc, nfd = "caf\u00e9@example.org", "cafe\u0301@example.org"
+    cli.j("bind", scenario.alice, "--channel", "mail", "--account", "acct", "--sender", nfc)
+    other = cli.j("session", "open", "--agent", "main", "--dm", "--channel", "mail", "--account", "acct",
+                  "--sender", nfd)
+    assert other["subject"] == "ambiguous"
+    mine = cli.j("session", "open", "--agent", "main", "--dm", "--channel", "mail", "--account", "acct",
+                 "--sender", nfc)
+    assert mine["subject_principal_id"] == scenario.alice
+    first = cli.j("conversation", "add", "--agent", "main", "--channel", "c", "--account", "a",
+                  "--conversation", "team-\u00e9")
+    second = cli.j("conversation", "add", "--agent", "main", "--channel", "c", "--account", "a",
+                   "--conversation", "team-e\u0301")
+    assert first["conversation_id"] != second["conversation_id"]

@@ -21,8 +21,18 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.policy import (WRITE_OPS, AudienceKind, Decision, Effect, Entry, Mount, Op, ResourceState, evaluate,
-                            required)
+from catalog.policy import (
+    WRITE_OPS,
+    AudienceKind,
+    Decision,
+    Effect,
+    Entry,
+    Mount,
+    Op,
+    ResourceState,
+    evaluate,
+    required,
+)
 from catalog.reasons import Reason
 from catalog.subject import AmbiguousReason, Subject, SubjectKind
 from catalog.view import RoleEvidence, View, memory_view

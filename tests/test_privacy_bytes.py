@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import apsw
 
-from tests.conftest import (ACCOUNT, ALICE_SENDER, BOB_SENDER, GROUP_CONVERSATION, MIKE1_SENDER, MIKE2_SENDER,
-                            Scenario)
+from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, GROUP_CONVERSATION, MIKE1_SENDER, MIKE2_SENDER, Scenario
 
 RAW_IDS = [ALICE_SENDER, BOB_SENDER, MIKE1_SENDER, MIKE2_SENDER, ACCOUNT, GROUP_CONVERSATION]
 NAMES = ["Alice", "Bob", "Mike"]

@@ -8,7 +8,7 @@ import time
 import apsw
 import pytest
 
-from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, CHANNEL_FACT, Scenario, snapshot
+from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, CHANNEL_FACT, Scenario, snapshot, table_dump
 
 
 def _open(scenario: Scenario, *args: str) -> dict:
@@ -146,12 +146,15 @@ def test_role_roots_follow_fresh_membership(scenario: Scenario) -> None:
     assert "roles" not in [e["name"] for e in cli.j("ls", scenario.bob_session)["entries"]]
     time.sleep(1.2)
     assert "roles" not in [e["name"] for e in cli.j("ls", scenario.alice_session)["entries"]]
-    # Alice learns only about her own evidence; Bob cannot tell the role exists.
+    # A stale root, a root never held and a root that does not exist look
+    # alike: nobody learns which roles exist (the audit keeps the reason).
     stale = cli("--json", "ls", scenario.alice_session, "roles/finance")
-    assert stale.code == 3 and stale.json()["reason"] == "membership-stale"
     never = cli("--json", "ls", scenario.bob_session, "roles/finance")
     missing = cli("--json", "ls", scenario.bob_session, "roles/no-such-role")
-    assert never.code == missing.code == 3 and never.out == missing.out
+    assert stale.code == never.code == missing.code == 3
+    assert stale.out == never.out == missing.out and stale.json()["reason"] == "outside-view"
+    audit = table_dump(cli.home / "state.sqlite")["audit"]
+    assert any(r[4] == scenario.alice_session and r[11] == "membership-stale" for r in audit)
 
 
 def test_replace_cannot_swap_a_live_binding(scenario: Scenario) -> None:
@@ -177,3 +180,10 @@ def test_catalog_rows_are_immutable_where_they_must_be(scenario: Scenario, sql: 
     conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"))
     with pytest.raises(apsw.ConstraintError):
         conn.execute(sql)
+
+
+def test_an_ambiguous_session_accepts_no_actor(scenario: Scenario) -> None:
+    """Nobody is verified there; a claimed actor would only forge attribution."""
+    ambiguous = _open(scenario, "--shared-main")["session_id"]
+    result = scenario.cli("--json", "ls", ambiguous, "--actor", scenario.alice)
+    assert result.code == 3 and result.json()["reason"] == "invalid-context"

@@ -84,17 +84,22 @@ def test_folders_and_notes_do_not_overlap(scenario: Scenario) -> None:
     assert listing == [{"name": "notes", "type": "folder", "size": 0}]
 
 
-def test_a_changed_base_is_a_conflict_and_changes_nothing(scenario: Scenario) -> None:
-    """Another writer committing between authorization and commit wins."""
-    home = Home.open(scenario.cli.home)
+def _race_at(step: steps.Step, home: Home, scenario: Scenario, data: bytes) -> None:
+    """Have another writer commit ``data`` when our write reaches ``step``."""
     interloper = Home.open(scenario.cli.home)
 
-    def race(step: steps.Step) -> None:
-        if step is steps.Step.STAGED:
+    def race(reached: steps.Step) -> None:
+        if reached is step:
             steps.set_hook(None)
-            write_note(interloper, scenario.alice_session, "private/notes/allergy.md", b"interloper\n")
+            write_note(interloper, scenario.alice_session, "private/notes/allergy.md", data)
 
     steps.set_hook(race)
+
+
+def test_a_base_that_moves_after_the_pending_commit_is_a_conflict(scenario: Scenario) -> None:
+    """Another writer activating between our two commits wins; ours changes nothing."""
+    home = Home.open(scenario.cli.home)
+    _race_at(steps.Step.PENDING, home, scenario, b"interloper\n")
     try:
         with pytest.raises(Conflict):
             write_note(home, scenario.alice_session, "private/notes/allergy.md", b"mine\n")
@@ -103,7 +108,23 @@ def test_a_changed_base_is_a_conflict_and_changes_nothing(scenario: Scenario) ->
     assert read_note(home, scenario.alice_session, "private/notes/allergy.md") == b"interloper\n"
     staging = scenario.cli.home / "agents" / "main" / "staging"
     assert list(staging.iterdir()) == []
-    assert all(r[8] != "pending" for r in _catalog(scenario)["revisions"])
+    catalog = _catalog(scenario)
+    assert all(r[8] != "pending" for r in catalog["revisions"])
+    v1 = scenario.cli.home / "agents" / "main" / "memory-scopes" / "v1"
+    locators = {r[7] for r in catalog["revisions"] if r[8] != "rolled-back"}
+    assert {p.name for d in v1.iterdir() for p in d.iterdir()} == locators  # our file is gone
+
+
+def test_a_write_staged_while_another_commits_is_planned_again(scenario: Scenario) -> None:
+    """Staging happens before the lock; the plan is made again after it."""
+    home = Home.open(scenario.cli.home)
+    _race_at(steps.Step.STAGED, home, scenario, b"interloper\n")
+    try:
+        result = write_note(home, scenario.alice_session, "private/notes/allergy.md", b"mine\n")
+    finally:
+        steps.set_hook(None)
+    assert result.revision_no == 3
+    assert read_note(home, scenario.alice_session, "private/notes/allergy.md") == b"mine\n"
 
 
 def test_large_notes_stream_through(scenario: Scenario) -> None:

@@ -1,12 +1,13 @@
 """The two short catalog transactions that settle a pending revision.
 
-Shared by the live write path and by recovery, so an interrupted write is
-completed or rolled back by exactly the code that would have done it. Both
-run without any file I/O inside the transaction: the final hash is computed
-before ``activate`` is called.
+Both run without any file I/O inside the transaction: the final hash is
+computed before ``activate`` is called, and the files of a rolled-back
+revision are handled by the caller.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import apsw
 
@@ -14,18 +15,29 @@ from catalog.audit import settle
 from catalog.clock import now_us
 from catalog.db import immediate, one
 from catalog.errors import Conflict, IntegrityError
+from catalog.policy import Decision
 from catalog.reasons import Reason
 from catalog.stores import active_revision
 
 
-def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revision_id: str, base_revision_id: str | None,
-             intent_id: str, event_id: str | None, expected_sha256: str, final_sha256: str) -> None:
+class PolicyChanged(Exception):
+    """The policy no longer allows the write at commit time (nothing changed)."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        super().__init__(str(decision.reason))
+
+
+def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revision_id: str,
+             base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
+             final_sha256: str, recheck: Callable[[], Decision]) -> None:
     """Step 4: activate a pending revision whose final hash is already known.
 
-    Shared with recovery, which completes an interrupted intent the same
-    way. Raises Conflict if the base revision is no longer the active one,
-    IntegrityError if the final file does not hash to the pending row; the
-    transaction then changes nothing.
+    ``recheck`` re-evaluates the policy inside the transaction (catalog reads
+    only), so a deny added while the content was being written wins.
+    Raises Conflict if the base revision is no longer the active one,
+    IntegrityError if the final file does not hash to the pending row, and
+    PolicyChanged if the write is no longer allowed; each changes nothing.
     """
     now = now_us()
     with immediate(catalog):
@@ -38,6 +50,9 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revis
             raise Conflict("the note changed while it was being written; nothing was written, try again")
         if final_sha256 != expected_sha256:
             raise IntegrityError("the final file does not match what was staged; nothing was activated")
+        decision = recheck()
+        if not decision:
+            raise PolicyChanged(decision)
         if base_revision_id is not None:
             catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
         catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
@@ -50,12 +65,24 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revis
 
 def roll_back(catalog: apsw.Connection, agent_id: str, *, revision_id: str, intent_id: str, event_id: str | None,
               reason: Reason) -> None:
-    """Mark a pending revision and its intent rolled back (files already gone)."""
+    """Mark a pending revision and its intent rolled back.
+
+    A resource the failed write had created, and that has no other
+    revision, is tombstoned in the same transaction: a write that never
+    happened leaves no name behind to collide with later writes.
+    """
     now = now_us()
     with immediate(catalog):
         catalog.execute("UPDATE revisions SET state = 'rolled-back' WHERE agent_id = ? AND revision_id = ?"
                         " AND state = 'pending'", (agent_id, revision_id))
         catalog.execute("UPDATE write_intents SET state = 'rolled-back', finished_at = ? WHERE intent_id = ?"
                         " AND state = 'pending'", (now, intent_id))
+        catalog.execute(
+            "UPDATE resources SET state = 'tombstoned' WHERE agent_id = ? AND state = 'live'"
+            " AND resource_id = (SELECT resource_id FROM revisions WHERE revision_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM revisions v WHERE v.resource_id = resources.resource_id"
+            "                 AND v.state != 'rolled-back')",
+            (agent_id, revision_id),
+        )
         if event_id is not None:
             settle(catalog, event_id, decision="error", reason=reason)

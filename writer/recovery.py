@@ -5,9 +5,15 @@ every pending intent was abandoned by a crash and is settled now. ``inspect``
 is ``scopefs doctor``: it reports, and with ``fix`` repairs, everything that
 does not match the catalog:
 
-* pending intents: completed when the staged or final file hashes to the
-  pending row and its base is still the active revision, else rolled back;
-* staging leftovers (never committed content): removed;
+* pending intents of writers that died: rolled back, their files removed.
+  A pending write was never acknowledged, and once its writer is gone
+  nothing can prove its file's fsync succeeded (Linux reports a writeback
+  error once, to the descriptors open at the time; a fresh fsync may return
+  success over lost data). Completing it would retry and trust an fsync;
+  rolling it back loses nothing anyone was promised;
+* staging leftovers (never committed content) of writers that died:
+  removed. A staging file whose writer is alive holds an flock and is left
+  alone, so doctor never disturbs a write that is still reading its input;
 * files and directories in the artifact area that no revision or store
   names, and entries that are not plain single-link files: moved to the
   agent's quarantine, never into a readable place;
@@ -23,6 +29,7 @@ content or user-chosen paths.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +38,12 @@ from catalog import ids
 from catalog.artifacts import check_locator, hash_fd, open_artifact, open_scopes_dir, open_store_dir
 from catalog.audit import drain
 from catalog.db import one
-from catalog.errors import Conflict, IntegrityError, StorageError
-from catalog.fsafe import open_dir, open_regular, renameat2_noreplace
+from catalog.errors import IntegrityError, StorageError
+from catalog.fsafe import open_dir, renameat2_noreplace
 from catalog.home import Home
 from catalog.reasons import Reason
 from writer import lock
-from writer.commit import activate, roll_back
+from writer.commit import roll_back
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
 
@@ -78,26 +85,6 @@ def _pending_intents(home: Home, agent_id: str) -> list[_Intent]:
     return [_Intent(*row) for row in rows]
 
 
-def _hash_of(dirfd: int, name: str) -> str | None:
-    """SHA-256 of a plain file below ``dirfd``, or None if absent or unsafe."""
-    try:
-        fd, _ = open_regular(dirfd, name)
-    except OSError:
-        return None
-    try:
-        return hash_fd(fd)[0]
-    finally:
-        os.close(fd)
-
-
-def _fsync_entry(dirfd: int, name: str) -> None:
-    fd, _ = open_regular(dirfd, name)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str) -> None:
     qfd = open_dir(home.quarantine_dir(agent_id))
     try:
@@ -109,44 +96,62 @@ def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str) -> None:
 
 
 def _settle(home: Home, agent_id: str, intent: _Intent) -> str:
-    """Complete or roll back one abandoned intent; returns what was done."""
-    catalog = home.catalog(agent_id)
+    """Roll back one abandoned intent and remove its files; returns what was done.
+
+    Rows first, then files: if we die in between, the files are orphans that
+    the next doctor removes, never a revision without its artifact.
+    """
+    check_locator(intent.staged_name)
+    check_locator(intent.final_locator)
+    roll_back(home.catalog(agent_id), agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
+              event_id=intent.event_id, reason=Reason.REVISION_STALE)
     staging_fd = open_dir(home.staging_dir(agent_id))
     try:
-        try:
-            store_fd = open_store_dir(home, agent_id, intent.path_key)
-        except IntegrityError:
-            store_fd = -1
-        try:
-            final = _hash_of(store_fd, intent.final_locator) if store_fd >= 0 else None
-            if final is None and store_fd >= 0 and _hash_of(staging_fd, intent.staged_name) == intent.expected_sha256:
-                renameat2_noreplace(staging_fd, intent.staged_name, store_fd, intent.final_locator)
-                final = _hash_of(store_fd, intent.final_locator)
-            if final == intent.expected_sha256:
-                # The crash may have come before step 3's fsyncs: make the
-                # file and its name durable before the catalog points at it.
-                _fsync_entry(store_fd, intent.final_locator)
-                os.fsync(store_fd)
-                try:
-                    activate(catalog, agent_id, resource_id=intent.resource_id, revision_id=intent.revision_id,
-                             base_revision_id=intent.base_revision_id, intent_id=intent.intent_id,
-                             event_id=intent.event_id, expected_sha256=intent.expected_sha256, final_sha256=final)
-                    return "completed"
-                except (Conflict, IntegrityError):
-                    pass
-            if store_fd >= 0:
-                with contextlib.suppress(FileNotFoundError):
-                    _to_quarantine(home, agent_id, store_fd, intent.final_locator)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(intent.staged_name, dir_fd=staging_fd)
-            roll_back(catalog, agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
-                      event_id=intent.event_id, reason=Reason.REVISION_STALE)
-            return "rolled back"
-        finally:
-            if store_fd >= 0:
-                os.close(store_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(intent.staged_name, dir_fd=staging_fd)
+        os.fsync(staging_fd)
     finally:
         os.close(staging_fd)
+    try:
+        store_fd = open_store_dir(home, agent_id, intent.path_key)
+    except IntegrityError:
+        return "rolled back"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(intent.final_locator, dir_fd=store_fd)
+        os.fsync(store_fd)
+    finally:
+        os.close(store_fd)
+    return "rolled back"
+
+
+def _in_flight(dirfd: int, name: str) -> bool:
+    """Whether a live writer holds this staging file (its flock)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our probe lock
+    return False
+
+
+def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Intent) -> bool:
+    """A live writer keeps its staged file flocked, before and after the rename."""
+    if _in_flight(staging_fd, intent.staged_name):
+        return True
+    try:
+        store_fd = open_store_dir(home, agent_id, intent.path_key)
+    except IntegrityError:
+        return False
+    try:
+        return _in_flight(store_fd, intent.final_locator)
+    finally:
+        os.close(store_fd)
 
 
 def recover_pending_if_idle(home: Home, agent_id: str) -> int:
@@ -239,14 +244,19 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
     catalog = home.catalog(agent_id)
     findings: list[Finding] = []
     pending = _pending_intents(home, agent_id)
-    for intent in pending:
-        findings.append(Finding("pending-intent", agent_id, intent.revision_id, _settle(home, agent_id, intent) if fix else None))
-    in_flight = set() if fix else {i.staged_name for i in pending}
     staging_fd = open_dir(home.staging_dir(agent_id))
     try:
+        for intent in pending:
+            if not fix and _intent_in_flight(home, agent_id, staging_fd, intent):
+                continue  # a live writer is between its two commits
+            findings.append(Finding("pending-intent", agent_id, intent.revision_id,
+                                    _settle(home, agent_id, intent) if fix else None))
+        part_of_intents = {i.staged_name for i in pending}
         for entry in _names(staging_fd):
-            if entry.name in in_flight:
-                continue
+            if entry.name in part_of_intents and not fix:
+                continue  # reported with its intent
+            if entry.is_file(follow_symlinks=False) and _in_flight(staging_fd, entry.name):
+                continue  # a live writer is still staging it
             action = None
             if fix:
                 if entry.is_dir(follow_symlinks=False):

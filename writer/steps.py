@@ -3,7 +3,8 @@
 Production code calls ``checkpoint`` at each boundary and nothing happens.
 The crash and power-loss tests install a hook in a child process that stops
 there and lets the parent SIGKILL it or shut the filesystem down, so every
-interleaving of "crash" and "step" is exercised by the real code.
+interleaving of "crash" and "step" is exercised by the real code. The
+members are listed in the order a write passes them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from enum import StrEnum
 
 
 class Step(StrEnum):
+    STAGED = "staged"  # 1: staged file written and fsynced (before any lock or catalog row)
     STORE_DIR_MADE = "store-dir-made"  # lazy store: directory exists, no catalog row yet
     STORE_ROW = "store-row"  # lazy store: catalog row committed
-    STAGED = "staged"  # 1: staged file written and fsynced
     PENDING = "pending"  # 2: pending revision, intent and outbox committed
     RENAMED = "renamed"  # 3a: staged file renamed to its final locator
     FINALIZED = "finalized"  # 3b: file and directory fsynced, final hash computed

@@ -17,7 +17,7 @@ from catalog.access import Access
 from catalog.artifacts import open_scopes_dir
 from catalog.clock import now_us
 from catalog.db import immediate
-from catalog.errors import StorageError
+from catalog.errors import StorageError, storage_error
 from catalog.policy import Mount
 from catalog.stores import StoreRow, find_store
 from writer.steps import Step, checkpoint
@@ -32,10 +32,6 @@ _AUTHORITY = {
     "quarantine": "principal",
 }
 MKDIR_ATTEMPTS = 8
-
-
-def _storage_error(exc: OSError) -> StorageError:
-    return StorageError(f"cannot create the store directory: {os.strerror(exc.errno or 0)}; nothing was written")
 
 
 def ensure_store(access: Access, mount: Mount) -> StoreRow:
@@ -56,7 +52,7 @@ def ensure_store(access: Access, mount: Mount) -> StoreRow:
             except FileExistsError:
                 continue
             except OSError as exc:
-                raise _storage_error(exc) from exc
+                raise storage_error("cannot create the store directory", exc) from exc
         else:
             raise StorageError("could not allocate a store directory")
         try:
@@ -64,7 +60,7 @@ def ensure_store(access: Access, mount: Mount) -> StoreRow:
         except OSError as exc:  # never retried: the directory goes, the write fails
             with contextlib.suppress(OSError):
                 os.rmdir(path_key, dir_fd=scopes_fd)
-            raise _storage_error(exc) from exc
+            raise storage_error("cannot create the store directory", exc) from exc
         checkpoint(Step.STORE_DIR_MADE)
         store_id, root_id = ids.new_id("store"), ids.new_id("storage_root")
         with immediate(catalog):

@@ -1,25 +1,32 @@
-"""The staged-rename write transaction (DESIGN.md §6), exactly.
+"""The staged-rename write transaction (DESIGN.md §6).
 
 1. Validate the expected active revision and policy; write the content to a
    0600 staging file and fsync it.
-2. One short SQLite transaction: re-read the resource, insert the pending
-   revision, the write intent and the audit outbox row. No file I/O inside.
+2. One short SQLite transaction: re-read the resource and re-evaluate the
+   policy, insert the pending revision, the write intent and the audit
+   outbox row. No file I/O inside.
 3. Rename the staged file to its broker-generated final locator (never
    replacing anything), fsync the file and the store directory, and hash the
    final file, all outside any transaction.
 4. A second short transaction: check the pending row against the final hash
-   and the base revision, activate, supersede the old revision, settle the
-   intent and the outbox row. No stat, open or read inside.
+   and the base revision, re-evaluate the policy, activate, supersede the
+   old revision, settle the intent and the outbox row. No stat, open or read
+   inside.
 
 Readers only ever resolve active revisions, so a crash at any point exposes
-nothing pending; ``writer.recovery`` completes or rolls back what remains.
-An fsync failure is never retried: the write fails, its files are removed
-and nothing is activated.
+nothing pending; ``writer.recovery`` rolls back what remains. An fsync
+failure is never retried: the write fails, its files are removed and
+nothing is activated.
+
+The content is staged before the writer lock is taken: a slow or endless
+stdin holds only its own staging file (under its own flock, so doctor can
+tell it is in flight), never the lock recovery needs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 from collections.abc import Iterator
@@ -27,20 +34,20 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from catalog import ids
-from catalog.access import Access, Target, authorize_session, decide, excluded_reason, resolve, revalidate
+from catalog.access import Access, Target, authorize_session, decide, resolve, revalidate
 from catalog.artifacts import hash_fd, open_artifact, open_store_dir
 from catalog.audit import drain_quietly, enqueue
 from catalog.clock import now_us
 from catalog.db import STORAGE_FAILURES, immediate, one
-from catalog.errors import BadInput, Conflict, StorageError
+from catalog.errors import BadInput, Conflict, StorageError, storage_error
 from catalog.fsafe import open_dir, renameat2_noreplace
 from catalog.paths import split_virtual_path
-from catalog.policy import Op
+from catalog.policy import Decision, Op
 from catalog.reasons import Reason
 from catalog.stores import StoreRow, active_revision, find_resource, path_conflict
 from catalog.subject import SubjectKind
 from writer import lock
-from writer.commit import activate, roll_back
+from writer.commit import PolicyChanged, activate, roll_back
 from writer.recovery import recover_pending_if_idle
 from writer.steps import Step, checkpoint
 from writer.stores import ensure_store
@@ -85,39 +92,96 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _storage_error(what: str, exc: OSError) -> StorageError:
-    return StorageError(f"{what}: {os.strerror(exc.errno or 0)}; nothing was written")
-
-
 def _unlink_quietly(dirfd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dirfd)
 
 
-def _stage(staging_fd: int, name: str, source: bytes | BinaryIO) -> tuple[int, str, int]:
-    """Step 1: the staged file, written and fsynced; returns (fd, sha256, size)."""
+@dataclass
+class _Staged:
+    """A staged file: written, fsynced, flocked while this write holds it."""
+
+    name: str
+    fd: int
+    sha256: str
+    size: int
+    consumed: bool = False  # renamed away; no longer ours to remove
+
+
+@contextlib.contextmanager
+def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
+    """Step 1: stage and fsync ``source``; removed on exit unless renamed."""
+    name = ids.random_token()
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=staging_fd)
     except OSError as exc:
-        raise _storage_error("cannot create the staging file", exc) from exc
-    digest = hashlib.sha256()
-    size = 0
+        raise storage_error("cannot create the staging file", exc) from exc
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "in flight" for doctor, released by the kernel if we die
+    staged = _Staged(name, fd, "", 0)
     try:
-        for chunk in _chunks(source):
-            size += len(chunk)
-            if size > MAX_NOTE_BYTES:
-                raise BadInput(f"note is larger than {MAX_NOTE_BYTES} bytes")
-            digest.update(chunk)
-            _write_all(fd, chunk)
-        os.fsync(fd)  # an error here is final: never retried, never trusted
-    except BaseException as exc:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            for chunk in _chunks(source):
+                size += len(chunk)
+                if size > MAX_NOTE_BYTES:
+                    raise BadInput(f"note is larger than {MAX_NOTE_BYTES} bytes")
+                digest.update(chunk)
+                _write_all(fd, chunk)
+            os.fsync(fd)  # an error here is final: never retried, never trusted
+        except OSError as exc:
+            raise storage_error("cannot stage the note", exc) from exc
+        staged.sha256, staged.size = digest.hexdigest(), size
+        checkpoint(Step.STAGED)
+        yield staged
+    finally:
+        if not staged.consumed:
+            _unlink_quietly(staging_fd, name)
         os.close(fd)
-        _unlink_quietly(staging_fd, name)
-        if isinstance(exc, OSError):
-            raise _storage_error("cannot stage the note", exc) from exc
-        raise
-    return fd, digest.hexdigest(), size
+
+
+def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
+    """Resolve, validate and decide a write; raises before anything changes.
+
+    Replacing a note requires being able to read it: a writer never
+    overwrites content it may not see.
+    """
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse_outside(Op.APPEND, parts)
+    if not target.inner:
+        raise BadInput("invalid path: name a note inside the root, e.g. private/notes/x.md")
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    op = Op.REPLACE if target.revision is not None else Op.APPEND
+    if op is Op.REPLACE:
+        visible = decide(access, target, Op.READ)
+        if not visible:
+            raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id)
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
+    if target.store is not None and target.resource is None:
+        why = path_conflict(access.home.catalog(access.agent_id), access.agent_id, target.store.store_id,
+                            target.inner_path)
+        if why is not None:
+            raise BadInput(f"invalid path: {why}")
+    return target, op
+
+
+def _recheck(access: Access, parts: tuple[str, ...], op: Op) -> Decision:
+    """The policy decision again, from the catalog as it is now.
+
+    Called inside the commit transactions: catalog reads only, no file I/O.
+    """
+    fresh = Access(access.home, access.session, access.actor_id, access.view, now_us())
+    target = resolve(fresh, parts)
+    if op is Op.REPLACE:
+        visible = decide(fresh, target, Op.READ)
+        if not visible:
+            return visible
+    return decide(fresh, target, op)
 
 
 @dataclass(frozen=True)
@@ -131,8 +195,8 @@ class _Pending:
     created: bool
 
 
-def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, staged: str, locator: str,
-                    sha256: str, size: int) -> _Pending:
+def _record_pending(access: Access, parts: tuple[str, ...], store: StoreRow, target: Target, op: Op,
+                    staged: _Staged, locator: str) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
     agent_id = access.agent_id
     catalog = access.home.catalog(agent_id)
@@ -144,6 +208,9 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, sta
         current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
         if (current.revision_id if current else None) != expected_base:
             raise Conflict("the note changed while it was being written; nothing was written, try again")
+        decision = _recheck(access, parts, op)
+        if not decision:
+            raise PolicyChanged(decision)
         created = resource is None
         if created:
             why = path_conflict(catalog, agent_id, store.store_id, path)
@@ -167,35 +234,57 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op, sta
             "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
             " size, locator, state, session_id, actor_id, trust_origin, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
-            (revision_id, agent_id, resource_id, revision_no, expected_base, sha256, size, locator,
+            (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
              access.session.session_id, access.actor_id, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
         )
         catalog.execute(
             "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"
             " expected_sha256, event_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (intent_id, agent_id, revision_id, store.store_id, staged, locator, sha256, event_id, now),
+            (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id, now),
         )
     return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
 
 
-def _abandon(access: Access, staging_fd: int, store_fd: int, staged: str, locator: str | None,
-             pending: _Pending) -> None:
-    """Undo a transaction that failed after step 2: files first, then rows.
+def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, locator: str | None,
+             pending: _Pending, *, content_durable: bool) -> None:
+    """Undo a transaction that failed after step 2.
 
-    The files go first so that, if the rollback transaction itself fails,
-    recovery finds no file and rolls the intent back instead of completing
-    it from bytes whose fsync failed. ``locator`` is None until our rename
+    Which goes first depends on what failed. If the content's own fsyncs
+    failed, the files go first: should the rollback transaction fail too,
+    recovery must find no file rather than bytes whose fsync failed. If the
+    content is durable (the failure came later, e.g. in the activation
+    commit, whose outcome is then unknown), the rows go first: a commit that
+    reached the WAL before failing may still be replayed, and it must never
+    point at a file we already removed. ``locator`` is None until our rename
     succeeded: a name we did not create is never removed.
     """
-    if locator is not None:
-        _unlink_quietly(store_fd, locator)
-    _unlink_quietly(staging_fd, staged)
-    for fd in (store_fd, staging_fd):
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    with contextlib.suppress(StorageError, *STORAGE_FAILURES):
-        roll_back(access.home.catalog(access.agent_id), access.agent_id, revision_id=pending.revision_id,
-                  intent_id=pending.intent_id, event_id=pending.event_id, reason=Reason.REVISION_STALE)
+    catalog = access.home.catalog(access.agent_id)
+
+    def rows() -> bool:
+        try:
+            roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
+                      event_id=pending.event_id, reason=Reason.REVISION_STALE)
+        except (StorageError, *STORAGE_FAILURES):
+            return False
+        return True
+
+    def files() -> None:
+        if locator is not None:
+            _unlink_quietly(store_fd, locator)
+        if not staged.consumed:
+            _unlink_quietly(staging_fd, staged.name)
+            staged.consumed = True
+        for fd in (store_fd, staging_fd):
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+
+    if content_durable:
+        if rows():
+            files()
+        # else: the intent stays pending with its file; recovery settles both
+    else:
+        files()
+        rows()
 
 
 def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
@@ -206,88 +295,74 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
         os.close(fd)
 
 
-def _commit(access: Access, store: StoreRow, target: Target, op: Op, source: bytes | BinaryIO) -> WriteResult:
+def _commit(access: Access, parts: tuple[str, ...], store: StoreRow, target: Target, op: Op,
+            staging_fd: int, staged: _Staged) -> WriteResult:
+    """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
-    staged, locator = ids.random_token(), ids.random_token()
-    staging_fd = open_dir(home.staging_dir(agent_id))
+    locator = ids.random_token()
+    store_fd = open_store_dir(home, agent_id, store.path_key)
     try:
-        store_fd = open_store_dir(home, agent_id, store.path_key)
+        revalidate(access, op)
         try:
-            fd, sha256, size = _stage(staging_fd, staged, source)
-            try:
-                checkpoint(Step.STAGED)
-                try:
-                    revalidate(access, op)
-                    pending = _record_pending(access, store, target, op, staged, locator, sha256, size)
-                except BaseException:
-                    _unlink_quietly(staging_fd, staged)
-                    raise
-                checkpoint(Step.PENDING)
-                renamed = False
-                try:
-                    renameat2_noreplace(staging_fd, staged, store_fd, locator)
-                    renamed = True
-                    checkpoint(Step.RENAMED)
-                    os.fsync(fd)
-                    os.fsync(store_fd)
-                    final_sha256, _ = _final_hash(store_fd, locator)
-                    checkpoint(Step.FINALIZED)
-                    revalidate(access, op)
-                    activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id,
-                             revision_id=pending.revision_id, base_revision_id=pending.base_revision_id,
-                             intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=sha256,
-                             final_sha256=final_sha256)
-                except BaseException as exc:
-                    _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending)
-                    if isinstance(exc, OSError):
-                        raise _storage_error("cannot finalize the note", exc) from exc
-                    raise
-            finally:
-                os.close(fd)
-        finally:
-            os.close(store_fd)
+            pending = _record_pending(access, parts, store, target, op, staged, locator)
+        except PolicyChanged as changed:
+            raise access.refuse(op, changed.decision.reason, store_id=store.store_id) from None
+        checkpoint(Step.PENDING)
+        renamed = durable = False
+        try:
+            renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
+            renamed = staged.consumed = True
+            checkpoint(Step.RENAMED)
+            os.fsync(staged.fd)
+            os.fsync(store_fd)
+            durable = True
+            final_sha256, _ = _final_hash(store_fd, locator)
+            checkpoint(Step.FINALIZED)
+            revalidate(access, op)
+            activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id,
+                     revision_id=pending.revision_id, base_revision_id=pending.base_revision_id,
+                     intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
+                     final_sha256=final_sha256, recheck=lambda: _recheck(access, parts, op))
+        except BaseException as exc:
+            _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
+                     content_durable=durable)
+            if isinstance(exc, PolicyChanged):
+                raise access.refuse(op, exc.decision.reason, store_id=store.store_id) from None
+            if isinstance(exc, OSError):
+                raise storage_error("cannot finalize the note", exc) from exc
+            raise
     finally:
-        os.close(staging_fd)
+        os.close(store_fd)
     checkpoint(Step.ACTIVATED)
     drain_quietly(home.state(), home.catalog(agent_id), agent_id)
     checkpoint(Step.AUDITED)
-    return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, sha256, size, pending.created)
-
-
-def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
-    """Resolve, validate and decide a write; raises before anything changes."""
-    home = access.home
-    target = resolve(access, parts)
-    if target.mount is None:
-        raise access.refuse(Op.APPEND, excluded_reason(access, parts))
-    if not target.inner:
-        raise BadInput("invalid path: name a note inside the root, e.g. private/notes/x.md")
-    op = Op.REPLACE if target.revision is not None else Op.APPEND
-    decision = decide(access, target, op)
-    if not decision:
-        raise access.refuse(op, decision.reason, store_id=target.store.store_id if target.store else None,
-                            revision_id=target.revision.revision_id if target.revision else None)
-    if target.store is not None and target.resource is None:
-        why = path_conflict(home.catalog(access.agent_id), access.agent_id, target.store.store_id, target.inner_path)
-        if why is not None:
-            raise BadInput(f"invalid path: {why}")
-    return target, op
+    return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, staged.sha256, staged.size,
+                       pending.created)
 
 
 def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
                actor_id: str | None = None) -> WriteResult:
     """Write ``source`` as the next revision of the note at virtual ``path``.
 
-    Validation, authorization and the policy decision all happen before any
-    file is created; a refusal changes nothing but the audit. Abandoned
-    writes of a crashed process are settled first, and the plan is made
-    again if that changed anything: a crash never surfaces as a conflict.
+    Validation, authorization and the policy decision happen before any
+    input is read; the content is then staged, abandoned writes of crashed
+    processes are rolled back, and the write is planned again under the
+    writer lock (the note may have moved on meanwhile) and committed. A
+    refusal changes nothing but the audit.
     """
     parts = split_virtual_path(path)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
-    target, op = _plan(access, parts)
-    if recover_pending_if_idle(home, access.agent_id):
-        target, op = _plan(access, parts)
-    with lock.shared(home.lock_path(access.agent_id)):
-        store = target.store or ensure_store(access, target.mount)
-        return _commit(access, store, target, op, source)
+    _plan(access, parts)
+    staging_fd = open_dir(home.staging_dir(access.agent_id))
+    try:
+        with _staged(staging_fd, source) as staged:
+            recover_pending_if_idle(home, access.agent_id)
+            with lock.shared(home.lock_path(access.agent_id)):
+                target, op = _plan(access, parts)
+                store = target.store or ensure_store(access, target.mount)
+                return _commit(access, parts, store, target, op, staging_fd, staged)
+    finally:
+        os.close(staging_fd)
+
+
+__all__ = ["MAX_NOTE_BYTES", "WriteResult", "write_note"]

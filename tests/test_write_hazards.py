@@ -1,0 +1,220 @@
+"""Hazards around a write in flight, each found by review and fixed.
+
+* A deny added while a write is staging wins at commit time.
+* A failed activation commit, then death before the rollback, never leaves
+  an active revision without its artifact.
+* A first write that fails leaves no name behind.
+* doctor neither reports nor disturbs a write still reading its input, and
+  never waits for it.
+* A note hidden from its store's own writer cannot exist (the policy is
+  refused), and a note one may not read is never listed or replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import BadInput, Denied, StorageError
+from catalog.home import Home
+from catalog.policies import add_entry
+from catalog.policy import AudienceKind, Effect, Op
+from catalog.reader import read_note
+from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, table_dump
+from writer import steps
+from writer.transaction import write_note
+
+NOTE = "private/notes/allergy.md"
+
+
+def _store_and_resource(scenario: Scenario, audience: str, path: str) -> tuple[str, str | None]:
+    catalog = table_dump(scenario.cli.home / "agents" / "main" / "catalog.sqlite")
+    store = next(r[0] for r in catalog["stores"] if r[4] == audience)
+    resource = next((r[0] for r in catalog["resources"] if r[2] == store and r[3] == path and r[4] == "live"), None)
+    return store, resource
+
+
+def _no_pending(scenario: Scenario) -> None:
+    catalog = table_dump(scenario.cli.home / "agents" / "main" / "catalog.sqlite")
+    assert all(r[8] != "pending" for r in catalog["revisions"])
+    assert list((scenario.cli.home / "agents" / "main" / "staging").iterdir()) == []
+
+
+def test_a_deny_added_while_staging_wins_at_commit(scenario: Scenario) -> None:
+    home = Home.open(scenario.cli.home)
+    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+
+    def deny_now(step: steps.Step) -> None:
+        if step is steps.Step.STAGED:
+            steps.set_hook(None)
+            admin = Home.open(scenario.cli.home)
+            add_entry(admin.catalog("main"), "main", target_kind="store", target_id=store, effect=Effect.DENY,
+                      capability=Op.APPEND, audience_kind=AudienceKind.PRINCIPAL, audience_id=scenario.alice)
+
+    steps.set_hook(deny_now)
+    try:
+        with pytest.raises(Denied):
+            write_note(home, scenario.alice_session, "private/notes/late.md", b"late\n")
+    finally:
+        steps.set_hook(None)
+    _no_pending(scenario)
+    assert scenario.cli("read", scenario.alice_session, "private/notes/late.md").code == 3
+
+
+def test_a_deny_added_between_the_commits_wins(scenario: Scenario) -> None:
+    home = Home.open(scenario.cli.home)
+    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+
+    def deny_now(step: steps.Step) -> None:
+        if step is steps.Step.FINALIZED:
+            steps.set_hook(None)
+            admin = Home.open(scenario.cli.home)
+            add_entry(admin.catalog("main"), "main", target_kind="store", target_id=store, effect=Effect.DENY,
+                      capability=Op.APPEND, audience_kind=AudienceKind.ANY)
+
+    steps.set_hook(deny_now)
+    try:
+        with pytest.raises(Denied):
+            write_note(home, scenario.alice_session, NOTE, b"too late\n")
+    finally:
+        steps.set_hook(None)
+    _no_pending(scenario)
+    assert read_note(home, scenario.alice_session, NOTE) == ALICE_FACT
+
+
+_DIE_AFTER_FAILED_ACTIVATION = r"""
+import os, sys
+from catalog.home import Home
+from tests.faultkit import FaultPlan, faulty_vfs
+from writer import steps, transaction
+
+home_dir, session, path = sys.argv[1:4]
+plan = FaultPlan("xSync", 1)  # the first catalog sync after FINALIZED: the activation commit
+transaction.roll_back = lambda *a, **k: os._exit(9)  # die exactly where the rollback would run
+
+def arm(step):
+    if step is steps.Step.FINALIZED:
+        plan.armed = True
+
+with faulty_vfs(plan) as vfs:
+    home = Home.open(__import__("pathlib").Path(home_dir), vfs=vfs)
+    steps.set_hook(arm)
+    transaction.write_note(home, session, path, b"new bytes\n")
+os._exit(0)
+"""
+
+
+def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenario: Scenario) -> None:
+    """The activation may still be replayed from the WAL: its file must stay."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_FAILED_ACTIVATION, str(scenario.cli.home),
+                           scenario.alice_session, NOTE], cwd=repo, capture_output=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr.decode()
+    fixed = scenario.cli("--json", "doctor", "--fix")
+    assert fixed.code == 0, fixed.out
+    result = scenario.cli("read", scenario.alice_session, NOTE)
+    assert result.code == 0 and result.out in (ALICE_FACT, b"new bytes\n")
+    again = scenario.cli("--json", "doctor")
+    assert again.code == 0 and again.json()["findings"] == []
+
+
+def test_a_failed_first_write_leaves_no_name(scenario: Scenario) -> None:
+    home = Home.open(scenario.cli.home)
+
+    def fail(step: steps.Step) -> None:
+        if step is steps.Step.RENAMED:
+            raise OSError(5, "injected")
+
+    steps.set_hook(fail)
+    try:
+        with pytest.raises(StorageError):
+            write_note(home, scenario.alice_session, "private/proj", b"x")
+    finally:
+        steps.set_hook(None)
+    cli = scenario.cli
+    assert [e["name"] for e in cli.j("ls", scenario.alice_session, "private")["entries"]] == ["notes"]
+    assert cli.j("write", scenario.alice_session, "private/proj/notes.md", stdin=b"a folder now\n")["created"]
+    assert cli.j("doctor")["findings"] == []
+
+
+def test_doctor_leaves_a_write_that_is_still_reading_alone(scenario: Scenario) -> None:
+    env = {**os.environ, "SCOPEFS_HOME": str(scenario.cli.home)}
+    writer = subprocess.Popen([SCOPEFS, "write", scenario.alice_session, "private/slow.md"], stdin=subprocess.PIPE,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert writer.stdin is not None
+        writer.stdin.write(b"first half, ")
+        writer.stdin.flush()
+        staging = scenario.cli.home / "agents" / "main" / "staging"
+        for _ in range(200):
+            if any(staging.iterdir()):
+                break
+            time.sleep(0.05)
+        assert any(staging.iterdir()), "the writer never started staging"
+        report = scenario.cli("--json", "doctor")
+        assert (report.code, report.json()["findings"]) == (0, [])
+        fixed = scenario.cli("--json", "doctor", "--fix", timeout=20)  # must not wait for the writer
+        assert (fixed.code, fixed.json()["findings"]) == (0, [])
+        writer.stdin.write(b"second half\n")
+        writer.stdin.close()
+        assert writer.wait(timeout=30) == 0, writer.stderr.read() if writer.stderr else ""
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert scenario.cli("read", scenario.alice_session, "private/slow.md").out == b"first half, second half\n"
+
+
+def test_a_deny_cannot_hide_notes_from_their_writer(scenario: Scenario) -> None:
+    home = Home.open(scenario.cli.home)
+    store, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    catalog = home.catalog("main")
+    for target_kind, target in (("store", store), ("resource", resource)):
+        for audience_kind, audience in ((AudienceKind.ANY, ""), (AudienceKind.PRINCIPAL, scenario.alice),
+                                        (AudienceKind.SUBJECT_KIND, "user")):
+            for capability in (Op.RETRIEVE, Op.READ):
+                with pytest.raises(BadInput):
+                    add_entry(catalog, "main", target_kind=target_kind, target_id=target, effect=Effect.DENY,
+                              capability=capability, audience_kind=audience_kind, audience_id=audience)
+    # Denies for other audiences, or of other capabilities, are fine.
+    add_entry(catalog, "main", target_kind="resource", target_id=resource, effect=Effect.DENY,
+              capability=Op.READ, audience_kind=AudienceKind.PRINCIPAL, audience_id=scenario.bob)
+    add_entry(catalog, "main", target_kind="resource", target_id=resource, effect=Effect.DENY,
+              capability=Op.DERIVE, audience_kind=AudienceKind.ANY)
+    assert read_note(home, scenario.alice_session, NOTE) == ALICE_FACT
+
+
+def _raw_deny(scenario: Scenario, resource: str, capability: str, audience: str) -> None:
+    """A deny written straight into the catalog, bypassing add_entry's guard:
+    data from an older release or a future admin path must still be safe."""
+    import apsw
+
+    conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"))
+    conn.execute("INSERT INTO policies (policy_id, agent_id, target_kind, target_id, created_by, created_at)"
+                 " VALUES ('pol_raw', 'main', 'resource', ?, 'test', 0)", (resource,))
+    conn.execute("INSERT INTO policy_entries (entry_id, agent_id, policy_id, policy_revision, effect, capability,"
+                 " audience_kind, audience_id, grantor, created_at) VALUES ('pe_raw', 'main', 'pol_raw', 1, 'deny',"
+                 " ?, 'principal', ?, 'test', 0)", (capability, audience))
+    conn.close()
+
+
+@pytest.mark.parametrize("capability", ["read", "retrieve"])
+def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: Scenario, capability: str) -> None:
+    """ls, read and write agree: a note the subject may not read does not exist for it."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, "private/notes/other.md", stdin=b"visible\n")
+    _, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    _raw_deny(scenario, resource, capability, scenario.alice)
+    listed = cli.j("ls", scenario.alice_session, "private/notes")["entries"]
+    assert [e["name"] for e in listed] == ["other.md"]
+    hidden = cli("--json", "read", scenario.alice_session, NOTE)
+    missing = cli("--json", "read", scenario.alice_session, "private/notes/never.md")
+    assert hidden.code == missing.code == 3 and hidden.out == missing.out and hidden.err == missing.err
+    clobber = cli("--json", "write", scenario.alice_session, NOTE, stdin=b"overwrite attempt\n")
+    assert clobber.code == 3 and clobber.json()["reason"] == "outside-view"
+    revisions = table_dump(cli.home / "agents" / "main" / "catalog.sqlite")["revisions"]
+    assert [r[3] for r in revisions if r[2] == resource] == [1]  # no new revision of the hidden note
