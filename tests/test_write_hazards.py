@@ -218,3 +218,26 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
     assert clobber.code == 3 and clobber.json()["reason"] == "outside-view"
     revisions = table_dump(cli.home / "agents" / "main" / "catalog.sqlite")["revisions"]
     assert [r[3] for r in revisions if r[2] == resource] == [1]  # no new revision of the hidden note
+
+
+def test_a_deny_on_the_new_note_itself_between_the_commits_wins(scenario: Scenario) -> None:
+    """The resource created by the pending commit is re-checked at activation."""
+    home = Home.open(scenario.cli.home)
+
+    def deny_now(step: steps.Step) -> None:
+        if step is steps.Step.FINALIZED:
+            steps.set_hook(None)
+            _, resource = _store_and_resource(scenario, scenario.alice, "notes/fresh.md")
+            assert resource is not None
+            admin = Home.open(scenario.cli.home)
+            add_entry(admin.catalog("main"), "main", target_kind="resource", target_id=resource, effect=Effect.DENY,
+                      capability=Op.APPEND, audience_kind=AudienceKind.ANY)
+
+    steps.set_hook(deny_now)
+    try:
+        with pytest.raises(Denied):
+            write_note(home, scenario.alice_session, "private/notes/fresh.md", b"fresh\n")
+    finally:
+        steps.set_hook(None)
+    _no_pending(scenario)
+    assert scenario.cli("read", scenario.alice_session, "private/notes/fresh.md").code == 3

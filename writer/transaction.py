@@ -26,6 +26,7 @@ tell it is in flight), never the lock recovery needs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import os
@@ -44,7 +45,7 @@ from catalog.fsafe import open_dir, renameat2_noreplace
 from catalog.paths import split_virtual_path
 from catalog.policy import Decision, Op
 from catalog.reasons import Reason
-from catalog.stores import StoreRow, active_revision, find_resource, path_conflict
+from catalog.stores import ResourceRow, StoreRow, active_revision, find_resource, path_conflict, policy_entries
 from catalog.subject import SubjectKind
 from writer import lock
 from writer.commit import PolicyChanged, activate, roll_back
@@ -170,18 +171,24 @@ def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
     return target, op
 
 
-def _recheck(access: Access, parts: tuple[str, ...], op: Op) -> Decision:
-    """The policy decision again, from the catalog as it is now.
+def _recheck(access: Access, target: Target, op: Op) -> Decision:
+    """The policy decision again, with the policy rows as they are now.
 
-    Called inside the commit transactions: catalog reads only, no file I/O.
+    Called inside the commit transactions, right after the base revision
+    was verified unchanged, so only the policy (and the time, for expiry)
+    can differ from the plan: one query for the entries, then the pure
+    evaluator. No file I/O.
     """
+    assert target.store is not None
     fresh = Access(access.home, access.session, access.actor_id, access.view, now_us())
-    target = resolve(fresh, parts)
+    entries = policy_entries(access.home.catalog(access.agent_id), access.agent_id, target.store.store_id,
+                             target.resource.resource_id if target.resource else None)
+    current = dataclasses.replace(target, entries=entries)
     if op is Op.REPLACE:
-        visible = decide(fresh, target, Op.READ)
+        visible = decide(fresh, current, Op.READ)
         if not visible:
             return visible
-    return decide(fresh, target, op)
+    return decide(fresh, current, op)
 
 
 @dataclass(frozen=True)
@@ -195,7 +202,7 @@ class _Pending:
     created: bool
 
 
-def _record_pending(access: Access, parts: tuple[str, ...], store: StoreRow, target: Target, op: Op,
+def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
                     staged: _Staged, locator: str) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
     agent_id = access.agent_id
@@ -208,7 +215,7 @@ def _record_pending(access: Access, parts: tuple[str, ...], store: StoreRow, tar
         current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
         if (current.revision_id if current else None) != expected_base:
             raise Conflict("the note changed while it was being written; nothing was written, try again")
-        decision = _recheck(access, parts, op)
+        decision = _recheck(access, dataclasses.replace(target, store=store), op)
         if not decision:
             raise PolicyChanged(decision)
         created = resource is None
@@ -295,7 +302,7 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
         os.close(fd)
 
 
-def _commit(access: Access, parts: tuple[str, ...], store: StoreRow, target: Target, op: Op,
+def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             staging_fd: int, staged: _Staged) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
@@ -304,10 +311,14 @@ def _commit(access: Access, parts: tuple[str, ...], store: StoreRow, target: Tar
     try:
         revalidate(access, op)
         try:
-            pending = _record_pending(access, parts, store, target, op, staged, locator)
+            pending = _record_pending(access, store, target, op, staged, locator)
         except PolicyChanged as changed:
             raise access.refuse(op, changed.decision.reason, store_id=store.store_id) from None
         checkpoint(Step.PENDING)
+        # What activation re-checks: the same target, now with its resource
+        # (new or not), so entries added to it meanwhile count too.
+        planned = dataclasses.replace(target, store=store, resource=ResourceRow(
+            pending.resource_id, store.store_id, target.inner_path, "live"))
         renamed = durable = False
         try:
             renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
@@ -322,7 +333,7 @@ def _commit(access: Access, parts: tuple[str, ...], store: StoreRow, target: Tar
             activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id,
                      revision_id=pending.revision_id, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
-                     final_sha256=final_sha256, recheck=lambda: _recheck(access, parts, op))
+                     final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
         except BaseException as exc:
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
                      content_durable=durable)
@@ -360,7 +371,7 @@ def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
             with lock.shared(home.lock_path(access.agent_id)):
                 target, op = _plan(access, parts)
                 store = target.store or ensure_store(access, target.mount)
-                return _commit(access, parts, store, target, op, staging_fd, staged)
+                return _commit(access, store, target, op, staging_fd, staged)
     finally:
         os.close(staging_fd)
 
