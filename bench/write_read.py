@@ -453,7 +453,10 @@ def classify_sync(path: str, home: Path) -> str:
         if rest[0] == "catalog.sqlite":
             return "catalog.sqlite (checkpoint)"
         if rest[0] == "staging":
-            return "staged file" if len(rest) == 2 else "staging directory"
+            # The staged file is created O_TMPFILE: its fd keeps the name
+            # "staging/#<inode>" after the link and the rename, so one label
+            # covers both of its fsyncs (staged, then as the artifact).
+            return "staged file / artifact (one fd)" if len(rest) == 2 else "staging directory"
         if rest[:2] == ("memory-scopes", "v1"):
             depth = len(rest) - 2
             return {0: "scopes directory", 1: "store directory", 2: "artifact (after rename)"}.get(depth, "artifact area")

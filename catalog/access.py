@@ -68,6 +68,10 @@ class Access:
         """
         record_quietly(self.home.state(), self.event(operation, "deny", reason, store_id=store_id,
                                                      revision_id=revision_id))
+        return self.denied(operation, reason, hide=hide)
+
+    def denied(self, operation: Op, reason: Reason, *, hide: bool = False) -> Denied:
+        """The public error for a refusal whose audit is recorded elsewhere."""
         shown = Reason.OUTSIDE_VIEW if hide else public_reason(reason, read_like=operation in READ_LIKE)
         if shown is Reason.OUTSIDE_VIEW:
             return Denied(shown, "not available in this view (no such note, or not permitted)")

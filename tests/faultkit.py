@@ -112,7 +112,10 @@ def one_line_error(result: Result) -> str | None:
 # -- strace ---------------------------------------------------------------------------
 
 _PID = r"(?:\d+\s+)?"
-_SYNC = re.compile(_PID + r"(fsync|fdatasync)\((\d+)<(.*)>\)\s+=\s+(-?\d+)(.*)$")
+# The staged file is created O_TMPFILE and linked later, so strace -y shows
+# its fd as "staging/#<inode>" with a "(deleted)" mark, before and after the
+# rename: one descriptor, one path, for the staged file and the artifact.
+_SYNC = re.compile(_PID + r"(fsync|fdatasync)\((\d+)<(.*?)>(?:\(deleted\))?\)\s+=\s+(-?\d+)(.*)$")
 _OPENAT = re.compile(_PID + r"openat\(.*?\"((?:[^\"\\]|\\.)*)\".*\)\s+=\s+(-?\d+)")
 
 

@@ -188,18 +188,34 @@ def test_a_deny_cannot_hide_notes_from_their_writer(scenario: Scenario) -> None:
     assert read_note(home, scenario.alice_session, NOTE) == ALICE_FACT
 
 
-def _raw_deny(scenario: Scenario, resource: str, capability: str, audience: str) -> None:
-    """A deny written straight into the catalog, bypassing add_entry's guard:
-    data from an older release or a future admin path must still be safe."""
+def _raw_deny(scenario: Scenario, resource: str, capability: str, audience: str, *, legacy: bool) -> None:
+    """A deny written straight into the catalog, bypassing add_entry.
+
+    The schema refuses it; with ``legacy`` the refusing trigger is dropped
+    first, standing in for rows an older release might have left, which the
+    read and write paths must still treat safely.
+    """
     import apsw
 
     conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"))
-    conn.execute("INSERT INTO policies (policy_id, agent_id, target_kind, target_id, created_by, created_at)"
-                 " VALUES ('pol_raw', 'main', 'resource', ?, 'test', 0)", (resource,))
-    conn.execute("INSERT INTO policy_entries (entry_id, agent_id, policy_id, policy_revision, effect, capability,"
-                 " audience_kind, audience_id, grantor, created_at) VALUES ('pe_raw', 'main', 'pol_raw', 1, 'deny',"
-                 " ?, 'principal', ?, 'test', 0)", (capability, audience))
-    conn.close()
+    try:
+        if legacy:
+            conn.execute("DROP TRIGGER policy_entries_never_hide_from_writer")
+        conn.execute("INSERT INTO policies (policy_id, agent_id, target_kind, target_id, created_by, created_at)"
+                     " VALUES ('pol_raw', 'main', 'resource', ?, 'test', 0)", (resource,))
+        conn.execute("INSERT INTO policy_entries (entry_id, agent_id, policy_id, policy_revision, effect, capability,"
+                     " audience_kind, audience_id, grantor, created_at) VALUES ('pe_raw', 'main', 'pol_raw', 1,"
+                     " 'deny', ?, 'principal', ?, 'test', 0)", (capability, audience))
+    finally:
+        conn.close()
+
+
+def test_the_schema_refuses_a_deny_hiding_notes_from_their_writer(scenario: Scenario) -> None:
+    import apsw
+
+    _, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    with pytest.raises(apsw.ConstraintError):
+        _raw_deny(scenario, resource, "read", scenario.alice, legacy=False)
 
 
 @pytest.mark.parametrize("capability", ["read", "retrieve"])
@@ -208,7 +224,7 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
     cli = scenario.cli
     cli.j("write", scenario.alice_session, "private/notes/other.md", stdin=b"visible\n")
     _, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
-    _raw_deny(scenario, resource, capability, scenario.alice)
+    _raw_deny(scenario, resource, capability, scenario.alice, legacy=True)
     listed = cli.j("ls", scenario.alice_session, "private/notes")["entries"]
     assert [e["name"] for e in listed] == ["other.md"]
     hidden = cli("--json", "read", scenario.alice_session, NOTE)
@@ -241,3 +257,56 @@ def test_a_deny_on_the_new_note_itself_between_the_commits_wins(scenario: Scenar
         steps.set_hook(None)
     _no_pending(scenario)
     assert scenario.cli("read", scenario.alice_session, "private/notes/fresh.md").code == 3
+
+
+def test_an_exception_after_the_activation_committed_keeps_the_note(scenario: Scenario, monkeypatch) -> None:
+    """Ctrl-C landing as COMMIT returns: the write happened; its file must stay."""
+    import writer.transaction as transaction
+
+    real = transaction.activate
+
+    def activate_then_interrupt(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transaction, "activate", activate_then_interrupt)
+    home = Home.open(scenario.cli.home)
+    with pytest.raises(KeyboardInterrupt):
+        write_note(home, scenario.alice_session, NOTE, b"committed\n")
+    assert scenario.cli("read", scenario.alice_session, NOTE).out == b"committed\n"
+    report = scenario.cli("--json", "doctor")
+    assert report.code == 0 and report.json()["findings"] == []
+
+
+def test_a_crashed_first_write_does_not_block_the_next_write(scenario: Scenario) -> None:
+    """Recovery runs before the plan: the dead write's name is gone at once."""
+    from tests.crashkit import writer_stopped_at
+
+    with writer_stopped_at(scenario.cli.home, scenario.alice_session, "private/proj", b"x", steps.Step.PENDING) as w:
+        w.kill()
+    result = scenario.cli("--json", "write", scenario.alice_session, "private/proj/notes.md", stdin=b"ok\n")
+    assert result.code == 0 and result.json()["created"], result.err
+    assert scenario.cli.j("doctor")["findings"] == []
+
+
+def test_a_refused_commit_is_audited_once_and_leaves_nothing_to_drain(scenario: Scenario) -> None:
+    home = Home.open(scenario.cli.home)
+    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+
+    def deny_now(step: steps.Step) -> None:
+        if step is steps.Step.FINALIZED:
+            steps.set_hook(None)
+            add_entry(Home.open(scenario.cli.home).catalog("main"), "main", target_kind="store", target_id=store,
+                      effect=Effect.DENY, capability=Op.REPLACE, audience_kind=AudienceKind.ANY)
+
+    start = len(table_dump(scenario.cli.home / "state.sqlite")["audit"])
+    steps.set_hook(deny_now)
+    try:
+        with pytest.raises(Denied):
+            write_note(home, scenario.alice_session, NOTE, b"refused\n")
+    finally:
+        steps.set_hook(None)
+    rows = table_dump(scenario.cli.home / "state.sqlite")["audit"]
+    new = sorted(rows, key=lambda r: r[0])[start:]
+    assert [(r[5], r[10], r[11]) for r in new] == [("replace", "deny", "explicit-deny")]
+    assert scenario.cli.j("doctor")["findings"] == []

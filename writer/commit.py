@@ -64,17 +64,22 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revis
 
 
 def roll_back(catalog: apsw.Connection, agent_id: str, *, revision_id: str, intent_id: str, event_id: str | None,
-              reason: Reason) -> None:
-    """Mark a pending revision and its intent rolled back.
+              reason: Reason, decision: str = "error") -> bool:
+    """Mark a pending revision and its intent rolled back; True if it was pending.
 
-    A resource the failed write had created, and that has no other
-    revision, is tombstoned in the same transaction: a write that never
-    happened leaves no name behind to collide with later writes.
+    Returns False, changing nothing, when the revision is no longer pending:
+    an activation that committed just before an exception (a signal
+    arriving as COMMIT returns, say) must keep its rows and its file. Only
+    a real rollback tombstones a resource the failed write had created and
+    that has no other revision, so a write that never happened leaves no
+    name behind to collide with later writes.
     """
     now = now_us()
     with immediate(catalog):
         catalog.execute("UPDATE revisions SET state = 'rolled-back' WHERE agent_id = ? AND revision_id = ?"
                         " AND state = 'pending'", (agent_id, revision_id))
+        if catalog.changes() == 0:
+            return False
         catalog.execute("UPDATE write_intents SET state = 'rolled-back', finished_at = ? WHERE intent_id = ?"
                         " AND state = 'pending'", (now, intent_id))
         catalog.execute(
@@ -85,4 +90,5 @@ def roll_back(catalog: apsw.Connection, agent_id: str, *, revision_id: str, inte
             (agent_id, revision_id),
         )
         if event_id is not None:
-            settle(catalog, event_id, decision="error", reason=reason)
+            settle(catalog, event_id, decision=decision, reason=reason)
+    return True

@@ -103,8 +103,9 @@ def _settle(home: Home, agent_id: str, intent: _Intent) -> str:
     """
     check_locator(intent.staged_name)
     check_locator(intent.final_locator)
-    roll_back(home.catalog(agent_id), agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
-              event_id=intent.event_id, reason=Reason.REVISION_STALE)
+    if not roll_back(home.catalog(agent_id), agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
+                     event_id=intent.event_id, reason=Reason.REVISION_STALE):
+        return "already settled"  # its revision left pending meanwhile: keep its file
     staging_fd = open_dir(home.staging_dir(agent_id))
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -263,7 +264,10 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
                     _to_quarantine(home, agent_id, staging_fd, entry.name)
                     action = "quarantined"
                 else:
-                    os.unlink(entry.name, dir_fd=staging_fd)
+                    try:
+                        os.unlink(entry.name, dir_fd=staging_fd)
+                    except FileNotFoundError:
+                        continue  # its writer removed it meanwhile: nothing left to report
                     action = "removed"
             findings.append(Finding("staging-leftover", agent_id, None, action))
     finally:

@@ -114,13 +114,19 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
     """Step 1: stage and fsync ``source``; removed on exit unless renamed."""
     name = ids.random_token()
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=staging_fd)
+        # Unnamed until it is locked: doctor can never see this file without
+        # its flock, and a crash before the link leaves nothing behind.
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=staging_fd)
     except OSError as exc:
         raise storage_error("cannot create the staging file", exc) from exc
-    fcntl.flock(fd, fcntl.LOCK_EX)  # "in flight" for doctor, released by the kernel if we die
-    staged = _Staged(name, fd, "", 0)
+    staged = _Staged(name, fd, "", 0, consumed=True)  # nothing to remove until it has a name
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # "in flight" for doctor, released by the kernel if we die
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=staging_fd, follow_symlinks=True)
+        except OSError as exc:
+            raise storage_error("cannot name the staging file", exc) from exc
+        staged.consumed = False
         digest = hashlib.sha256()
         size = 0
         try:
@@ -253,27 +259,27 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
 
 
 def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, locator: str | None,
-             pending: _Pending, *, content_durable: bool) -> None:
-    """Undo a transaction that failed after step 2.
+             pending: _Pending, *, content_durable: bool, reason: Reason, decision: str) -> None:
+    """Undo a transaction that failed after step 2, and drain its audit row.
 
     Which goes first depends on what failed. If the content's own fsyncs
     failed, the files go first: should the rollback transaction fail too,
     recovery must find no file rather than bytes whose fsync failed. If the
     content is durable (the failure came later, e.g. in the activation
-    commit, whose outcome is then unknown), the rows go first: a commit that
-    reached the WAL before failing may still be replayed, and it must never
-    point at a file we already removed. ``locator`` is None until our rename
-    succeeded: a name we did not create is never removed.
+    commit, whose outcome is then unknown), the rows go first and the files
+    only if the rollback really happened: a commit that reached the WAL, or
+    one that succeeded just before an exception, must never point at a file
+    we removed. ``locator`` is None until our rename succeeded: a name we
+    did not create is never removed.
     """
     catalog = access.home.catalog(access.agent_id)
 
     def rows() -> bool:
         try:
-            roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
-                      event_id=pending.event_id, reason=Reason.REVISION_STALE)
+            return roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
+                             event_id=pending.event_id, reason=reason, decision=decision)
         except (StorageError, *STORAGE_FAILURES):
             return False
-        return True
 
     def files() -> None:
         if locator is not None:
@@ -288,10 +294,11 @@ def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, lo
     if content_durable:
         if rows():
             files()
-        # else: the intent stays pending with its file; recovery settles both
+        # else: the rows are active (keep the file) or unknown (recovery settles both)
     else:
         files()
         rows()
+    drain_quietly(access.home.state(), catalog, access.agent_id)
 
 
 def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
@@ -335,10 +342,12 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
                      final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
         except BaseException as exc:
+            refused = isinstance(exc, PolicyChanged)
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
-                     content_durable=durable)
-            if isinstance(exc, PolicyChanged):
-                raise access.refuse(op, exc.decision.reason, store_id=store.store_id) from None
+                     content_durable=durable, reason=exc.decision.reason if refused else Reason.REVISION_STALE,
+                     decision="deny" if refused else "error")
+            if refused:  # the outbox row already carries the audit of this refusal
+                raise access.denied(op, exc.decision.reason) from None
             if isinstance(exc, OSError):
                 raise storage_error("cannot finalize the note", exc) from exc
             raise
@@ -363,6 +372,7 @@ def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
     """
     parts = split_virtual_path(path)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+    recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
     _plan(access, parts)
     staging_fd = open_dir(home.staging_dir(access.agent_id))
     try:

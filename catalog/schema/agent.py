@@ -157,6 +157,20 @@ CREATE INDEX policy_entries_by_policy ON policy_entries (policy_id) WHERE revoke
 CREATE TRIGGER policy_entries_no_replace BEFORE INSERT ON policy_entries
 WHEN EXISTS (SELECT 1 FROM policy_entries WHERE entry_id = NEW.entry_id)
 BEGIN SELECT RAISE(ABORT, 'policy entries are never replaced'); END;
+-- A deny of retrieve or read that matches the subject writing a store by
+-- placement (its user, conversation or service) would hide names that its
+-- own writes then collide with, revealing them: such a row cannot exist.
+CREATE TRIGGER policy_entries_never_hide_from_writer BEFORE INSERT ON policy_entries
+WHEN NEW.effect = 'deny' AND NEW.capability IN ('retrieve', 'read') AND EXISTS (
+    SELECT 1 FROM policies p JOIN stores s
+      ON s.store_id = CASE p.target_kind WHEN 'store' THEN p.target_id
+                     ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END
+    WHERE p.policy_id = NEW.policy_id AND s.scope_kind IN ('user', 'channel', 'agent')
+      AND (NEW.audience_kind = 'any'
+           OR (NEW.audience_kind = 'principal' AND NEW.audience_id = s.audience_id)
+           OR (NEW.audience_kind = 'subject-kind' AND NEW.audience_id =
+               CASE s.scope_kind WHEN 'user' THEN 'user' WHEN 'channel' THEN 'conversation' ELSE 'service' END)))
+BEGIN SELECT RAISE(ABORT, 'a deny cannot hide notes from the subject that writes their store'); END;
 CREATE TRIGGER policy_entries_immutable
 BEFORE UPDATE OF entry_id, agent_id, policy_id, policy_revision, effect, capability, audience_kind,
                  audience_id, grantor, created_at, expires_at ON policy_entries
