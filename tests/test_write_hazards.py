@@ -45,46 +45,45 @@ def _no_pending(scenario: Scenario) -> None:
     assert list((scenario.cli.home / "agents" / "main" / "staging").iterdir()) == []
 
 
-def test_a_deny_added_while_staging_wins_at_commit(scenario: Scenario) -> None:
+DENY_CASES = {
+    # name: (when the deny lands, note written, deny on, capability denied, audience)
+    "while-staging": (steps.Step.STAGED, "private/notes/late.md", "store", Op.APPEND, "alice"),
+    "between-commits": (steps.Step.FINALIZED, NOTE, "store", Op.REPLACE, "any"),
+    "on-the-new-note": (steps.Step.FINALIZED, "private/notes/fresh.md", "resource", Op.APPEND, "any"),
+}
+
+
+@pytest.mark.parametrize("case", DENY_CASES)
+def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: str) -> None:
+    """The policy is re-evaluated inside both commits; the refusal is audited once."""
+    step, path, target_kind, capability, audience = DENY_CASES[case]
+    old = read_note(Home.open(scenario.cli.home), scenario.alice_session, path) if path == NOTE else None
     home = Home.open(scenario.cli.home)
-    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
 
-    def deny_now(step: steps.Step) -> None:
-        if step is steps.Step.STAGED:
+    def deny_now(reached: steps.Step) -> None:
+        if reached is step:
             steps.set_hook(None)
-            admin = Home.open(scenario.cli.home)
-            add_entry(admin.catalog("main"), "main", target_kind="store", target_id=store, effect=Effect.DENY,
-                      capability=Op.APPEND, audience_kind=AudienceKind.PRINCIPAL, audience_id=scenario.alice)
+            store, resource = _store_and_resource(scenario, scenario.alice, path.removeprefix("private/"))
+            target = store if target_kind == "store" else resource
+            assert target is not None
+            kind, who = ((AudienceKind.ANY, "") if audience == "any"
+                         else (AudienceKind.PRINCIPAL, scenario.alice))
+            add_entry(Home.open(scenario.cli.home).catalog("main"), "main", target_kind=target_kind,
+                      target_id=target, effect=Effect.DENY, capability=capability, audience_kind=kind, audience_id=who)
 
+    start = len(table_dump(scenario.cli.home / "state.sqlite")["audit"])
     steps.set_hook(deny_now)
     try:
         with pytest.raises(Denied):
-            write_note(home, scenario.alice_session, "private/notes/late.md", b"late\n")
+            write_note(home, scenario.alice_session, path, b"refused\n")
     finally:
         steps.set_hook(None)
     _no_pending(scenario)
-    assert scenario.cli("read", scenario.alice_session, "private/notes/late.md").code == 3
-
-
-def test_a_deny_added_between_the_commits_wins(scenario: Scenario) -> None:
-    home = Home.open(scenario.cli.home)
-    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
-
-    def deny_now(step: steps.Step) -> None:
-        if step is steps.Step.FINALIZED:
-            steps.set_hook(None)
-            admin = Home.open(scenario.cli.home)
-            add_entry(admin.catalog("main"), "main", target_kind="store", target_id=store, effect=Effect.DENY,
-                      capability=Op.APPEND, audience_kind=AudienceKind.ANY)
-
-    steps.set_hook(deny_now)
-    try:
-        with pytest.raises(Denied):
-            write_note(home, scenario.alice_session, NOTE, b"too late\n")
-    finally:
-        steps.set_hook(None)
-    _no_pending(scenario)
-    assert read_note(home, scenario.alice_session, NOTE) == ALICE_FACT
+    new_rows = sorted(table_dump(scenario.cli.home / "state.sqlite")["audit"], key=lambda r: r[0])[start:]
+    assert [(r[10], r[11]) for r in new_rows] == [("deny", "explicit-deny")]
+    assert scenario.cli.j("doctor")["findings"] == []
+    result = scenario.cli("read", scenario.alice_session, path)
+    assert (result.code, result.out) == ((0, old) if old is not None else (3, b""))
 
 
 _DIE_AFTER_FAILED_ACTIVATION = r"""
@@ -236,29 +235,6 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
     assert [r[3] for r in revisions if r[2] == resource] == [1]  # no new revision of the hidden note
 
 
-def test_a_deny_on_the_new_note_itself_between_the_commits_wins(scenario: Scenario) -> None:
-    """The resource created by the pending commit is re-checked at activation."""
-    home = Home.open(scenario.cli.home)
-
-    def deny_now(step: steps.Step) -> None:
-        if step is steps.Step.FINALIZED:
-            steps.set_hook(None)
-            _, resource = _store_and_resource(scenario, scenario.alice, "notes/fresh.md")
-            assert resource is not None
-            admin = Home.open(scenario.cli.home)
-            add_entry(admin.catalog("main"), "main", target_kind="resource", target_id=resource, effect=Effect.DENY,
-                      capability=Op.APPEND, audience_kind=AudienceKind.ANY)
-
-    steps.set_hook(deny_now)
-    try:
-        with pytest.raises(Denied):
-            write_note(home, scenario.alice_session, "private/notes/fresh.md", b"fresh\n")
-    finally:
-        steps.set_hook(None)
-    _no_pending(scenario)
-    assert scenario.cli("read", scenario.alice_session, "private/notes/fresh.md").code == 3
-
-
 def test_an_exception_after_the_activation_committed_keeps_the_note(scenario: Scenario, monkeypatch) -> None:
     """Ctrl-C landing as COMMIT returns: the write happened; its file must stay."""
     import writer.transaction as transaction
@@ -289,24 +265,3 @@ def test_a_crashed_first_write_does_not_block_the_next_write(scenario: Scenario)
     assert scenario.cli.j("doctor")["findings"] == []
 
 
-def test_a_refused_commit_is_audited_once_and_leaves_nothing_to_drain(scenario: Scenario) -> None:
-    home = Home.open(scenario.cli.home)
-    store, _ = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
-
-    def deny_now(step: steps.Step) -> None:
-        if step is steps.Step.FINALIZED:
-            steps.set_hook(None)
-            add_entry(Home.open(scenario.cli.home).catalog("main"), "main", target_kind="store", target_id=store,
-                      effect=Effect.DENY, capability=Op.REPLACE, audience_kind=AudienceKind.ANY)
-
-    start = len(table_dump(scenario.cli.home / "state.sqlite")["audit"])
-    steps.set_hook(deny_now)
-    try:
-        with pytest.raises(Denied):
-            write_note(home, scenario.alice_session, NOTE, b"refused\n")
-    finally:
-        steps.set_hook(None)
-    rows = table_dump(scenario.cli.home / "state.sqlite")["audit"]
-    new = sorted(rows, key=lambda r: r[0])[start:]
-    assert [(r[5], r[10], r[11]) for r in new] == [("replace", "deny", "explicit-deny")]
-    assert scenario.cli.j("doctor")["findings"] == []

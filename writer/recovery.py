@@ -106,24 +106,20 @@ def _settle(home: Home, agent_id: str, intent: _Intent) -> str:
     if not roll_back(home.catalog(agent_id), agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
                      event_id=intent.event_id, reason=Reason.REVISION_STALE):
         return "already settled"  # its revision left pending meanwhile: keep its file
-    staging_fd = open_dir(home.staging_dir(agent_id))
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(intent.staged_name, dir_fd=staging_fd)
-        os.fsync(staging_fd)
-    finally:
-        os.close(staging_fd)
-    try:
-        store_fd = open_store_dir(home, agent_id, intent.path_key)
-    except IntegrityError:
-        return "rolled back"
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(intent.final_locator, dir_fd=store_fd)
-        os.fsync(store_fd)
-    finally:
-        os.close(store_fd)
+    _remove_durably(open_dir(home.staging_dir(agent_id)), intent.staged_name)
+    with contextlib.suppress(IntegrityError):  # no store directory: no final file either
+        _remove_durably(open_store_dir(home, agent_id, intent.path_key), intent.final_locator)
     return "rolled back"
+
+
+def _remove_durably(dirfd: int, name: str) -> None:
+    """Unlink ``name`` if present and sync its directory; closes ``dirfd``."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dirfd)
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
 
 
 def _in_flight(dirfd: int, name: str) -> bool:
