@@ -429,7 +429,8 @@ def subprocess_series(name: str, group: str, argv: list[str], env: dict[str, str
 # fsync counting with strace
 # ---------------------------------------------------------------------------
 
-_SYNC_LINE = re.compile(r"\b(fsync|fdatasync)\((\d+)(?:<([^>]*)>)?\)\s*=\s*(-?\d+)")
+# "(deleted)" follows the path of the O_TMPFILE-created staged file's fd.
+_SYNC_LINE = re.compile(r"\b(fsync|fdatasync)\((\d+)(?:<([^>]*)>(?:\(deleted\))?)?\)\s*=\s*(-?\d+)")
 
 
 def classify_sync(path: str, home: Path) -> str:
