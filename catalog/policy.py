@@ -163,13 +163,9 @@ def evaluate(op: Op, subject: Subject, mount: Mount | None, resource: ResourceSt
     if mount is None:
         return Decision(False, Reason.OUTSIDE_VIEW)
     needs = required(op)
-    if resource is None:
-        if needs & NEEDS_ACTIVE:  # nothing to read, replace or delete
-            return Decision(False, Reason.REVISION_STALE)
-    elif not resource.live:
-        return Decision(False, Reason.REVISION_STALE)
-    elif needs & NEEDS_ACTIVE and resource.revision_state != "active":
-        return Decision(False, Reason.REVISION_STALE)
+    has_content = resource is not None and resource.live and resource.revision_state == "active"
+    if (resource is not None and not resource.live) or (needs & NEEDS_ACTIVE and not has_content):
+        return Decision(False, Reason.REVISION_STALE)  # gone, or nothing to read, replace or delete
     applicable = [e for e in entries if e.live(now) and e.matches(subject)]
     if any(e.effect is Effect.DENY and e.capability in needs for e in applicable):
         return Decision(False, Reason.EXPLICIT_DENY)
