@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # fuse3/libfuse3-dev/pkg-config: the FUSE mount; bubblewrap: the sandbox;
 # vim/nano: real editors in tests; strace: fsync fault injection;
 # e2fsprogs/util-linux: loop-mounted ext4 for the power-loss tests.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config bubblewrap vim nano strace e2fsprogs util-linux
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3
 
 .PHONY: all deps venv test demo bench clean
 

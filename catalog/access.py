@@ -114,8 +114,12 @@ def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
     return None if principal.state == "active" else Reason.IDENTITY_REVOKED
 
 
-def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None) -> Access:
-    """Load the session and recheck its evidence, or raise Denied (audited)."""
+def current_access(home: Home, session_id: str, *, actor_id: str | None = None) -> tuple[Access, Reason | None]:
+    """The session's access as of now and what, if anything, is wrong with it.
+
+    Nothing is audited: a mounted view asks this on every catalog change and
+    must not write an audit row each time; callers that refuse audit.
+    """
     session = load_session(home, session_id)
     now = now_us()
     view = memory_view(session.subject, _roles(home, session), now)
@@ -124,7 +128,12 @@ def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: s
         problem = _check_actor(home, session, actor_id, now)
     if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         actor_id = session.subject.principal_id  # a private or service session acts as its subject
-    access = Access(home, session, actor_id, view, now)
+    return Access(home, session, actor_id, view, now), problem
+
+
+def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None) -> Access:
+    """Load the session and recheck its evidence, or raise Denied (audited)."""
+    access, problem = current_access(home, session_id, actor_id=actor_id)
     if problem is not None:
         raise access.refuse(operation, problem)
     return access

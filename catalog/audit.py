@@ -53,6 +53,14 @@ def record(state: apsw.Connection, event: AuditEvent) -> None:
         state.execute(_INSERT, (None, *(values[c] for c in _COLUMNS)))
 
 
+def record_many(state: apsw.Connection, events: list[AuditEvent]) -> None:
+    """Write several rows in one transaction (a mount's batched read exposures)."""
+    with immediate(state):
+        for event in events:
+            values = asdict(event)
+            state.execute(_INSERT, (None, *(values[c] for c in _COLUMNS)))
+
+
 def record_quietly(state: apsw.Connection, event: AuditEvent) -> bool:
     """Record, but let a failing audit store not mask the caller's own error.
 

@@ -23,7 +23,8 @@ from catalog.errors import BadInput, Denied, ScopefsError
 from catalog.home import Home, resolve_home, validate_agent_name
 from catalog.listing import list_folder
 from catalog.reader import read_note
-from catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
+from catalog.sessions import DirectMessage, Group, Service, SharedMain, load_session, open_session
+from sandbox import mounts
 from scopefs.output import emit, fail
 from writer.recovery import exit_code as doctor_exit_code
 from writer.recovery import inspect
@@ -204,6 +205,33 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_mount(args: argparse.Namespace) -> int:
+    home = _home(args)
+    if args.foreground:
+        from vfs.server import serve
+
+        load_session(home, args.session)  # unknown sessions: exit 2 before anything is mounted
+        serve(home, args.session, os.path.realpath(args.mountpoint),
+              on_ready=lambda: emit(args.json, {"mountpoint": os.path.realpath(args.mountpoint),
+                                                "session_id": args.session, "pid": os.getpid()},
+                                    [f"mounted at {os.path.realpath(args.mountpoint)} (foreground)"]))
+        return 0
+    load_session(home, args.session)
+    record = mounts.start(home, args.session, args.mountpoint)
+    emit(args.json, {"mountpoint": record.mountpoint, "session_id": record.session_id, "pid": record.pid},
+         [f"mounted at {record.mountpoint}"])
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    home = _home(args)
+    record = mounts.stop(home, args.mountpoint)
+    where = os.path.realpath(args.mountpoint)
+    emit(args.json, {"mountpoint": where, "session_id": record.session_id if record else None},
+         [f"unmounted {where}"])
+    return 0
+
+
 # -- parser -----------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session")
     p.add_argument("path", nargs="?", default="")
     p.add_argument("--actor", metavar="PRINCIPAL")
+
+    p = command("mount", cmd_mount, "mount the session's view at MOUNTPOINT; returns once it answers")
+    p.add_argument("session")
+    p.add_argument("mountpoint")
+    p.add_argument("--foreground", action="store_true", help="stay attached until unmounted")
+    p = command("umount", cmd_umount, "unmount a view (also clears a mount whose server died)")
+    p.add_argument("mountpoint")
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

@@ -231,4 +231,39 @@ CREATE TABLE audit_outbox (
 CREATE INDEX audit_outbox_ready ON audit_outbox (state) WHERE state = 'ready';
 """
 
-AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1,))  # 'SCAG'
+# V2: a change log the mounted views follow. Every change that can alter
+# what a view shows (a revision's state, a resource's path or state, a
+# policy entry or policy) appends one row naming its store and resource, so
+# a mount updates exactly those notes and invalidates exactly their kernel
+# caches instead of rescanning the catalog.
+V2 = """
+CREATE TABLE change_log (
+    seq         INTEGER PRIMARY KEY,
+    store_id    TEXT NOT NULL,
+    resource_id TEXT                         -- NULL: the whole store (a store-level policy changed)
+) STRICT;
+CREATE TRIGGER change_log_revision AFTER UPDATE OF state ON revisions
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT store_id, resource_id FROM resources WHERE resource_id = NEW.resource_id; END;
+CREATE TRIGGER change_log_resource AFTER UPDATE OF path, state ON resources
+BEGIN INSERT INTO change_log (store_id, resource_id) VALUES (NEW.store_id, NEW.resource_id); END;
+CREATE TRIGGER change_log_entry_added AFTER INSERT ON policy_entries
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE p.target_kind WHEN 'store' THEN p.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END,
+             CASE p.target_kind WHEN 'resource' THEN p.target_id END
+      FROM policies p WHERE p.policy_id = NEW.policy_id; END;
+CREATE TRIGGER change_log_entry_revoked AFTER UPDATE OF revoked_at ON policy_entries
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE p.target_kind WHEN 'store' THEN p.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END,
+             CASE p.target_kind WHEN 'resource' THEN p.target_id END
+      FROM policies p WHERE p.policy_id = NEW.policy_id; END;
+CREATE TRIGGER change_log_policy AFTER UPDATE OF state ON policies
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE NEW.target_kind WHEN 'store' THEN NEW.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = NEW.target_id) END,
+             CASE NEW.target_kind WHEN 'resource' THEN NEW.target_id END; END;
+"""
+
+AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1, V2))  # 'SCAG'

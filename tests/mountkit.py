@@ -1,0 +1,122 @@
+"""Real FUSE mounts of scenario sessions, for the vfs tests.
+
+``mounts`` mounts sessions through the installed ``scopefs mount`` and
+always unmounts them at teardown (a lazy unmount if the server is gone), so
+a failing test never leaves a mount behind for the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import apsw
+import pytest
+
+from tests.conftest import Cli, Scenario
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout``.
+
+    A functional bound (the change must arrive), not a speed assertion: the
+    mount applies catalog changes within its poll interval (0.1 s).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout}s (last value: {value!r})")
+        time.sleep(interval)
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        return any(line.split()[4] == target for line in info)
+
+
+@dataclass
+class Mounts:
+    cli: Cli
+    root: Path
+    active: list[Path] = field(default_factory=list)
+
+    def mount(self, session_id: str, name: str | None = None) -> Path:
+        where = self.root / (name or f"m{len(self.active)}")
+        where.mkdir(parents=True, exist_ok=True)
+        self.cli("mount", session_id, str(where), check=True)
+        self.active.append(where)
+        return where
+
+    def umount(self, where: Path) -> None:
+        self.cli("umount", str(where), check=True)
+        self.active.remove(where)
+
+    def cleanup(self) -> None:
+        for where in self.active:
+            if is_mounted(where):
+                if self.cli("umount", str(where)).code != 0:
+                    subprocess.run(["fusermount3", "-uz", str(where)], capture_output=True)
+        self.active.clear()
+
+
+@pytest.fixture
+def mounts(scenario: Scenario, tmp_path: Path) -> Iterator[Mounts]:
+    kit = Mounts(scenario.cli, tmp_path / "mnt")
+    try:
+        yield kit
+    finally:
+        kit.cleanup()
+
+
+@contextlib.contextmanager
+def catalog(home: Path, agent: str = "main") -> Iterator[apsw.Connection]:
+    conn = apsw.Connection(str(home / "agents" / agent / "catalog.sqlite"))
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class NoteHistory:
+    resource_id: str
+    path: str
+    revisions: int  # active or superseded: committed revisions
+    active_sha256: str | None
+
+
+def live_notes(home: Path, audience_id: str, agent: str = "main") -> dict[str, NoteHistory]:
+    """Live resources of the store whose audience is ``audience_id``, by path."""
+    with catalog(home, agent) as conn:
+        rows = conn.execute(
+            "SELECT r.resource_id, r.path,"
+            " (SELECT count(*) FROM revisions v WHERE v.resource_id = r.resource_id"
+            "   AND v.state IN ('active', 'superseded')),"
+            " (SELECT content_sha256 FROM revisions v WHERE v.resource_id = r.resource_id AND v.state = 'active')"
+            " FROM resources r JOIN stores s USING (store_id)"
+            " WHERE s.audience_id = ? AND r.state = 'live'", (audience_id,)).fetchall()
+    return {row[1]: NoteHistory(*row) for row in rows}
+
+
+def all_resource_paths(home: Path, agent: str = "main") -> set[str]:
+    """Every path any resource ever had in the catalog (live or tombstoned)."""
+    with catalog(home, agent) as conn:
+        return {row[0] for row in conn.execute("SELECT path FROM resources")}
+
+
+def pending_rows(home: Path, agent: str = "main") -> int:
+    with catalog(home, agent) as conn:
+        return conn.execute("SELECT (SELECT count(*) FROM revisions WHERE state = 'pending')"
+                            " + (SELECT count(*) FROM write_intents WHERE state = 'pending')").fetchall()[0][0]

@@ -1,0 +1,110 @@
+"""Serving a revision's bytes only after they matched the catalog's hash.
+
+Every open resolves the artifact again (``openat2``, no symlinks, one
+link, a regular file on the store's device) and compares it with what was
+verified before. Hashing is skipped only when the file is provably the one
+already verified: same device, inode, size, mtime and ctime. Any write,
+truncate, chmod or replacement changes ctime or the inode, and ctime
+cannot be set back from user space, so a tampered artifact is hashed
+again and refused. A verification is remembered only for files whose
+ctime is older than the verification by more than the timestamp
+granularity; a change in the same clock tick as the hash is never
+trusted (git's "racy clean" problem).
+
+Reads from an open handle re-check the stamp before every ``pread``, so
+bytes written into the artifact after the open are refused too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+from catalog.artifacts import hash_fd, open_artifact, open_store_dir
+from catalog.errors import IntegrityError
+from catalog.home import Home
+from catalog.visible import VisibleNote
+
+RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
+
+
+@dataclass(frozen=True)
+class Stamp:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, fd: int) -> Stamp:
+        st = os.fstat(fd)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Artifacts:
+    """Verified access to one agent's artifacts, with a memory of what was verified."""
+
+    def __init__(self, home: Home, agent_id: str) -> None:
+        self._home = home
+        self._agent_id = agent_id
+        self._store_fds: dict[str, int] = {}
+        self._verified: dict[str, Stamp] = {}  # revision id -> stamp of the file that hashed right
+
+    def close(self) -> None:
+        for fd in self._store_fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._store_fds.clear()
+
+    def _store_fd(self, path_key: str) -> int:
+        fd = self._store_fds.get(path_key)
+        if fd is None:
+            fd = self._store_fds[path_key] = open_store_dir(self._home, self._agent_id, path_key)
+        return fd
+
+    def needs_hash(self, note: VisibleNote) -> bool:
+        """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""
+        return note.revision_id not in self._verified
+
+    def open(self, note: VisibleNote) -> tuple[int, Stamp]:
+        """An fd on the note's artifact whose content matches the catalog, and its stamp."""
+        fd = open_artifact(self._store_fd(note.path_key), note.locator)
+        try:
+            stamp = Stamp.of(fd)
+            if self._verified.get(note.revision_id) != stamp:
+                self._verified.pop(note.revision_id, None)
+                if stamp.size != note.size:
+                    raise IntegrityError("artifact does not match its catalog hash")
+                started = time.time_ns()
+                sha, size = hash_fd(fd)
+                if size != note.size or sha != note.sha256 or Stamp.of(fd) != stamp:
+                    raise IntegrityError("artifact does not match its catalog hash")
+                if started - stamp.ctime_ns > RACY_NS:
+                    self._verified[note.revision_id] = stamp
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, stamp
+
+    def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, refused if the file changed since it was verified."""
+        if Stamp.of(fd) != stamp:
+            self._verified.clear()
+            raise IntegrityError("artifact changed after it was verified")
+        return os.pread(fd, size, offset)
+
+    def forget(self, revision_id: str) -> None:
+        self._verified.pop(revision_id, None)
+
+    def read_all(self, note: VisibleNote) -> bytes:
+        fd, stamp = self.open(note)
+        try:
+            data = self.read(fd, stamp, 0, note.size + 1)
+        finally:
+            os.close(fd)
+        if len(data) != note.size:
+            raise IntegrityError("artifact does not match its catalog hash")
+        return data

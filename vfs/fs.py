@@ -1,0 +1,734 @@
+"""The FUSE filesystem of one session view (pyfuse3 request handlers).
+
+Requests are answered from memory (``Namespace``) wherever possible; the
+catalog is only asked on a thread, one call at a time (apsw connections are
+not shared across threads concurrently), for commits, removals, renames,
+permission checks of removals and the periodic sync with the change log.
+
+Reads: ``open`` resolves the note's active revision and verifies its
+artifact (``Artifacts``); ``read`` serves bytes from that verified file and
+re-checks, on every request, that the view still allows the note. The
+kernel may keep a revision's pages (``keep_cache``) only while that
+revision is the one it cached; any change is invalidated by a worker.
+
+Writes: content goes to an in-memory draft and becomes one new revision,
+through the writer's staged-rename transaction, when the file is closed
+(``flush``) or synced. Scratch files of editors never leave this mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import math
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from catalog.audit import AuditEvent, record_many, record_quietly
+from catalog.errors import IntegrityError
+from catalog.home import Home
+from catalog.policy import Op
+from catalog.reasons import Reason
+from catalog.visible import VisibleNote, VisibleView, refresh
+from vfs.content import Artifacts, Stamp
+from vfs.drafts import Draft
+from vfs.errors import guarded
+from vfs.inodes import Kind, Node, Parts
+from vfs.names import NameError_, confusable, decode
+from vfs.namespace import Invalidation, Namespace
+from vfs.scratch import is_scratch
+from vfs import catalog_ops
+
+log = logging.getLogger("scopefs.vfs")
+T = TypeVar("T")
+
+CACHE_TIMEOUT_S = 30.0  # entries and attributes; every change is invalidated precisely
+POLL_S = 0.1  # how often the change log and the session's evidence are checked
+AUDIT_FLUSH_S = 1.0
+INLINE_BYTES = 1 << 20  # hash or load larger files on a thread, smaller ones inline
+STATFS_BLOCKS = 1 << 28  # constant: free space would reveal other scopes' writes
+STATFS_FILES = 1 << 24
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+def _fail(code: int) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(code)
+
+
+@dataclass
+class Handle:
+    node: Node
+    writable: bool = False
+    note: VisibleNote | None = None  # the verified revision this handle serves, if any
+    fd: int = -1
+    stamp: Stamp | None = None
+    wrote: bool = False  # a write() came through this handle
+
+
+class ScopeFS(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, home: Home, session_id: str, view: VisibleView) -> None:
+        super().__init__()
+        self.home = home
+        self.session_id = session_id
+        self.ns = Namespace(view)
+        self.artifacts = Artifacts(home, view.access.agent_id)
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._dir_names: dict[int, list[str]] = {}
+        self._limiter = trio.CapacityLimiter(1)
+        self._sync_lock = trio.Lock()
+        self._inval_send, self._inval_recv = trio.open_memory_channel[Invalidation](math.inf)
+        self._exposures: list[AuditEvent] = []
+        self._exposed: set[str] = set()
+        self._bad_revisions: set[str] = set()
+        self._started_ns = time.time_ns()
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self.terminated = False
+
+    # -- plumbing ----------------------------------------------------------
+
+    async def _catalog(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run catalog work on a thread, one call at a time."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+
+    async def sync(self) -> None:
+        """Bring the view up to date with the catalog and queue invalidations."""
+        async with self._sync_lock:
+            new = await self._catalog(refresh, self.home, self.ns.view)
+            for item in self.ns.apply(new):
+                self._inval_send.send_nowait(item)
+
+    def _node(self, ino: int) -> Node:
+        node = self.ns.inodes.get(ino)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        return node
+
+    def _dir(self, ino: int) -> Node:
+        node = self._node(ino)
+        if node.kind is not Kind.DIR or not node.attached:
+            raise _fail(errno.ENOENT if not node.attached else errno.ENOTDIR)
+        return node
+
+    def _new_fh(self, handle: Handle) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self.handles[fh] = handle
+        handle.node.opens += 1
+        return fh
+
+    def _check_writable(self, parts: Parts) -> None:
+        if not self.ns.view.usable:
+            raise _fail(errno.EACCES)
+        if not self.ns.writable(parts):
+            raise _fail(errno.EROFS)
+
+    def _child_name(self, name: bytes) -> str:
+        try:
+            return decode(name)
+        except NameError_ as exc:
+            raise _fail(exc.errno) from None
+
+    def _check_new_name(self, parent: Node, name: str, *, ignore: str | None = None) -> None:
+        siblings = set(self.ns.names(parent.parts)) - {ignore}
+        if confusable(name, siblings):
+            raise _fail(errno.EINVAL)
+
+    def _event(self, operation: str, decision: str, reason: Reason, note: VisibleNote) -> AuditEvent:
+        return self.ns.view.access.event(operation, decision, reason, store_id=note.store_id,
+                                         revision_id=note.revision_id)
+
+    # -- attributes --------------------------------------------------------
+
+    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = node.ino
+        attr.generation = 0
+        attr.entry_timeout = attr.attr_timeout = CACHE_TIMEOUT_S
+        attr.st_uid, attr.st_gid = self._uid, self._gid
+        attr.st_blksize = 4096
+        mtime = self._started_ns
+        if node.kind is Kind.DIR:
+            writable = self.ns.writable(node.parts + ("x",))
+            attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)
+            attr.st_nlink = 2
+            attr.st_size = 0
+        else:
+            writable = node.kind is Kind.SCRATCH or self.ns.writable(node.parts)
+            attr.st_mode = stat.S_IFREG | (0o600 if writable else 0o400)
+            attr.st_nlink = 1 if node.attached else 0
+            note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
+            if node.draft is not None:
+                attr.st_size = node.draft.size
+                mtime = node.draft.mtime_ns
+            elif note is not None:
+                attr.st_size = note.size
+                mtime = note.mtime_us * 1000
+            else:
+                attr.st_size = 0
+        attr.st_blocks = (attr.st_size + 511) // 512
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime
+        return attr
+
+    @guarded
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        return self._attr(self._node(inode))
+
+    @guarded
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        if node.kind is not Kind.SCRATCH:
+            self._check_writable(node.parts if node.kind is not Kind.DIR else node.parts + ("x",))
+        if fields.update_size:
+            if node.kind is Kind.DIR:
+                raise _fail(errno.EISDIR)
+            await self._ensure_draft(node, truncate=False)
+            assert node.draft is not None
+            node.draft.truncate(attr.st_size)
+            if fh is None and node.kind is Kind.NOTE:  # truncate(2) by path: nobody will close it
+                await self._commit(node)
+                self._drop_clean_draft(node)
+        # chmod, chown and times are accepted and ignored: a note's mode
+        # follows its root, its times follow its revisions.
+        return self._attr(node)
+
+    @guarded
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        data = pyfuse3.StatvfsData()
+        data.f_bsize = data.f_frsize = 4096
+        data.f_blocks = data.f_bfree = data.f_bavail = STATFS_BLOCKS
+        data.f_files = data.f_ffree = data.f_favail = STATFS_FILES
+        data.f_namemax = 255
+        return data
+
+    # -- names -------------------------------------------------------------
+
+    @guarded
+    async def lookup(self, parent_inode: int, name: bytes,
+                     ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        parent = self._dir(parent_inode)
+        try:
+            text = decode(name)
+        except NameError_:
+            raise _fail(errno.ENOENT) from None  # a name that cannot exist is simply not there
+        node = self.ns.lookup(parent.parts + (text,))
+        if node is None:
+            raise _fail(errno.ENOENT)
+        node.lookups += 1
+        return self._attr(node)
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for inode, count in inode_list:
+            self.ns.inodes.forget(inode, count)
+
+    @guarded
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        self._dir(inode)
+        return inode
+
+    @guarded
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        node = self._dir(fh)
+        if start_id == 0 or fh not in self._dir_names:
+            self._dir_names[fh] = self.ns.names(node.parts)
+        names = self._dir_names[fh]
+        for index in range(start_id, len(names)):
+            child = self.ns.lookup(node.parts + (names[index],))
+            if child is None:
+                continue
+            if not pyfuse3.readdir_reply(token, names[index].encode(), self._attr(child), index + 1):
+                return
+            child.lookups += 1
+
+    async def releasedir(self, fh: int) -> None:
+        self._dir_names.pop(fh, None)
+
+    @guarded
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        parent = self._dir(parent_inode)
+        text = self._child_name(name)
+        parts = parent.parts + (text,)
+        self._check_writable(parts)
+        if self.ns.lookup(parts) is not None:
+            raise _fail(errno.EEXIST)
+        self._check_new_name(parent, text)
+        node = self.ns.inodes.new(Kind.DIR, parts)
+        self.ns.add_local(node)
+        self.ns.dirs[parts] = node
+        node.lookups += 1
+        return self._attr(node)
+
+    @guarded
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        parent = self._dir(parent_inode)
+        parts = parent.parts + (self._child_name(name),)
+        node = self.ns.lookup(parts)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        if node.kind is not Kind.DIR:
+            raise _fail(errno.ENOTDIR)
+        self._check_writable(parts)
+        if self.ns.names(parts):
+            raise _fail(errno.ENOTEMPTY)
+        if self.ns.local.get(parts) is node:
+            self.ns.drop_local(parts)
+            self.ns.dirs.pop(parts, None)
+            node.attached = False
+            return
+        # A folder of the view whose notes are all being removed here: settle
+        # those removals now, and the folder goes with them.
+        await self._flush_removals(prefix=parts)
+        if self.ns.lookup(parts) is not None:
+            raise _fail(errno.ENOTEMPTY)
+
+    @guarded
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        parent = self._dir(parent_inode)
+        parts = parent.parts + (self._child_name(name),)
+        node = self.ns.lookup(parts)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        if node.kind is Kind.DIR:
+            raise _fail(errno.EISDIR)
+        self._check_writable(parts)
+        if self.ns.local.get(parts) is node:  # scratch, or a note never committed
+            self.ns.drop_local(parts)
+            self.ns.detach(node)
+            self._release_detached(node)
+            return
+        assert node.resource_id is not None
+        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, "/".join(parts))
+        self.ns.schedule_removal(parts, node.resource_id)
+
+    # -- reading -------------------------------------------------------------
+
+    async def _open_artifact(self, note: VisibleNote) -> tuple[int, Stamp]:
+        if note.revision_id in self._bad_revisions:
+            raise _fail(errno.EIO)
+        try:
+            if note.size > INLINE_BYTES and self.artifacts.needs_hash(note):
+                return await trio.to_thread.run_sync(self.artifacts.open, note)
+            return self.artifacts.open(note)
+        except IntegrityError:
+            await self._integrity_failure(note)
+            raise _fail(errno.EIO) from None
+
+    async def _integrity_failure(self, note: VisibleNote) -> None:
+        """Refuse the revision from now on, drop the kernel's pages, audit."""
+        self._bad_revisions.add(note.revision_id)
+        node = self.ns.by_resource.get(note.resource_id)
+        if node is not None:
+            node.cached_revision = None
+            self._inval_send.send_nowait(Invalidation(node.ino))
+        event = self._event(Op.READ, "error", Reason.REVISION_STALE, note)
+        await self._catalog(record_quietly, self.home.state(), event)
+
+    def _expose(self, note: VisibleNote) -> None:
+        """Remember a read exposure; written to the audit in batches."""
+        if note.revision_id not in self._exposed:
+            self._exposed.add(note.revision_id)
+            self._exposures.append(self._event(Op.READ, "allow", Reason.ALLOWED, note))
+
+    async def _load(self, note: VisibleNote) -> bytes:
+        try:
+            if note.size > INLINE_BYTES:
+                return await trio.to_thread.run_sync(self.artifacts.read_all, note)
+            return self.artifacts.read_all(note)
+        except IntegrityError:
+            await self._integrity_failure(note)
+            raise _fail(errno.EIO) from None
+
+    async def _ensure_draft(self, node: Node, *, truncate: bool) -> None:
+        """Give ``node`` a draft holding its current content (or none)."""
+        if node.draft is not None:
+            if truncate and node.draft.size:
+                node.draft.truncate(0)
+            return
+        source = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
+        data = b"" if truncate or source is None else await self._load(source)
+        node.draft = Draft(data)
+        node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
+        if truncate and source is not None and source.size:
+            node.draft.dirty = True
+
+    @guarded
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if node.kind is Kind.DIR:
+            raise _fail(errno.EISDIR)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            if node.kind is not Kind.SCRATCH:
+                self._check_writable(node.parts)
+            await self._ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
+            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True)), keep_cache=False)
+        if node.draft is not None:
+            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node)), keep_cache=False)
+        note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
+        if note is None or not self.ns.view.usable:
+            raise _fail(errno.ENOENT)
+        fd, stamp = await self._open_artifact(note)
+        keep = node.cached_revision == note.revision_id
+        node.cached_revision = note.revision_id
+        self._expose(note)
+        return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp)), keep_cache=keep)
+
+    @guarded
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self.handles[fh]
+        if handle.note is None:
+            draft = handle.node.draft
+            return draft.read(off, size) if draft is not None else b""
+        note = handle.note
+        if not self.ns.view.usable or note.resource_id not in self.ns.view.by_resource:
+            raise _fail(errno.EACCES)  # revoked, tombstoned or denied since the open
+        if note.revision_id in self._bad_revisions:
+            raise _fail(errno.EIO)
+        assert handle.stamp is not None
+        try:
+            return self.artifacts.read(handle.fd, handle.stamp, off, size)
+        except IntegrityError:
+            await self._integrity_failure(note)
+            raise _fail(errno.EIO) from None
+
+    # -- writing -------------------------------------------------------------
+
+    @guarded
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        parent = self._dir(parent_inode)
+        text = self._child_name(name)
+        parts = parent.parts + (text,)
+        self._check_writable(parts)
+        if self.ns.lookup(parts) is not None:
+            raise _fail(errno.EEXIST)
+        removal = self.ns.removed.get(parts)
+        if removal is not None and not removal.in_flight:
+            # Unlinked or renamed away a moment ago: this is a new revision of
+            # the same note (an editor's save, mv's copy over it).
+            self.ns.cancel_removal(parts)
+            node = self.ns.lookup(parts)
+            assert node is not None
+            node.draft = Draft()
+            node.draft.dirty = True
+        else:
+            self._check_new_name(parent, text)
+            kind = Kind.SCRATCH if is_scratch(text) else Kind.NOTE
+            node = self.ns.inodes.new(kind, parts, draft=Draft())
+            node.draft.dirty = kind is Kind.NOTE  # type: ignore[union-attr]
+            self.ns.add_local(node)
+        node.lookups += 1
+        fh = self._new_fh(Handle(node, writable=True))
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attr(node)
+
+    @guarded
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self.handles[fh]
+        if not handle.writable or handle.node.draft is None:
+            raise _fail(errno.EBADF)
+        handle.wrote = True
+        return handle.node.draft.write(off, buf)
+
+    async def _commit(self, node: Node) -> None:
+        """Make a note's dirty draft its next revision (one writer transaction)."""
+        async with node.commit_lock:
+            draft = node.draft
+            if draft is None or not draft.dirty or not node.attached or node.kind is not Kind.NOTE:
+                return
+            current = self.ns.note_of(node)
+            if current is not None and current.size == draft.size and current.sha256 == draft.sha256():
+                draft.dirty = False  # an unchanged save is not a new revision
+                return
+            draft.dirty = False  # writes landing during the commit mark it dirty again
+            try:
+                result = await self._catalog(catalog_ops.commit, self.home, self.session_id,
+                                             "/".join(node.parts), draft)
+            except BaseException:
+                draft.dirty = True
+                raise
+            node.committed_revision = result.revision_id
+            await self.sync()
+            self._bind(node, result.resource_id)
+
+    def _bind(self, node: Node, resource_id: str) -> None:
+        """``node`` is now the catalog resource ``resource_id``."""
+        if self.ns.local.get(node.parts) is node:
+            self.ns.drop_local(node.parts)
+        other = self.ns.by_resource.get(resource_id)
+        if other is not None and other is not node:
+            self.ns.detach(other)
+        node.kind = Kind.NOTE
+        node.resource_id = resource_id
+        node.attached = True
+        node.cached_revision = None
+        self.ns.by_resource[resource_id] = node
+
+    @guarded
+    async def flush(self, fh: int) -> None:
+        """Commit on close, so that a successful close(2) means durable.
+
+        Except for a handle that has only truncated or created an empty
+        file: the shell's ``> note`` opens, duplicates the descriptor and
+        closes the original before anything is written, and committing
+        that close would make every redirect two revisions (an empty one,
+        then the content). Such a draft is committed by the close that
+        follows the writes, or at release if none come.
+        """
+        handle = self.handles.get(fh)
+        if handle is None or not handle.writable:
+            return
+        draft = handle.node.draft
+        if handle.wrote or (draft is not None and draft.size > 0):
+            await self._commit(handle.node)
+
+    @guarded
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self.handles.get(fh)
+        if handle is not None and handle.writable:
+            await self._commit(handle.node)
+
+    def _drop_clean_draft(self, node: Node) -> None:
+        if node.kind is Kind.NOTE and node.opens == 0 and node.draft is not None and not node.draft.dirty:
+            node.draft.close()
+            node.draft = None
+
+    def _release_detached(self, node: Node) -> None:
+        if not node.attached and node.opens == 0 and node.draft is not None:
+            node.draft.close()
+            node.draft = None
+
+    async def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is None:
+            return
+        if handle.fd >= 0:
+            os.close(handle.fd)
+        node = handle.node
+        if handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
+            try:
+                await self._commit(node)  # an empty file created or truncated and closed unwritten
+            except Exception as exc:  # noqa: BLE001 - nobody is left to tell
+                log.warning("a note was not committed at release (%s)", type(exc).__name__)
+        node.opens -= 1
+        if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
+            node.draft.close()  # committed by flush; a draft whose commit failed is discarded
+            node.draft = None
+        self._release_detached(node)
+
+    @guarded
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        await self._flush_removals(prefix=self._dir(fh).parts)
+
+    # -- rename ------------------------------------------------------------
+
+    @guarded
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx: pyfuse3.RequestContext) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise _fail(errno.EINVAL)
+        old_parent, new_parent = self._dir(parent_inode_old), self._dir(parent_inode_new)
+        src = old_parent.parts + (self._child_name(name_old),)
+        dst_name = self._child_name(name_new)
+        dst = new_parent.parts + (dst_name,)
+        node = self.ns.lookup(src)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        self._check_writable(src)
+        self._check_writable(dst)
+        src_mount, dst_mount = self.ns.mount_for(src), self.ns.mount_for(dst)
+        if src_mount is None or dst_mount is None or src_mount[0] != dst_mount[0]:
+            raise _fail(errno.EXDEV)
+        target = self.ns.lookup(dst)
+        if target is node:
+            return
+        if target is not None and flags & RENAME_NOREPLACE:
+            raise _fail(errno.EEXIST)
+        if target is None:
+            self._check_new_name(new_parent, dst_name, ignore=src[-1] if new_parent is old_parent else None)
+        if node.kind is Kind.DIR or (target is not None and target.kind is Kind.DIR):
+            await self._rename_dir(node, src, dst, target)
+            return
+        to_scratch = is_scratch(dst_name) and not (target is not None and target.resource_id is not None)
+        if node.resource_id is None:  # scratch, or a note not committed yet
+            await self._rename_local(node, src, dst, target, to_scratch)
+        elif to_scratch:
+            await self._rename_away(node, src, dst, target)
+        else:
+            await self._rename_note(node, src, dst, target)
+
+    async def _rename_dir(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
+        """Only folders made here and still empty move; others are copied by the tool."""
+        if node.kind is not Kind.DIR:
+            raise _fail(errno.EISDIR)
+        if target is not None and target.kind is not Kind.DIR:
+            raise _fail(errno.ENOTDIR)
+        if self.ns.local.get(src) is not node or self.ns.names(src) or target is not None:
+            raise _fail(errno.EXDEV)
+        self.ns.drop_local(src)
+        self.ns.dirs.pop(src, None)
+        node.parts = dst
+        self.ns.add_local(node)
+        self.ns.dirs[dst] = node
+
+    def _replace_target(self, target: Node | None, dst: Parts) -> None:
+        if target is None:
+            return
+        if self.ns.local.get(dst) is target:
+            self.ns.drop_local(dst)
+        self.ns.detach(target)
+        self._release_detached(target)
+
+    async def _rename_local(self, node: Node, src: Parts, dst: Parts, target: Node | None,
+                            to_scratch: bool) -> None:
+        if to_scratch:
+            self.ns.drop_local(src)
+            self._replace_target(target, dst)
+            node.parts, node.kind = dst, Kind.SCRATCH
+            self.ns.add_local(node)
+            return
+        removal = self.ns.removed.get(dst)
+        frozen = node.frozen
+        if (target is None and removal is not None and frozen is not None and node.draft is None
+                and removal.resource_id == frozen.resource_id and not removal.in_flight):
+            # A backup renamed back over the note it was taken from: undo.
+            self.ns.cancel_removal(dst)
+            self.ns.drop_local(src)
+            node.parts, node.frozen = dst, None
+            self._bind(node, frozen.resource_id)
+            return
+        await self._ensure_draft(node, truncate=False)
+        assert node.draft is not None
+        if removal is not None and not removal.in_flight:
+            self.ns.cancel_removal(dst)
+        result = await self._catalog(catalog_ops.commit, self.home, self.session_id, "/".join(dst), node.draft)
+        self.ns.drop_local(src)
+        self._replace_target(target, dst)
+        node.parts = dst
+        node.draft.dirty = False
+        node.committed_revision = result.revision_id
+        await self.sync()
+        self._bind(node, result.resource_id)
+        if node.opens == 0:
+            self._drop_clean_draft(node)
+
+    async def _rename_away(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
+        """A note renamed to a scratch name (vim's and Emacs's backup before a save)."""
+        await self._commit(node)
+        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, "/".join(src))
+        note = self.ns.note_of(node)
+        assert node.resource_id is not None
+        self.ns.schedule_removal(src, node.resource_id)
+        self._replace_target(target, dst)
+        node.kind, node.parts, node.frozen, node.resource_id = Kind.SCRATCH, dst, note, None
+        node.attached = True
+        self.ns.add_local(node)
+
+    async def _rename_note(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
+        await self._commit(node)
+        removal = self.ns.removed.get(dst)
+        if removal is not None and removal.in_flight:
+            raise _fail(errno.EAGAIN)
+        await self._catalog(catalog_ops.rename, self.home, self.session_id, "/".join(src), "/".join(dst))
+        self.ns.cancel_removal(dst)
+        self._replace_target(target, dst)
+        note = self.ns.note_of(node)
+        node.committed_revision = note.revision_id if note else None
+        node.parts = dst
+        await self.sync()
+
+    # -- refused operations --------------------------------------------------
+
+    @guarded
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise _fail(errno.EPERM)  # notes are plain files; Emacs then locks with a plain file
+
+    @guarded
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise _fail(errno.EPERM)
+
+    @guarded
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise _fail(errno.EPERM)
+
+    # -- background work -----------------------------------------------------
+
+    async def _flush_removals(self, *, prefix: Parts | None = None, everything: bool = False) -> None:
+        """Tombstone notes removed here whose grace period is over (or all of them)."""
+        due = self.ns.due_removals(everything=everything or prefix is not None)
+        if prefix is not None:
+            due = [(p, r) for p, r in due if p[:len(prefix)] == prefix]
+        for parts, removal in due:
+            if removal.in_flight or self.ns.removed.get(parts) is not removal:
+                continue
+            removal.in_flight = True
+            try:
+                await self._catalog(catalog_ops.remove, self.home, self.session_id, "/".join(parts),
+                                    removal.resource_id)
+            except Exception as exc:  # noqa: BLE001 - logged by type; the note stays
+                log.warning("a removal was not committed (%s); the note stays", type(exc).__name__)
+            finally:
+                if self.ns.removed.get(parts) is removal:
+                    del self.ns.removed[parts]
+        if due:
+            await self.sync()
+
+    async def _flush_audit(self) -> None:
+        batch, self._exposures, self._exposed = self._exposures, [], set()
+        if batch:
+            try:
+                await self._catalog(record_many, self.home.state(), batch)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+
+    async def _every(self, seconds: float, work: Callable[[], Any]) -> None:
+        while True:
+            await trio.sleep(seconds)
+            try:
+                await work()
+            except Exception as exc:  # noqa: BLE001 - a background failure must not end the mount
+                log.warning("background %s failed (%s)", getattr(work, "__name__", "task"), type(exc).__name__)
+
+    async def _invalidate(self) -> None:
+        """Send invalidations from their own thread, never from a handler."""
+        async for item in self._inval_recv:
+            await trio.to_thread.run_sync(_send_invalidation, item)
+
+    async def background(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._every, POLL_S, self.sync)
+        nursery.start_soon(self._every, POLL_S, self._flush_removals)
+        nursery.start_soon(self._every, AUDIT_FLUSH_S, self._flush_audit)
+        nursery.start_soon(self._invalidate)
+
+    async def shutdown(self) -> None:
+        """After the kernel let go: settle removals and the audit batch."""
+        await self._flush_removals(everything=True)
+        await self._flush_audit()
+        self.artifacts.close()
+
+
+def _send_invalidation(item: Invalidation) -> None:
+    try:
+        pyfuse3.invalidate_inode(item.ino)
+    except OSError:
+        pass  # the kernel does not know this inode (ENOENT): nothing cached
+    if item.parent_ino is not None and item.name is not None:
+        try:
+            pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())
+        except OSError:
+            pass

@@ -1,0 +1,69 @@
+"""Removing a note: one short transaction that tombstones it.
+
+No file is touched: revisions are immutable and stay on disk for audit and
+repair; a tombstoned resource simply has no active revision, so every
+reader (the command line, every mounted view through the change log)
+stops serving it at once. Physical cleanup is a later, separate step.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from catalog.access import Access, Target, authorize_session, decide, resolve
+from catalog.audit import drain_quietly, enqueue, settle
+from catalog.home import Home
+from catalog.paths import split_virtual_path
+from catalog.db import immediate
+from catalog.policy import Op
+from catalog.reasons import Reason
+from writer import lock
+
+
+def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str) -> None:
+    """Inside the caller's transaction: the resource and its active revision."""
+    catalog.execute("UPDATE revisions SET state = 'tombstoned' WHERE revision_id = ? AND state = 'active'",
+                    (revision_id,))
+    catalog.execute("UPDATE resources SET state = 'tombstoned' WHERE resource_id = ? AND state = 'live'",
+                    (resource_id,))
+
+
+def existing_target(access: Access, parts: tuple[str, ...], op: Op) -> Target:
+    """Resolve a note that must exist and be visible, and decide ``op`` on it.
+
+    A note this subject may not read is refused exactly like a missing one:
+    removing or renaming it would otherwise confirm that it exists.
+    """
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse_outside(op, parts)
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    visible = decide(access, target, Op.READ)
+    if not visible:
+        raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id, hide=True)
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
+    return target
+
+
+def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> str:
+    """Tombstone the note at virtual ``path``; returns its resource id."""
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
+    catalog = home.catalog(access.agent_id)
+    with lock.shared(home.lock_path(access.agent_id)):
+        with immediate(catalog):  # decided and applied in one transaction: nothing can change in between
+            target = existing_target(access, parts, Op.DELETE)
+            assert target.resource is not None and target.revision is not None and target.store is not None
+            event_id = enqueue(catalog, access.agent_id, access.event(
+                Op.DELETE, "allow", Reason.ALLOWED, store_id=target.store.store_id,
+                revision_id=target.revision.revision_id))
+            tombstone_rows(catalog, target.resource.resource_id, target.revision.revision_id)
+            settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
+    drain_quietly(home.state(), catalog, access.agent_id)
+    return target.resource.resource_id
+
+
+__all__ = ["delete_note", "existing_target", "tombstone_rows"]
