@@ -9,10 +9,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# fuse3/libfuse3-dev/pkg-config: the FUSE mount; bubblewrap: the sandbox;
-# vim/nano: real editors in tests; strace: fsync fault injection;
-# e2fsprogs/util-linux: loop-mounted ext4 for the power-loss tests.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3
+# fuse3/libfuse3-dev/pkg-config/gcc/libc6-dev: the FUSE mount (pyfuse3 builds
+# against libfuse3); bubblewrap: the sandbox; vim/nano: real editors in tests;
+# strace: fsync fault injection; e2fsprogs/util-linux: loop-mounted ext4 for
+# the power-loss tests; ripgrep/findutils/grep/coreutils/python3: the tools
+# the mount tests and benchmarks run on a mounted view.
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3
 
 .PHONY: all deps venv test demo bench clean
 
@@ -28,7 +30,7 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'

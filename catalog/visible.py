@@ -20,7 +20,6 @@ import apsw
 
 from catalog.access import Access, current_access
 from catalog.changes import changes_since, latest_seq
-from catalog.clock import now_us
 from catalog.home import Home
 from catalog.policy import Effect, Entry, Mount, Op, ResourceState, evaluate
 from catalog.reasons import Reason

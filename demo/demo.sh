@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # The end-to-end demonstration: Alice, Bob and a group share one agent, and
-# each session sees only what it may. Until the FUSE mount lands this runs
-# through the scopefs command line; every expectation is checked, so the demo
-# fails loudly if isolation does not hold.
+# each session sees only what it may, through the command line and through a
+# real FUSE mount of each session's view (ls -R, cat, grep -r, sed -i).
+# Every expectation is checked, so the demo fails loudly if isolation does
+# not hold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCOPEFS="$PWD/.venv/bin/scopefs"
 export SCOPEFS_HOME="$(mktemp -d /tmp/scopefs-demo.XXXXXX)/home"
-trap 'rm -rf "$(dirname "$SCOPEFS_HOME")"' EXIT
+MNT="$(dirname "$SCOPEFS_HOME")/mnt"
+cleanup() {
+  for m in "$MNT"/*; do
+    mountpoint -q "$m" 2>/dev/null && { "$SCOPEFS" umount "$m" >/dev/null 2>&1 || fusermount3 -uz "$m"; }
+  done
+  rm -rf "$(dirname "$SCOPEFS_HOME")"
+}
+trap cleanup EXIT
 
 bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 run() { printf '$ scopefs %s\n' "$*"; "$SCOPEFS" "$@"; }
@@ -58,6 +66,34 @@ run read "$ALICE_DM" private/profile/drinks.md
 run read "$BOB_DM" private/profile/drinks.md
 run read "$GROUP_S" channel/drinks.md
 
+bold "5b. Each view as a filesystem: mount Alice's DM, Bob's DM and the group"
+mkdir -p "$MNT/alice" "$MNT/bob" "$MNT/group"
+run mount "$ALICE_DM" "$MNT/alice"
+run mount "$BOB_DM" "$MNT/bob"
+run mount "$GROUP_S" "$MNT/group"
+for who in alice bob group; do
+  echo "--- $who: ls -R"; (cd "$MNT/$who" && ls -R)
+done
+echo "--- cat"
+cat "$MNT/alice/private/profile/drinks.md" "$MNT/bob/private/profile/drinks.md" "$MNT/group/channel/drinks.md"
+must_see() {  # must_see WHO PATTERN WANT_LINES: grep -r inside one mount
+  local got; got=$(cd "$MNT/$1" && grep -r "$2" . || true)
+  echo "--- $1: grep -r '$2'"; [ -n "$got" ] && echo "$got"
+  if [ "$(printf '%s' "$got" | grep -c .)" != "$3" ]; then echo "DEMO FAILED: $1 sees $2 the wrong number of times" >&2; exit 1; fi
+}
+must_see alice "prefers" 1
+must_see bob "prefers" 1
+must_see group "prefers" 0
+must_see alice "black" 0
+must_see group "water" 1
+if [ -e "$MNT/group/private" ] || [ -e "$MNT/alice/channel" ]; then echo "DEMO FAILED: a root crossed views" >&2; exit 1; fi
+echo "--- Alice edits her note with sed -i inside her mount: one new revision"
+sed -i 's/tea/green tea/' "$MNT/alice/private/profile/drinks.md"
+run read "$ALICE_DM" private/profile/drinks.md
+echo "--- a read-only root refuses changes"
+if touch "$MNT/alice/agent-shared/x.md" 2>/dev/null; then echo "DEMO FAILED: agent-shared was writable" >&2; exit 1; fi
+echo "  -> touch agent-shared/x.md: refused (read-only file system)"
+
 bold "6. Nothing crosses: the group cannot name a private root, Alice cannot read the channel"
 expect_refused 3 read "$GROUP_S" private/profile/drinks.md
 expect_refused 3 read "$ALICE_DM" channel/drinks.md
@@ -76,6 +112,12 @@ expect_refused 3 write "$GROUP_S" channel/from-bob.md --actor "$BOB"
 run binding revoke "$ALICE_BINDING"
 expect_refused 3 read "$ALICE_DM" private/profile/drinks.md
 run read "$BOB_DM" private/profile/drinks.md
+echo "--- Alice's mounted view empties at once; Bob's is untouched"
+for _ in $(seq 50); do [ -z "$(ls "$MNT/alice")" ] && break; sleep 0.1; done
+echo "\$ ls $MNT/alice"; ls "$MNT/alice"
+if [ -n "$(ls "$MNT/alice")" ]; then echo "DEMO FAILED: a revoked view still lists notes" >&2; exit 1; fi
+echo "--- bob: ls -R"; (cd "$MNT/bob" && ls -R)
+for who in alice bob group; do run umount "$MNT/$who"; done
 
 bold "9. Integrity: the artifact area agrees with the catalog"
 run doctor

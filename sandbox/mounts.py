@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from catalog.errors import BadInput, Denied, ScopefsError, StorageError
+from catalog.errors import BadInput, Denied, StorageError
 from catalog.home import Home
 
 START_TIMEOUT_S = 30.0

@@ -526,6 +526,9 @@ class ScopeFS(pyfuse3.Operations):
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             node.draft.close()  # committed by flush; a draft whose commit failed is discarded
             node.draft = None
+            if node.resource_id is None and self.ns.local.get(node.parts) is node:
+                self.ns.drop_local(node.parts)  # a new note whose first commit failed never existed
+                self.ns.detach(node)
         self._release_detached(node)
 
     @guarded

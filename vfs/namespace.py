@@ -65,6 +65,8 @@ class Namespace:
     # -- lookups -----------------------------------------------------------
 
     def lookup(self, parts: Parts) -> Node | None:
+        if parts and not self.view.usable:
+            return None  # evidence gone: not even this mount's own scratch files remain
         node = self.local.get(parts)
         if node is not None:
             return node
