@@ -78,20 +78,21 @@ def _record_path(home: Home, mountpoint: str) -> Path:
     return _registry(home) / hashlib.sha256(mountpoint.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def _absolute(mountpoint: str) -> str:
+def absolute(mountpoint: str) -> str:
     # realpath, not resolve(): it must not fail on a stale mount (ENOTCONN).
     return os.path.realpath(os.path.abspath(mountpoint))
 
 
 def _is_stale(mountpoint: str) -> bool:
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)  # never answered from the kernel's attribute cache
     except OSError as exc:
         return exc.errno == errno.ENOTCONN
     return False
 
 
-def _check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str) -> None:
+    """BadInput unless ``mountpoint`` is an empty directory nothing is mounted on."""
     fstype = mounted_fstype(mountpoint)
     if fstype is not None:
         if fstype == FSTYPE and _is_stale(mountpoint):
@@ -119,8 +120,8 @@ def _raise_reported(line: str) -> None:
 
 def start(home: Home, session_id: str, mountpoint: str, *, options: frozenset[str] = frozenset()) -> MountRecord:
     """Mount in the background; returns once the mount answers."""
-    mountpoint = _absolute(mountpoint)
-    _check_mountpoint(mountpoint)
+    mountpoint = absolute(mountpoint)
+    check_mountpoint(mountpoint)
     record_path = _record_path(home, mountpoint)
     read_end, write_end = os.pipe()
     log_fd = os.open(str(record_path) + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -184,7 +185,7 @@ def _alive_server(pid: int) -> bool:
 
 def stop(home: Home, mountpoint: str) -> MountRecord | None:
     """Unmount and wait for the server to exit; also clears a stale mount."""
-    mountpoint = _absolute(mountpoint)
+    mountpoint = absolute(mountpoint)
     record_path = _record_path(home, mountpoint)
     record = _load_record(record_path)
     fstype = mounted_fstype(mountpoint)

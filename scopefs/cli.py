@@ -211,10 +211,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from vfs.server import serve
 
         load_session(home, args.session)  # unknown sessions: exit 2 before anything is mounted
-        serve(home, args.session, os.path.realpath(args.mountpoint),
-              on_ready=lambda: emit(args.json, {"mountpoint": os.path.realpath(args.mountpoint),
-                                                "session_id": args.session, "pid": os.getpid()},
-                                    [f"mounted at {os.path.realpath(args.mountpoint)} (foreground)"]))
+        where = mounts.absolute(args.mountpoint)
+        mounts.check_mountpoint(where)
+        serve(home, args.session, where,
+              on_ready=lambda: emit(args.json, {"mountpoint": where, "session_id": args.session,
+                                                "pid": os.getpid()}, [f"mounted at {where} (foreground)"]))
         return 0
     load_session(home, args.session)
     record = mounts.start(home, args.session, args.mountpoint)

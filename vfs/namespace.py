@@ -95,7 +95,7 @@ class Namespace:
 
     def names(self, parts: Parts) -> list[str]:
         names = set(self.tree.names(parts)) | self.local_children.get(parts, set())
-        return sorted(n for n in names if self.lookup(parts + (n,)) is not None)
+        return [n for n in sorted(names) if self.lookup(parts + (n,)) is not None]
 
     def note_of(self, node: Node) -> VisibleNote | None:
         """The committed revision a note node shows, if the view still has it."""
