@@ -170,11 +170,14 @@ class Namespace:
             changed = list(old.notes.values())
         else:
             changed = [n for p, n in old.notes.items() if new.notes.get(p) is not n]
-            added = [n for p, n in new.notes.items() if old.notes.get(p) is not n]
+            # The tree changes only for paths that appear or disappear, and
+            # additions go first: a folder whose only note got a new revision
+            # must never look empty, even for a moment (its node would die).
+            for parts in new.notes.keys() - old.notes.keys():
+                self.tree.add(parts)
             for note in changed:
-                out.extend(self._forget_dir(folder) for folder in self.tree.remove(note.parts))
-            for note in added:
-                self.tree.add(note.parts)
+                if note.parts not in new.notes:
+                    out.extend(self._forget_dir(folder) for folder in self.tree.remove(note.parts))
         for note in changed:
             node = self.by_resource.get(note.resource_id)
             if node is None:
