@@ -77,8 +77,13 @@ def hash_fd(fd: int) -> tuple[str, int]:
 
 def open_artifact(store_fd: int, locator: str) -> int:
     """Open an artifact safely; IntegrityError if it is missing or unsafe."""
+    return open_artifact_stat(store_fd, locator)[0]
+
+
+def open_artifact_stat(store_fd: int, locator: str) -> tuple[int, os.stat_result]:
+    """``open_artifact`` and the fstat it checked the file with."""
     try:
-        fd, _ = open_regular(store_fd, check_locator(locator))
+        return open_regular(store_fd, check_locator(locator))
     except UnsafeEntry as exc:
         raise IntegrityError("artifact is not a plain regular file") from exc
     except OSError as exc:
@@ -87,7 +92,6 @@ def open_artifact(store_fd: int, locator: str) -> int:
         if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
             raise IntegrityError("artifact is not a plain regular file") from exc
         raise StorageError(f"cannot open artifact: {os.strerror(exc.errno or 0)}") from exc
-    return fd
 
 
 def read_verified(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow) -> bytes:

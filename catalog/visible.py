@@ -69,6 +69,8 @@ class VisibleView:
     by_resource: dict[str, tuple[str, ...]]
     seq: int  # the change-log position this picture reflects
     valid_until: int | None  # earliest policy expiry that can change a decision
+    base_seq: int | None = None  # set by refresh(): the picture this one was derived from...
+    delta: frozenset[tuple[str, ...]] = frozenset()  # ...and every path whose entry may differ from it
 
     @property
     def usable(self) -> bool:
@@ -168,30 +170,47 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     if not changes:
         return old
     notes = dict(old.notes)
+    by_resource = dict(old.by_resource)
+    delta: set[tuple[str, ...]] = set()
     expiries = [old.valid_until] if old.valid_until is not None else []
+
+    def put(note: VisibleNote) -> None:
+        notes[note.parts] = note
+        by_resource[note.resource_id] = note.parts
+        delta.add(note.parts)
+
+    def drop(parts: tuple[str, ...]) -> None:
+        gone = notes.pop(parts, None)
+        if gone is not None:
+            by_resource.pop(gone.resource_id, None)
+            delta.add(parts)
+
     for store in old.stores:
         if store.store_id in changes.store_ids:
             for parts in [p for p, n in notes.items() if n.store_id == store.store_id]:
-                del notes[parts]
+                drop(parts)
             found, when = _store_notes(conn, access, store)
-            notes.update((n.parts, n) for n in found)
+            for note in found:
+                put(note)
             expiries += when
     for resource_id in changes.resource_ids:
-        parts = old.by_resource.get(resource_id)
-        if parts is not None:
-            notes.pop(parts, None)
+        parts = by_resource.get(resource_id)
+        if parts is not None and notes[parts].resource_id == resource_id:
+            drop(parts)
         store_id = _store_of(conn, access.agent_id, resource_id)
         store = old.store(store_id) if store_id else None
         if store is None:
             continue
         note = _one_note(conn, access, store, resource_id)
         if note is not None:
-            notes[note.parts] = note
+            if note.parts in notes:  # another resource moved away from this path in the same batch
+                drop(note.parts)
+            put(note)
             expiries += _expiries(list(policy_entries(conn, access.agent_id, store.store_id, resource_id)),
                                   access.now)
-    return dataclasses.replace(old, access=access, notes=notes,
-                               by_resource={n.resource_id: p for p, n in notes.items()}, seq=changes.last_seq,
-                               valid_until=min(expiries, default=None))
+    return dataclasses.replace(old, access=access, notes=notes, by_resource=by_resource, seq=changes.last_seq,
+                               valid_until=min(expiries, default=None), base_seq=old.seq,
+                               delta=frozenset(delta))
 
 
 def _store_of(conn: apsw.Connection, agent_id: str, resource_id: str) -> str | None:

@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from catalog.artifacts import hash_fd, open_artifact, open_store_dir
+from catalog.artifacts import hash_fd, open_artifact_stat, open_store_dir
 from catalog.errors import IntegrityError
 from catalog.home import Home
 from catalog.visible import VisibleNote
@@ -71,9 +71,9 @@ class Artifacts:
 
     def open(self, note: VisibleNote) -> tuple[int, Stamp]:
         """An fd on the note's artifact whose content matches the catalog, and its stamp."""
-        fd = open_artifact(self._store_fd(note.path_key), note.locator)
+        fd, st = open_artifact_stat(self._store_fd(note.path_key), note.locator)
         try:
-            stamp = Stamp.of(fd)
+            stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if self._verified.get(note.revision_id) != stamp:
                 self._verified.pop(note.revision_id, None)
                 if stamp.size != note.size:

@@ -169,7 +169,7 @@ class ScopeFS(pyfuse3.Operations):
             writable = node.kind is Kind.SCRATCH or self.ns.writable(node.parts)
             attr.st_mode = stat.S_IFREG | (0o600 if writable else 0o400)
             attr.st_nlink = 1 if node.attached else 0
-            note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
+            note = node.frozen if node.kind is Kind.SCRATCH else (self.ns.note_of(node) or node.shown)
             if node.draft is not None:
                 attr.st_size = node.draft.size
                 mtime = node.draft.mtime_ns
@@ -338,7 +338,12 @@ class ScopeFS(pyfuse3.Operations):
         await self._catalog(record_quietly, self.home.state(), event)
 
     def _expose(self, note: VisibleNote) -> None:
-        """Remember a read exposure; written to the audit in batches."""
+        """Record that this session saw a revision: once per mount, in batches.
+
+        One row per revision and mount says what the audit needs (which
+        session was shown which immutable revision, and when first); a row
+        per open would cost more than the read itself for ``grep -r``.
+        """
         if note.revision_id not in self._exposed:
             self._exposed.add(note.revision_id)
             self._exposures.append(self._event(Op.READ, "allow", Reason.ALLOWED, note))
@@ -692,7 +697,7 @@ class ScopeFS(pyfuse3.Operations):
             await self.sync()
 
     async def _flush_audit(self) -> None:
-        batch, self._exposures, self._exposed = self._exposures, [], set()
+        batch, self._exposures = self._exposures, []
         if batch:
             try:
                 await self._catalog(record_many, self.home.state(), batch)

@@ -41,6 +41,7 @@ class Node:
     lookups: int = 0
     cached_revision: str | None = None  # the revision whose pages the kernel may keep
     committed_revision: str | None = None  # the last revision this mount committed for it
+    shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property

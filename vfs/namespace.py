@@ -85,6 +85,7 @@ class Namespace:
             node = self.inodes.new(Kind.NOTE, note.parts, resource_id=note.resource_id)
             self.by_resource[note.resource_id] = node
         node.parts = note.parts
+        node.shown = note
         return node
 
     def _dir_node(self, parts: Parts) -> Node:
@@ -169,11 +170,16 @@ class Namespace:
             self.tree = self._tree(new)
             changed = list(old.notes.values())
         else:
-            changed = [n for p, n in old.notes.items() if new.notes.get(p) is not n]
+            if new.base_seq == old.seq:  # derived from this very picture: only its delta can differ
+                changed = [old.notes[p] for p in new.delta if p in old.notes and new.notes.get(p) is not old.notes[p]]
+                appeared = [p for p in new.delta if p in new.notes and p not in old.notes]
+            else:
+                changed = [n for p, n in old.notes.items() if new.notes.get(p) is not n]
+                appeared = list(new.notes.keys() - old.notes.keys())
             # The tree changes only for paths that appear or disappear, and
             # additions go first: a folder whose only note got a new revision
             # must never look empty, even for a moment (its node would die).
-            for parts in new.notes.keys() - old.notes.keys():
+            for parts in appeared:
                 self.tree.add(parts)
             for note in changed:
                 if note.parts not in new.notes:
