@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the mount tests and benchmarks run on a mounted view.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3
 
-.PHONY: all deps venv test demo bench clean
+.PHONY: all deps venv test demo bench bench-fuse bench-fuse-quick clean
 
 all: test
 
@@ -46,6 +46,12 @@ demo: deps venv
 
 bench: deps venv
 	$(BIN)/python bench/write_read.py
+
+bench-fuse: deps venv
+	$(BIN)/python bench/fuse_bench.py
+
+bench-fuse-quick: deps venv
+	$(BIN)/python bench/fuse_bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,125 @@
+"""Writes through a mount are durable when the call that promises it returns.
+
+After ``close`` or ``fsync`` reports success, a SIGKILL of the mount server
+(no shutdown, no flush, no audit batch) loses nothing: every promised byte
+is in the catalog's active revision, nothing is left pending, and
+``scopefs doctor`` finds nothing to repair (DESIGN.md §6, vfs/server.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from tests.conftest import ALICE_FACT, Scenario
+from tests.mountkit import (  # noqa: F401
+    Mounts,
+    is_mounted,
+    live_notes,
+    mounts,
+    pending_rows,
+    wait_until,
+)
+
+
+def _process_gone(pid: int) -> bool:
+    """Dead: reaped, or a zombie whose parent has not reaped it yet."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _write_and_close(path: Path, chunks: list[bytes]) -> bytes:
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            f.flush()  # several write(2) calls, one revision at close
+    return b"".join(chunks)
+
+
+def test_close_and_fsync_survive_sigkill_of_the_server(scenario: Scenario, mounts: Mounts, tmp_path: Path) -> None:
+    home = scenario.cli.home
+    where = tmp_path / "mnt" / "durable"
+    where.mkdir(parents=True)
+    info = scenario.cli.j("mount", scenario.alice_session, str(where))
+    mounts.active.append(where)  # the fixture unmounts it whatever happens
+    pid = int(info["pid"])
+    assert not _process_gone(pid)
+    private = where / "private"
+
+    promised: dict[str, bytes] = {}  # virtual path -> bytes a successful close/fsync promised
+    either: dict[str, tuple[bytes, bytes]] = {}  # fsynced, then written again but never synced
+    held: list[int] = []
+    try:
+        # fsync (and fdatasync) on descriptors that stay open until the kill.
+        fd = os.open(private / "notes" / "synced.md", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        held.append(fd)
+        os.write(fd, b"synced but never closed\n")
+        os.fsync(fd)
+        promised["private/notes/synced.md"] = b"synced but never closed\n"
+
+        fd = os.open(private / "notes" / "datasynced.md", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        held.append(fd)
+        os.write(fd, b"fdatasync promises the data too\n")
+        os.fdatasync(fd)
+        promised["private/notes/datasynced.md"] = b"fdatasync promises the data too\n"
+
+        promised["private/notes/n0.md"] = _write_and_close(private / "notes" / "n0.md", [b"note 0\n"])
+        fd = os.open(private / "notes" / "n0.md", os.O_WRONLY | os.O_TRUNC)
+        held.append(fd)
+        os.write(fd, b"rewritten and synced\n")
+        os.fsync(fd)
+        os.write(fd, b"written after the sync\n")  # not promised: may or may not survive
+        either["private/notes/n0.md"] = (b"rewritten and synced\n",
+                                         b"rewritten and synced\nwritten after the sync\n")
+        del promised["private/notes/n0.md"]
+
+        # Closed: new notes, a new folder, a new revision of an existing note;
+        # the last close is followed by the kill at once.
+        big = bytes(range(256)) * (2 * 4096)  # 2 MiB, above the inline threshold
+        promised["private/notes/big.bin.md"] = _write_and_close(private / "notes" / "big.bin.md", [big])
+        for i in range(1, 4):
+            promised[f"private/notes/n{i}.md"] = _write_and_close(
+                private / "notes" / f"n{i}.md", [f"note {i} line {k}\n".encode() for k in range(1 + i)])
+        (private / "journal").mkdir()
+        promised["private/journal/day-1.md"] = _write_and_close(private / "journal" / "day-1.md",
+                                                                [b"Day one: ", b"kept a journal.\n"])
+        promised["private/notes/allergy.md"] = _write_and_close(
+            private / "notes" / "allergy.md", [ALICE_FACT, b"Also: mild reaction to almonds.\n"])
+
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: _process_gone(pid), timeout=10.0)
+    finally:
+        for fd in held:
+            with contextlib.suppress(OSError):  # the connection is gone: ENOTCONN
+                os.close(fd)
+
+    scenario.cli("umount", str(where), check=True)  # clears the dead server's mount
+    assert not is_mounted(where)
+
+    for path, content in promised.items():
+        result = scenario.cli("read", scenario.alice_session, path)
+        assert result.code == 0, (path, result.code, result.err)
+        assert result.out == content, path
+    for path, (synced, later) in either.items():
+        result = scenario.cli("read", scenario.alice_session, path)
+        assert result.code == 0, (path, result.code, result.err)
+        assert result.out in (synced, later), (path, result.out[:80])
+
+    assert pending_rows(home) == 0
+    doctor = scenario.cli("--json", "doctor")
+    assert doctor.code == 0, (doctor.code, doctor.err, doctor.text)
+    assert doctor.json()["findings"] == []
+    expected = {p.removeprefix("private/") for p in (*promised, *either)} | {"notes/allergy.md"}
+    assert set(live_notes(home, scenario.alice)) == expected  # nothing else became a note
+
+    # A new mount of the same session serves every promised byte.
+    again = mounts.mount(scenario.alice_session)
+    for path, content in promised.items():
+        assert (again / path).read_bytes() == content, path
+    for path, options in either.items():
+        assert (again / path).read_bytes() in options, path

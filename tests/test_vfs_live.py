@@ -1,0 +1,290 @@
+"""A mounted view follows the catalog while it is mounted (DESIGN.md §5, invariant 7).
+
+Changes made by other sessions or by the writer (a new revision, a
+tombstone, a revoked binding, an expired membership) are visible in a
+mounted view at once: the server invalidates the kernel's entry, attribute
+and page caches for what changed, and a revoked view stops serving reads
+even to processes that hold the file open.
+
+The mount gives the kernel entry and attribute timeouts of 30 s
+(``vfs.fs.CACHE_TIMEOUT_S``). Every test first makes the kernel cache the
+old state (a ``stat`` and a read through the mount), then changes the
+catalog from outside the mount and waits at most 10 s: anything seen
+within that bound can only have come from an invalidation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
+from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+
+BOUND_S = 10.0  # a functional bound, far below the kernel's 30 s cache timeouts
+OFFSITE = "channel/offsite.md"
+ALLERGY = "private/notes/allergy.md"
+
+
+def _second_group_session(scenario: Scenario) -> str:
+    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
+                          "--conversation", scenario.conversation)["session_id"]
+
+
+def _stat_errno(path: Path) -> int | os.stat_result:
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        return exc.errno
+
+
+def _gone(path: Path) -> bool:
+    return _stat_errno(path) == errno.ENOENT
+
+
+def _pread_result(fd: int, size: int = 4096, offset: int = 0) -> int | bytes:
+    try:
+        return os.pread(fd, size, offset)
+    except OSError as exc:
+        return exc.errno
+
+
+def _cat(path: Path) -> bytes:
+    return subprocess.run(["cat", str(path)], capture_output=True, check=True, timeout=20).stdout
+
+
+def _open_errno(path: Path) -> int | bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        return exc.errno
+
+
+class Pinned:
+    """A note held open with its pages mapped, as a long-running reader would.
+
+    Besides being the process that must be refused later, the pin keeps the
+    kernel's cached state of the note (its name, its inode and attributes,
+    its pages) in memory even if something on the machine drops caches
+    (``echo 3 > /proc/sys/vm/drop_caches``): only the server's invalidation
+    can then remove it, which is what these tests are about. The mapping is
+    never touched after the change (a refused page fault would be SIGBUS).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.map = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ)
+        self.first = bytes(self.map[:])  # faults every page in
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+@contextlib.contextmanager
+def _pinned(path: Path) -> Iterator[Pinned]:
+    pin = Pinned(path)
+    try:
+        yield pin
+    finally:
+        pin.close()
+
+
+@contextlib.contextmanager
+def _pinned_dir(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+# -- a new revision ----------------------------------------------------------------
+
+def test_cli_write_shows_in_mounted_group_view(scenario: Scenario, mounts: Mounts) -> None:
+    """``scopefs write`` of a note the mount has cached: new size, mtime and bytes."""
+    view = mounts.mount(scenario.group_session)
+    note = view / OFFSITE
+    before = os.stat(note)
+    assert before.st_size == len(CHANNEL_FACT)
+    assert _cat(note) == CHANNEL_FACT
+    assert note.read_bytes() == CHANNEL_FACT
+    with _pinned(note) as pin:
+        assert pin.first == CHANNEL_FACT
+        assert os.fstat(pin.fd).st_size == len(CHANNEL_FACT)
+
+        longer = CHANNEL_FACT + b"Update: the offsite moved to Porto, the hotel is booked (canary C4an-2)\n"
+        scenario.cli.j("write", scenario.group_session, OFFSITE, stdin=longer)
+        # The inode's cached attributes are invalidated, not only its name.
+        wait_until(lambda: os.fstat(pin.fd).st_size == len(longer), timeout=BOUND_S)
+        after = os.stat(note)
+        assert after.st_size == len(longer)
+        assert after.st_ino == before.st_ino  # the same note, a new revision
+        assert after.st_mtime_ns != before.st_mtime_ns
+        assert _cat(note) == longer
+        assert note.read_bytes() == longer
+
+        # Same size, different bytes: only the mtime and the content tell.
+        same_size = longer.replace(b"Porto", b"Braga")
+        assert len(same_size) == len(longer)
+        scenario.cli.j("write", scenario.group_session, OFFSITE, stdin=same_size)
+        wait_until(lambda: os.fstat(pin.fd).st_mtime_ns != after.st_mtime_ns, timeout=BOUND_S)
+        assert os.stat(note).st_mtime_ns != after.st_mtime_ns
+        assert _cat(note) == same_size
+        assert note.read_bytes() == same_size
+
+
+def test_other_mount_sees_new_revision_new_note_and_rename(scenario: Scenario, mounts: Mounts) -> None:
+    """Two group sessions of one conversation, each mounted: what one writes,
+    the other sees, although its kernel cached the old state."""
+    watcher = mounts.mount(scenario.group_session, "watcher")
+    writer = mounts.mount(_second_group_session(scenario), "writer")
+    note = watcher / OFFSITE
+    old = os.stat(note)
+    assert _cat(note) == CHANNEL_FACT
+    agenda = watcher / "channel" / "agenda.md"
+    assert _gone(agenda)
+    assert sorted(os.listdir(watcher / "channel")) == ["offsite.md"]
+
+    # A new revision, written through the other mount (open, write, close).
+    newer = b"Channel fact: the offsite is in Lisbon, 12-14 May, bring a laptop (canary C4an-3)\n"
+    with _pinned(note) as pin:
+        (writer / OFFSITE).write_bytes(newer)
+        wait_until(lambda: os.fstat(pin.fd).st_size == len(newer), timeout=BOUND_S)
+    assert os.stat(note).st_size == len(newer)
+    assert os.stat(note).st_ino == old.st_ino
+    assert _cat(note) == newer
+
+    # A note created by the other session appears, with its content.
+    agenda_text = b"Agenda: day one planning, day two hiking\n"
+    (writer / "channel" / "agenda.md").write_bytes(agenda_text)
+    (writer / "channel" / "plans").mkdir()
+    (writer / "channel" / "plans" / "q3.md").write_bytes(b"Q3 plan\n")
+    wait_until(lambda: sorted(os.listdir(watcher / "channel")) == ["agenda.md", "offsite.md", "plans"],
+               timeout=BOUND_S)
+    assert agenda.read_bytes() == agenda_text
+    assert os.stat(agenda).st_size == len(agenda_text)
+    assert (watcher / "channel" / "plans" / "q3.md").read_bytes() == b"Q3 plan\n"
+
+    # A rename in the other mount: the old name goes (its cached entry too,
+    # although a reader holds it open), the new one comes.
+    with _pinned(agenda) as pin:
+        assert pin.first == agenda_text
+        os.rename(writer / "channel" / "agenda.md", writer / "channel" / "agenda-final.md")
+        wait_until(lambda: _gone(agenda), timeout=BOUND_S)
+    assert (watcher / "channel" / "agenda-final.md").read_bytes() == agenda_text
+    assert sorted(os.listdir(watcher / "channel")) == ["agenda-final.md", "offsite.md", "plans"]
+
+
+# -- a tombstone -------------------------------------------------------------------
+
+def test_tombstone_from_other_mount_removes_note(scenario: Scenario, mounts: Mounts) -> None:
+    watcher = mounts.mount(scenario.group_session, "watcher")
+    remover = mounts.mount(_second_group_session(scenario), "remover")
+    note = watcher / OFFSITE
+    assert os.stat(note).st_size == len(CHANNEL_FACT)
+    assert _cat(note) == CHANNEL_FACT
+    with _pinned(note) as held:
+        assert held.first == CHANNEL_FACT
+        assert os.pread(held.fd, 4096, 0) == CHANNEL_FACT
+
+        os.unlink(remover / OFFSITE)
+        assert _gone(remover / OFFSITE)  # hidden at once where it was removed
+        # After the removal grace period (vfs.namespace.REMOVAL_GRACE_S) the
+        # tombstone is committed, and the other mount forgets the note.
+        wait_until(lambda: _gone(note), timeout=BOUND_S)
+        assert "offsite.md" not in os.listdir(watcher / "channel")
+        assert _open_errno(note) == errno.ENOENT
+        # The process that held it open is refused too: neither the pages
+        # the kernel cached before the tombstone nor an empty file.
+        got = _pread_result(held.fd)
+        assert got in (errno.EACCES, errno.EIO), f"held descriptor after a tombstone returned {got!r}"
+        assert _pread_result(held.fd, 16, 9) in (errno.EACCES, errno.EIO)
+
+    result = scenario.cli("read", scenario.group_session, OFFSITE)
+    assert result.code == 3, (result.code, result.err)
+    assert result.out == b""
+
+
+# -- a revoked binding -------------------------------------------------------------
+
+def test_revoked_binding_empties_view_and_stops_held_reads(scenario: Scenario, mounts: Mounts) -> None:
+    view = mounts.mount(scenario.alice_session)
+    note = view / ALLERGY
+    assert os.stat(note).st_size == len(ALICE_FACT)
+    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
+    with _pinned(note) as held:
+        assert held.first == ALICE_FACT
+        assert os.pread(held.fd, 4096, 0) == ALICE_FACT
+
+        scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
+        wait_until(lambda: os.listdir(view) == [], timeout=BOUND_S)
+        # The server sends its invalidations from a worker, the note's first
+        # (inode, then name), its folders after: once the kernel has let go
+        # of the cached name, it has dropped the note's pages as well.
+        wait_until(lambda: _gone(note), timeout=BOUND_S)
+
+        got = _pread_result(held.fd, 4096, 0)
+        assert got in (errno.EACCES, errno.EIO), f"held descriptor after revocation returned {got!r}"
+        assert _pread_result(held.fd, 16, 11) in (errno.EACCES, errno.EIO)
+        # Cached entries are gone too: new opens and stats find nothing.
+        assert _open_errno(note) == errno.ENOENT
+        wait_until(lambda: _gone(view / "private" / "notes"), timeout=BOUND_S)
+        assert _gone(view / "private")
+        proc = subprocess.run(["cat", str(note)], check=False, capture_output=True, timeout=20)
+        assert proc.returncode != 0 and proc.stdout == b""
+
+    result = scenario.cli("read", scenario.alice_session, ALLERGY)
+    assert result.code == 3, (result.code, result.err)
+    assert result.out == b""
+
+
+# -- an expired membership -------------------------------------------------------
+
+def test_expired_role_membership_removes_role_folder(scenario: Scenario, mounts: Mounts) -> None:
+    view = mounts.mount(scenario.alice_session)
+    assert "roles" not in os.listdir(view)
+
+    role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+    scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "6s")
+    # Fresh evidence: the role's folder appears without a remount...
+    wait_until(lambda: "roles" in os.listdir(view), timeout=5.0)
+    assert os.listdir(view / "roles") == ["ops"]
+    assert os.path.isdir(view / "roles" / "ops")  # the kernel now caches these entries
+    assert os.listdir(view / "roles" / "ops") == []
+    assert (view / ALLERGY).read_bytes() == ALICE_FACT
+
+    # ...and goes when the evidence expires, cached entries included (even
+    # while a process has the folder open).
+    with _pinned_dir(view / "roles" / "ops"):
+        wait_until(lambda: "roles" not in os.listdir(view), timeout=15.0)
+        # The kernel's cached entries follow (invalidated from the server's worker).
+        wait_until(lambda: _gone(view / "roles" / "ops"), timeout=BOUND_S)
+        assert _gone(view / "roles")
+    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
+    assert (view / ALLERGY).read_bytes() == ALICE_FACT  # the rest of the view is untouched
+
+
+@pytest.mark.parametrize("how", ["remove", "refresh-expired"])
+def test_role_membership_change_applies_without_remount(scenario: Scenario, mounts: Mounts, how: str) -> None:
+    """Membership removed, or refreshed with a bound that soon runs out, while
+    the view is mounted: the role's folder follows the evidence."""
+    role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+    scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "7d")
+    view = mounts.mount(scenario.alice_session)
+    assert os.path.isdir(view / "roles" / "ops")
+    with _pinned_dir(view / "roles" / "ops"):
+        if how == "remove":
+            scenario.cli.j("member", "remove", role_id, scenario.alice)
+        else:  # the latest evidence replaces the old: a 1 s bound that soon runs out
+            scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "1s")
+        wait_until(lambda: _gone(view / "roles" / "ops"), timeout=BOUND_S)
+        assert "roles" not in os.listdir(view)
