@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from catalog.artifacts import hash_fd, open_artifact_stat, open_store_dir
@@ -28,6 +29,7 @@ from catalog.home import Home
 from catalog.visible import VisibleNote
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
+KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
 
 
 @dataclass(frozen=True)
@@ -45,19 +47,28 @@ class Stamp:
 
 
 class Artifacts:
-    """Verified access to one agent's artifacts, with a memory of what was verified."""
+    """Verified access to one agent's artifacts, with a memory of what was verified.
+
+    Verified files stay open (up to ``KEEP_OPEN``): a later open of the same
+    revision is one ``fstat`` of the kept descriptor, which must still be the
+    only link (an unlink or a replacement drops it to zero) with an unchanged
+    stamp, and a ``dup`` for the caller. Anything else opens and checks the
+    file afresh.
+    """
 
     def __init__(self, home: Home, agent_id: str) -> None:
         self._home = home
         self._agent_id = agent_id
         self._store_fds: dict[str, int] = {}
         self._verified: dict[str, Stamp] = {}  # revision id -> stamp of the file that hashed right
+        self._kept: OrderedDict[str, int] = OrderedDict()  # revision id -> open fd of that file
 
     def close(self) -> None:
-        for fd in self._store_fds.values():
+        for fd in [*self._store_fds.values(), *self._kept.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._store_fds.clear()
+        self._kept.clear()
 
     def _store_fd(self, path_key: str) -> int:
         fd = self._store_fds.get(path_key)
@@ -69,8 +80,33 @@ class Artifacts:
         """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""
         return note.revision_id not in self._verified
 
-    def open(self, note: VisibleNote) -> tuple[int, Stamp]:
-        """An fd on the note's artifact whose content matches the catalog, and its stamp."""
+    def _from_kept(self, note: VisibleNote) -> tuple[int, Stamp] | None:
+        fd = self._kept.get(note.revision_id)
+        if fd is None:
+            return None
+        st = os.fstat(fd)
+        stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if st.st_nlink == 1 and self._verified.get(note.revision_id) == stamp:
+            self._kept.move_to_end(note.revision_id)
+            return os.dup(fd), stamp
+        self._drop(note.revision_id)
+        return None
+
+    def _drop(self, revision_id: str) -> None:
+        fd = self._kept.pop(revision_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def open(self, note: VisibleNote, *, keep: bool = True) -> tuple[int, Stamp]:
+        """An fd (the caller's to close) whose content matches the catalog, and its stamp.
+
+        ``keep=False`` leaves the kept descriptors alone: worker threads
+        (hashing large files) pass it, so only the trio thread ever touches
+        them and no descriptor is closed under another thread's feet.
+        """
+        kept = self._from_kept(note) if keep else None
+        if kept is not None:
+            return kept
         fd, st = open_artifact_stat(self._store_fd(note.path_key), note.locator)
         try:
             stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -84,6 +120,10 @@ class Artifacts:
                     raise IntegrityError("artifact does not match its catalog hash")
                 if started - stamp.ctime_ns > RACY_NS:
                     self._verified[note.revision_id] = stamp
+            if keep and note.revision_id in self._verified and note.revision_id not in self._kept:
+                self._kept[note.revision_id] = os.dup(fd)
+                while len(self._kept) > KEEP_OPEN:
+                    os.close(self._kept.popitem(last=False)[1])
         except BaseException:
             os.close(fd)
             raise
@@ -92,15 +132,12 @@ class Artifacts:
     def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, refused if the file changed since it was verified."""
         if Stamp.of(fd) != stamp:
-            self._verified.clear()
+            self._verified.clear()  # the trio thread drops the kept descriptors when it next opens
             raise IntegrityError("artifact changed after it was verified")
         return os.pread(fd, size, offset)
 
-    def forget(self, revision_id: str) -> None:
-        self._verified.pop(revision_id, None)
-
-    def read_all(self, note: VisibleNote) -> bytes:
-        fd, stamp = self.open(note)
+    def read_all(self, note: VisibleNote, *, keep: bool = True) -> bytes:
+        fd, stamp = self.open(note, keep=keep)
         try:
             data = self.read(fd, stamp, 0, note.size + 1)
         finally:

@@ -321,7 +321,7 @@ class ScopeFS(pyfuse3.Operations):
             raise _fail(errno.EIO)
         try:
             if note.size > INLINE_BYTES and self.artifacts.needs_hash(note):
-                return await trio.to_thread.run_sync(self.artifacts.open, note)
+                return await trio.to_thread.run_sync(functools.partial(self.artifacts.open, note, keep=False))
             return self.artifacts.open(note)
         except IntegrityError:
             await self._integrity_failure(note)
@@ -351,7 +351,7 @@ class ScopeFS(pyfuse3.Operations):
     async def _load(self, note: VisibleNote) -> bytes:
         try:
             if note.size > INLINE_BYTES:
-                return await trio.to_thread.run_sync(self.artifacts.read_all, note)
+                return await trio.to_thread.run_sync(functools.partial(self.artifacts.read_all, note, keep=False))
             return self.artifacts.read_all(note)
         except IntegrityError:
             await self._integrity_failure(note)
