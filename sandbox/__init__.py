@@ -1,1 +1,2 @@
-"""Bubblewrap sandboxes whose whole world is one session's mount: issue 4."""
+"""Starting and stopping session mounts (``mounts``); bubblewrap sandboxes
+whose whole world is one session's mount arrive with issue 4."""

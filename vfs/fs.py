@@ -38,6 +38,7 @@ from catalog.home import Home
 from catalog.policy import Op
 from catalog.reasons import Reason
 from catalog.visible import VisibleNote, VisibleView, refresh
+from vfs import catalog_ops
 from vfs.content import Artifacts, Stamp
 from vfs.drafts import Draft
 from vfs.errors import guarded
@@ -45,7 +46,6 @@ from vfs.inodes import Kind, Node, Parts
 from vfs.names import NameError_, confusable, decode
 from vfs.namespace import Invalidation, Namespace
 from vfs.scratch import is_scratch
-from vfs import catalog_ops
 
 log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
