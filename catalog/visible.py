@@ -159,6 +159,10 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     """
     session_id = old.access.session.session_id
     access, problem = current_access(home, session_id)
+    if problem is not None:  # evidence gone: empty at once, before anything else can fail
+        if old.problem == problem:
+            return old
+        return VisibleView(access, problem, (), {}, {}, old.seq, None)
     conn = home.catalog(access.agent_id)
     changes = changes_since(conn, old.seq)
     expired = old.valid_until is not None and access.now >= old.valid_until

@@ -17,12 +17,17 @@ from catalog.stores import find_resource, find_store
 from vfs.drafts import Draft
 from writer.rename import CrossRoot, rename_note
 from writer.tombstone import delete_note, existing_target
-from writer.transaction import WriteResult, write_note
+from writer.transaction import WriteResult, check_write, write_note
 
 
 def commit(home: Home, session_id: str, path: str, draft: Draft) -> WriteResult:
     with draft.reader() as source:
         return write_note(home, session_id, path, source)
+
+
+def check_save(home: Home, session_id: str, path: str) -> None:
+    """Raise (audited) if saving the note at ``path`` would be refused."""
+    check_write(home, session_id, path)
 
 
 def check_remove(home: Home, session_id: str, path: str) -> None:

@@ -131,10 +131,11 @@ class Artifacts:
 
     def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, refused if the file changed since it was verified."""
-        if Stamp.of(fd) != stamp:
+        data = os.pread(fd, size, offset)
+        if Stamp.of(fd) != stamp:  # checked after the read: a rewrite during it is caught too
             self._verified.clear()  # the trio thread drops the kept descriptors when it next opens
             raise IntegrityError("artifact changed after it was verified")
-        return os.pread(fd, size, offset)
+        return data
 
     def read_all(self, note: VisibleNote, *, keep: bool = True) -> bytes:
         fd, stamp = self.open(note, keep=keep)

@@ -19,7 +19,10 @@ MAX_DRAFT_BYTES = 1 << 30  # the writer's own limit: refuse early rather than at
 
 
 class Draft:
-    def __init__(self, initial: bytes = b"") -> None:
+    def __init__(self, initial: bytes = b"", *, source_resource: str | None = None) -> None:
+        # The resource whose content this draft was loaded from: while it
+        # holds that content, it is readable only while the view shows it.
+        self.source_resource = source_resource
         self.fd = os.memfd_create("scopefs-draft", os.MFD_CLOEXEC)
         self.size = 0
         self.dirty = False
@@ -49,6 +52,8 @@ class Draft:
             raise BadInput(f"note is larger than {MAX_DRAFT_BYTES} bytes")
         os.ftruncate(self.fd, size)
         self.size = size
+        if size == 0:
+            self.source_resource = None  # nothing of the loaded note is left
         self._touch()
 
     def _touch(self) -> None:

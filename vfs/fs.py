@@ -18,6 +18,7 @@ through the writer's staged-rename transaction, when the file is closed
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
@@ -52,6 +53,7 @@ T = TypeVar("T")
 
 CACHE_TIMEOUT_S = 30.0  # entries and attributes; every change is invalidated precisely
 POLL_S = 0.1  # how often the change log and the session's evidence are checked
+FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
 AUDIT_FLUSH_S = 1.0
 INLINE_BYTES = 1 << 20  # hash or load larger files on a thread, smaller ones inline
 STATFS_BLOCKS = 1 << 28  # constant: free space would reveal other scopes' writes
@@ -96,6 +98,7 @@ class ScopeFS(pyfuse3.Operations):
         self._bad_revisions: set[str] = set()
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._last_sync_ok = time.monotonic()
         self.terminated = False
 
     # -- plumbing ----------------------------------------------------------
@@ -105,11 +108,51 @@ class ScopeFS(pyfuse3.Operations):
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     async def sync(self) -> None:
-        """Bring the view up to date with the catalog and queue invalidations."""
+        """Bring the view up to date with the catalog and queue invalidations.
+
+        Fails closed: if the catalog cannot be read for longer than
+        ``FAIL_CLOSED_S``, the view is emptied until it can, because a
+        revocation the mount cannot see must not keep serving notes.
+        """
         async with self._sync_lock:
-            new = await self._catalog(refresh, self.home, self.ns.view)
-            for item in self.ns.apply(new):
-                self._inval_send.send_nowait(item)
+            old = self.ns.view
+            try:
+                new = await self._catalog(refresh, self.home, old)
+            except Exception:
+                if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
+                    self._apply(dataclasses.replace(old, problem=Reason.INVALID_CONTEXT, stores=(), notes={},
+                                                    by_resource={}, base_seq=None, delta=frozenset()))
+                raise
+            self._last_sync_ok = time.monotonic()
+            self._apply(new)
+
+    def _apply(self, new: VisibleView) -> None:
+        old = self.ns.view
+        for item in self.ns.apply(new):
+            self._inval_send.send_nowait(item)
+        if self.ns.view is not old:
+            # Local copies of notes (a backup taken by rename, a draft loaded
+            # from a note) must not outlive the note's place in the view.
+            for node in self.ns.local.values():
+                source = self._copied_from(node)
+                if source is not None and not self._shows(source):
+                    node.cached_revision = None
+                    self._inval_send.send_nowait(Invalidation(node.ino))
+
+    @staticmethod
+    def _copied_from(node: Node) -> str | None:
+        if node.draft is not None:
+            return node.draft.source_resource
+        return node.frozen.resource_id if node.frozen is not None else None
+
+    def _shows(self, resource_id: str) -> bool:
+        """Whether the view still shows this resource (so its content may be served)."""
+        return self.ns.view.usable and resource_id in self.ns.view.by_resource
+
+    def _check_copy(self, node: Node) -> None:
+        source = self._copied_from(node)
+        if not self.ns.view.usable or (source is not None and not self._shows(source)):
+            raise _fail(errno.EACCES)
 
     def _node(self, ino: int) -> Node:
         node = self.ns.inodes.get(ino)
@@ -364,8 +407,10 @@ class ScopeFS(pyfuse3.Operations):
                 node.draft.truncate(0)
             return
         source = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
+        if source is not None and not truncate and not self._shows(source.resource_id):
+            raise _fail(errno.EACCES)
         data = b"" if truncate or source is None else await self._load(source)
-        node.draft = Draft(data)
+        node.draft = Draft(data, source_resource=source.resource_id if data else None)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
             node.draft.dirty = True
@@ -381,10 +426,13 @@ class ScopeFS(pyfuse3.Operations):
             await self._ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
             return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True)), keep_cache=False)
         if node.draft is not None:
+            self._check_copy(node)
             return pyfuse3.FileInfo(fh=self._new_fh(Handle(node)), keep_cache=False)
         note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
         if note is None or not self.ns.view.usable:
             raise _fail(errno.ENOENT)
+        if not self._shows(note.resource_id):
+            raise _fail(errno.EACCES)
         fd, stamp = await self._open_artifact(note)
         keep = node.cached_revision == note.revision_id
         node.cached_revision = note.revision_id
@@ -395,6 +443,7 @@ class ScopeFS(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles[fh]
         if handle.note is None:
+            self._check_copy(handle.node)
             draft = handle.node.draft
             return draft.read(off, size) if draft is not None else b""
         note = handle.note
@@ -457,16 +506,22 @@ class ScopeFS(pyfuse3.Operations):
             if current is not None and current.size == draft.size and current.sha256 == draft.sha256():
                 draft.dirty = False  # an unchanged save is not a new revision
                 return
+            self._check_copy(node)
             draft.dirty = False  # writes landing during the commit mark it dirty again
             try:
                 result = await self._catalog(catalog_ops.commit, self.home, self.session_id,
                                              "/".join(node.parts), draft)
             except BaseException:
                 draft.dirty = True
+                self._forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
             node.committed_revision = result.revision_id
             await self.sync()
             self._bind(node, result.resource_id)
+
+    def _forget_pages(self, node: Node) -> None:
+        node.cached_revision = None
+        self._inval_send.send_nowait(Invalidation(node.ino))
 
     def _bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""
@@ -498,6 +553,14 @@ class ScopeFS(pyfuse3.Operations):
         draft = handle.node.draft
         if handle.wrote or (draft is not None and draft.size > 0):
             await self._commit(handle.node)
+        elif draft is not None and draft.dirty and handle.node.kind is Kind.NOTE:
+            # Deferred, but a refusal must still reach this close().
+            try:
+                await self._catalog(catalog_ops.check_save, self.home, self.session_id,
+                                    "/".join(handle.node.parts))
+            except BaseException:
+                self._forget_pages(handle.node)
+                raise
 
     @guarded
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -529,7 +592,9 @@ class ScopeFS(pyfuse3.Operations):
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
         node.opens -= 1
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
-            node.draft.close()  # committed by flush; a draft whose commit failed is discarded
+            if node.draft.dirty:
+                self._forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
+            node.draft.close()  # committed by flush
             node.draft = None
             if node.resource_id is None and self.ns.local.get(node.parts) is node:
                 self.ns.drop_local(node.parts)  # a new note whose first commit failed never existed
@@ -619,6 +684,7 @@ class ScopeFS(pyfuse3.Operations):
             return
         await self._ensure_draft(node, truncate=False)
         assert node.draft is not None
+        self._check_copy(node)
         if removal is not None and not removal.in_flight:
             self.ns.cancel_removal(dst)
         result = await self._catalog(catalog_ops.commit, self.home, self.session_id, "/".join(dst), node.draft)

@@ -386,4 +386,10 @@ def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
         os.close(staging_fd)
 
 
-__all__ = ["MAX_NOTE_BYTES", "WriteResult", "write_note"]
+def check_write(home, session_id: str, path: str) -> None:
+    """Raise (audited) if writing ``path`` now would be refused; writes nothing."""
+    access = authorize_session(home, session_id, Op.APPEND)
+    _plan(access, split_virtual_path(path))
+
+
+__all__ = ["MAX_NOTE_BYTES", "WriteResult", "check_write", "write_note"]
