@@ -12,6 +12,7 @@ an invitation to edit the wrong one.
 from __future__ import annotations
 
 import errno
+import functools
 import unicodedata
 
 from catalog.errors import BadInput
@@ -43,6 +44,7 @@ def decode(name: bytes) -> str:
         raise NameError_(errno.EINVAL, "invalid name") from None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def skeleton(name: str) -> str:
     """What ``name`` looks like: compatibility-folded, case-folded, homoglyphs mapped."""
     folded = unicodedata.normalize("NFKC", name).casefold().translate(_LOOKALIKES)
