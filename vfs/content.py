@@ -18,6 +18,7 @@ bytes written into the artifact after the open are refused too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from catalog.visible import VisibleNote
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
+WHOLE_BYTES = 256 << 10  # files up to this size are hashed from one read whose bytes are kept
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,10 @@ class Artifacts:
         if fd is not None:
             os.close(fd)
 
-    def open(self, note: VisibleNote, *, keep: bool = True) -> tuple[int, Stamp]:
-        """An fd (the caller's to close) whose content matches the catalog, and its stamp.
+    def open(self, note: VisibleNote, *, keep: bool = True) -> tuple[int, Stamp, bytes | None]:
+        """An fd (the caller's to close) whose content matches the catalog, its stamp,
+        and, when this open hashed a small file, the verified bytes themselves
+        (so the mount can hand them to the kernel's page cache at once).
 
         ``keep=False`` leaves the kept descriptors alone: worker threads
         (hashing large files) pass it, so only the trio thread ever touches
@@ -106,7 +110,8 @@ class Artifacts:
         """
         kept = self._from_kept(note) if keep else None
         if kept is not None:
-            return kept
+            return (*kept, None)
+        verified: bytes | None = None
         fd, st = open_artifact_stat(self._store_fd(note.path_key), note.locator)
         try:
             stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -115,7 +120,11 @@ class Artifacts:
                 if stamp.size != note.size:
                     raise IntegrityError("artifact does not match its catalog hash")
                 started = time.time_ns()
-                sha, size = hash_fd(fd)
+                if note.size <= WHOLE_BYTES:
+                    verified = os.pread(fd, note.size + 1, 0)
+                    sha, size = hashlib.sha256(verified).hexdigest(), len(verified)
+                else:
+                    sha, size = hash_fd(fd)
                 if size != note.size or sha != note.sha256 or Stamp.of(fd) != stamp:
                     raise IntegrityError("artifact does not match its catalog hash")
                 if started - stamp.ctime_ns > RACY_NS:
@@ -127,7 +136,7 @@ class Artifacts:
         except BaseException:
             os.close(fd)
             raise
-        return fd, stamp
+        return fd, stamp, verified
 
     def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, refused if the file changed since it was verified."""
@@ -138,7 +147,7 @@ class Artifacts:
         return data
 
     def read_all(self, note: VisibleNote, *, keep: bool = True) -> bytes:
-        fd, stamp = self.open(note, keep=keep)
+        fd, stamp, _ = self.open(note, keep=keep)
         try:
             data = self.read(fd, stamp, 0, note.size + 1)
         finally:

@@ -359,7 +359,7 @@ class ScopeFS(pyfuse3.Operations):
 
     # -- reading -------------------------------------------------------------
 
-    async def _open_artifact(self, note: VisibleNote) -> tuple[int, Stamp]:
+    async def _open_artifact(self, note: VisibleNote) -> tuple[int, Stamp, bytes | None]:
         if note.revision_id in self._bad_revisions:
             raise _fail(errno.EIO)
         try:
@@ -433,8 +433,16 @@ class ScopeFS(pyfuse3.Operations):
             raise _fail(errno.ENOENT)
         if not self._shows(note.resource_id):
             raise _fail(errno.EACCES)
-        fd, stamp = await self._open_artifact(note)
+        fd, stamp, verified = await self._open_artifact(note)
         keep = node.cached_revision == note.revision_id
+        if verified and not keep:
+            # Bytes just verified go straight into the kernel's page cache:
+            # the first read then needs no round trip (a cold grep's READ).
+            try:
+                pyfuse3.notify_store(node.ino, 0, verified)
+                keep = True
+            except OSError:
+                pass
         node.cached_revision = note.revision_id
         self._expose(note)
         return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp)), keep_cache=keep)
