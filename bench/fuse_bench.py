@@ -351,14 +351,7 @@ def sha256_file(path: Path) -> str:
 def save(directory: Path, name: str, data: bytes) -> None:
     """An editor's atomic save: a temp file in the same folder, fsync, rename over the note."""
     tmp = directory / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    wr.write_fsynced(tmp, data)
     os.rename(tmp, directory / name)
 
 

@@ -284,9 +284,9 @@ def payloads(n: int, size: int) -> list[bytes]:
 # baselines: the same bytes, the same disk, no scopefs
 # ---------------------------------------------------------------------------
 
-def plain_write(dirfd: int, tmp: str, target: str, data: bytes) -> None:
-    """The textbook durable replace: write tmp, fsync, rename, fsync dir."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+def write_fsynced(tmp: str | os.PathLike[str], data: bytes, *, dir_fd: int | None = None) -> None:
+    """Create ``tmp`` exclusively, write all of ``data`` and fsync it."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -294,6 +294,11 @@ def plain_write(dirfd: int, tmp: str, target: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def plain_write(dirfd: int, tmp: str, target: str, data: bytes) -> None:
+    """The textbook durable replace: write tmp, fsync, rename, fsync dir."""
+    write_fsynced(tmp, data, dir_fd=dirfd)
     os.rename(tmp, target, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     os.fsync(dirfd)
 

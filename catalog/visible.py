@@ -127,9 +127,9 @@ def _one_note(conn: apsw.Connection, access: Access, store: VisibleStore, resour
 
 def build(home: Home, session_id: str) -> VisibleView:
     """The whole picture, from scratch."""
-    conn = home.catalog(current_access(home, session_id)[0].agent_id)
-    seq = latest_seq(conn)  # read first: a change landing during the build is applied again, never missed
     access, problem = current_access(home, session_id)
+    conn = home.catalog(access.agent_id)
+    seq = latest_seq(conn)  # before the notes: a change landing during the build is applied again, never missed
     stores: list[VisibleStore] = []
     notes: dict[tuple[str, ...], VisibleNote] = {}
     expiries: list[int] = []

@@ -40,6 +40,15 @@ def wait_until(probe: Callable[[], T], *, timeout: float = 10.0, interval: float
         time.sleep(interval)
 
 
+def errno_of(call: Callable[[], object]) -> int:
+    """The errno ``call`` fails with, or 0 if it succeeds."""
+    try:
+        call()
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
 def is_mounted(path: Path) -> bool:
     target = os.path.realpath(path)
     with open("/proc/self/mountinfo", encoding="utf-8") as info:

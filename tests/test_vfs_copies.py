@@ -12,24 +12,16 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-from pathlib import Path
 
 from catalog.home import Home
 from catalog.policies import add_entry
 from catalog.policy import AudienceKind, Effect, Op
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import live_notes, mounts, wait_until  # noqa: F401
+from tests.mountkit import errno_of, live_notes, mounts, wait_until  # noqa: F401
 from writer.tombstone import delete_note
 
 NOTE = "notes/allergy.md"
 
-
-def _errno_of(call) -> int:
-    try:
-        call()
-    except OSError as exc:
-        return exc.errno
-    return 0
 
 
 def test_a_backup_copy_dies_with_its_note(scenario: Scenario, mounts) -> None:
@@ -41,9 +33,9 @@ def test_a_backup_copy_dies_with_its_note(scenario: Scenario, mounts) -> None:
     (folder / "allergy.md").write_bytes(b"rewritten\n")
     assert (folder / "allergy.md~").read_bytes() == ALICE_FACT  # the mount's own backup, still allowed
     delete_note(Home.open(home), scenario.alice_session, f"private/{NOTE}")
-    wait_until(lambda: _errno_of(lambda: (folder / "allergy.md~").read_bytes()) == errno.EACCES)
-    assert _errno_of(lambda: os.open(folder / "allergy.md~", os.O_RDWR)) == errno.EACCES
-    assert _errno_of(lambda: os.rename(folder / "allergy.md~", folder / "restored.md")) == errno.EACCES
+    wait_until(lambda: errno_of(lambda: (folder / "allergy.md~").read_bytes()) == errno.EACCES)
+    assert errno_of(lambda: os.open(folder / "allergy.md~", os.O_RDWR)) == errno.EACCES
+    assert errno_of(lambda: os.rename(folder / "allergy.md~", folder / "restored.md")) == errno.EACCES
     assert "notes/restored.md" not in live_notes(home, scenario.alice)
 
 
@@ -53,7 +45,7 @@ def test_a_held_read_write_handle_stops_at_revocation(scenario: Scenario, mounts
     try:
         assert os.pread(fd, 4096, 0) == ALICE_FACT
         scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
-        wait_until(lambda: _errno_of(lambda: os.pread(fd, 4096, 0)) in (errno.EACCES, errno.EIO))
+        wait_until(lambda: errno_of(lambda: os.pread(fd, 4096, 0)) in (errno.EACCES, errno.EIO))
     finally:
         os.close(fd)
 
@@ -78,7 +70,7 @@ def test_a_refused_save_fails_at_close_and_is_never_read_back(scenario: Scenario
     def python_save() -> None:
         with open(note, "wb") as out:
             out.write(b"XY")
-    assert _errno_of(python_save) in (errno.EACCES, errno.ENOENT)  # a deny on a write reads as outside-view
+    assert errno_of(python_save) in (errno.EACCES, errno.ENOENT)  # a deny on a write reads as outside-view
     wait_until(lambda: note.read_bytes() == ALICE_FACT)
     assert os.stat(note).st_size == len(ALICE_FACT)
     assert scenario.cli("read", scenario.alice_session, f"private/{NOTE}").out == ALICE_FACT

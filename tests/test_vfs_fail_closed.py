@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import is_mounted, wait_until
+from tests.mountkit import errno_of, is_mounted, wait_until
 
 SERVER = """
 import os, sys
@@ -51,13 +51,6 @@ serve(Home.open(Path(sys.argv[1]), vfs="scopefs-failing-reads"), sys.argv[2], sy
 """
 
 
-def _errno_of(call) -> int:
-    try:
-        call()
-    except OSError as exc:
-        return exc.errno
-    return 0
-
 
 def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Path) -> None:
     home, trigger, where = scenario.cli.home, tmp_path / "fail-reads", tmp_path / "mnt"
@@ -74,9 +67,9 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
             # A change the mount must read to know what it means (it could be a revocation).
             scenario.cli("write", scenario.alice_session, "private/notes/more.md", stdin=b"x\n", check=True)
             wait_until(lambda: os.listdir(where) == [])
-            assert _errno_of(note.read_bytes) == errno.ENOENT
+            assert errno_of(note.read_bytes) == errno.ENOENT
             os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
-            wait_until(lambda: _errno_of(lambda: os.pread(held, 4096, 0)) in (errno.EACCES, errno.EIO))
+            wait_until(lambda: errno_of(lambda: os.pread(held, 4096, 0)) in (errno.EACCES, errno.EIO))
             trigger.unlink()  # the catalog is readable again: the view comes back
             wait_until(lambda: sorted(os.listdir(where)) == ["agent-shared", "postbox", "private"])
             assert note.read_bytes() == ALICE_FACT

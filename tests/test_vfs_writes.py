@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import live_notes, mounts, pending_rows, wait_until  # noqa: F401
+from tests.mountkit import errno_of, live_notes, mounts, pending_rows, wait_until  # noqa: F401
 
 NOTE = "notes/allergy.md"
 
@@ -32,13 +32,6 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _errno(call, *args) -> int:
-    try:
-        call(*args)
-    except OSError as exc:
-        return exc.errno
-    return 0
 
 
 def test_truncate_by_path_is_one_revision(scenario: Scenario, mounts) -> None:
@@ -74,7 +67,7 @@ def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts) -> None:
     assert "plans/" not in {p + "/" for p in live_notes(home, scenario.alice)}  # folders are implicit
     (folder / "trip.md").write_bytes(b"go north\n")
     assert live_notes(home, scenario.alice)["plans/trip.md"].revisions == 1
-    assert _errno(os.rmdir, folder) == errno.ENOTEMPTY
+    assert errno_of(lambda: os.rmdir(folder)) == errno.ENOTEMPTY
     os.unlink(folder / "trip.md")
     _fsync_dir(folder)  # removals settle now, not after the grace period
     assert "plans/trip.md" not in live_notes(home, scenario.alice)
@@ -83,15 +76,15 @@ def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts) -> None:
     empty = view / "private" / "empty"
     empty.mkdir()
     os.rmdir(empty)
-    assert _errno(os.stat, empty) == errno.ENOENT
-    assert _errno(os.rmdir, view / "private") in (errno.EROFS, errno.ENOTEMPTY, errno.EBUSY)
+    assert errno_of(lambda: os.stat(empty)) == errno.ENOENT
+    assert errno_of(lambda: os.rmdir(view / "private")) in (errno.EROFS, errno.ENOTEMPTY, errno.EBUSY)
 
 
 def test_unlink_is_a_tombstone_after_the_grace_period(scenario: Scenario, mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     os.unlink(view / "private" / NOTE)
-    assert _errno(os.stat, view / "private" / NOTE) == errno.ENOENT  # hidden at once
+    assert errno_of(lambda: os.stat(view / "private" / NOTE)) == errno.ENOENT  # hidden at once
     wait_until(lambda: NOTE not in live_notes(home, scenario.alice))
     assert scenario.cli("read", scenario.alice_session, f"private/{NOTE}").code == 3
 
@@ -125,9 +118,9 @@ def test_rename_across_roots_is_a_cross_device_link(scenario: Scenario, mounts) 
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     before = live_notes(home, scenario.alice)
-    got = _errno(os.rename, view / "private" / NOTE, view / "postbox" / "allergy.md")
+    got = errno_of(lambda: os.rename(view / "private" / NOTE, view / "postbox" / "allergy.md"))
     assert got in (errno.EXDEV, errno.EROFS)
-    got = _errno(os.rename, view / "private" / NOTE, view / "agent-shared" / "allergy.md")
+    got = errno_of(lambda: os.rename(view / "private" / NOTE, view / "agent-shared" / "allergy.md"))
     assert got in (errno.EXDEV, errno.EROFS)
     assert live_notes(home, scenario.alice) == before
 

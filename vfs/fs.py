@@ -315,13 +315,17 @@ class ScopeFS(pyfuse3.Operations):
         node.lookups += 1
         return self._attr(node)
 
-    @guarded
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        parent = self._dir(parent_inode)
-        parts = parent.parts + (self._child_name(name),)
+    def _existing(self, parent_inode: int, name: bytes) -> tuple[Parts, Node]:
+        """The path and node of an existing child (ENOENT otherwise), for changes to it."""
+        parts = self._dir(parent_inode).parts + (self._child_name(name),)
         node = self.ns.lookup(parts)
         if node is None:
             raise _fail(errno.ENOENT)
+        return parts, node
+
+    @guarded
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        parts, node = self._existing(parent_inode, name)
         if node.kind is not Kind.DIR:
             raise _fail(errno.ENOTDIR)
         self._check_writable(parts)
@@ -340,11 +344,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        parent = self._dir(parent_inode)
-        parts = parent.parts + (self._child_name(name),)
-        node = self.ns.lookup(parts)
-        if node is None:
-            raise _fail(errno.ENOENT)
+        parts, node = self._existing(parent_inode, name)
         if node.kind is Kind.DIR:
             raise _fail(errno.EISDIR)
         self._check_writable(parts)
@@ -620,13 +620,10 @@ class ScopeFS(pyfuse3.Operations):
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         if flags & RENAME_EXCHANGE:
             raise _fail(errno.EINVAL)
+        src, node = self._existing(parent_inode_old, name_old)
         old_parent, new_parent = self._dir(parent_inode_old), self._dir(parent_inode_new)
-        src = old_parent.parts + (self._child_name(name_old),)
         dst_name = self._child_name(name_new)
         dst = new_parent.parts + (dst_name,)
-        node = self.ns.lookup(src)
-        if node is None:
-            raise _fail(errno.ENOENT)
         self._check_writable(src)
         self._check_writable(dst)
         src_mount, dst_mount = self.ns.mount_for(src), self.ns.mount_for(dst)
