@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import platform
 import stat
@@ -134,3 +135,23 @@ def read_all(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
+
+
+def lock_held(name: str | os.PathLike[str], *, dir_fd: int | None = None) -> bool:
+    """Whether a live process holds an exclusive ``flock`` on the file (a missing file holds none).
+
+    Owners of staging files and sandbox uids keep such a lock for their
+    lifetime; the kernel drops it when they die, so this tells a live owner
+    from a crashed one without any pid bookkeeping.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock
+    return False

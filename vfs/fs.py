@@ -10,6 +10,11 @@ artifact (``Artifacts``); ``read`` serves bytes from that verified file and
 re-checks, on every request, that the view still allows the note. The
 kernel may keep a revision's pages (``keep_cache``) only while that
 revision is the one it cached; any change is invalidated by a worker.
+Bytes verified at open go to the kernel's page cache before the open is
+answered, so a first read needs no READ round trip: a small revision's in
+one piece once hashed, a large one's chunk by chunk while it is hashed on
+a worker (``PageStream``; ``_claim_stream`` says why nobody can read those
+pages before the verdict).
 
 Writes: content goes to an in-memory draft and becomes one new revision,
 through the writer's staged-rename transaction, when the file is closed
@@ -43,9 +48,11 @@ from vfs import catalog_ops
 from vfs.content import Artifacts, Stamp
 from vfs.drafts import Draft
 from vfs.errors import guarded
+from vfs.gate import Gate
 from vfs.inodes import Kind, Node, Parts
 from vfs.names import NameError_, confusable, decode
 from vfs.namespace import Invalidation, Namespace
+from vfs.pages import PageStream, drop_pages
 from vfs.scratch import is_scratch
 
 log = logging.getLogger("scopefs.vfs")
@@ -81,8 +88,10 @@ class ScopeFS(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, home: Home, session_id: str, view: VisibleView) -> None:
+    def __init__(self, home: Home, session_id: str, view: VisibleView, *, gate: Gate | None = None,
+                 owner: tuple[int, int] | None = None) -> None:
         super().__init__()
+        self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
         self.home = home
         self.session_id = session_id
         self.ns = Namespace(view)
@@ -96,8 +105,9 @@ class ScopeFS(pyfuse3.Operations):
         self._exposures: list[AuditEvent] = []
         self._exposed: set[str] = set()
         self._bad_revisions: set[str] = set()
+        self._streams: dict[int, PageStream] = {}  # inode -> the open streaming unverified pages into it
         self._started_ns = time.time_ns()
-        self._uid, self._gid = os.getuid(), os.getgid()
+        self._uid, self._gid = owner if owner is not None else (os.getuid(), os.getgid())
         self._last_sync_ok = time.monotonic()
         self.terminated = False
 
@@ -136,7 +146,7 @@ class ScopeFS(pyfuse3.Operations):
             for node in self.ns.local.values():
                 source = self._copied_from(node)
                 if source is not None and not self._shows(source):
-                    node.cached_revision = None
+                    node.forget_pages()
                     self._inval_send.send_nowait(Invalidation(node.ino))
 
     @staticmethod
@@ -154,6 +164,10 @@ class ScopeFS(pyfuse3.Operations):
         if not self.ns.view.usable or (source is not None and not self._shows(source)):
             raise _fail(errno.EACCES)
 
+    def _admit(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> None:
+        if self.gate is not None and not self.gate.allows(ctx, root_attributes=root_attributes):
+            raise _fail(errno.EACCES)
+
     def _node(self, ino: int) -> Node:
         node = self.ns.inodes.get(ino)
         if node is None:
@@ -166,7 +180,15 @@ class ScopeFS(pyfuse3.Operations):
             raise _fail(errno.ENOENT if not node.attached else errno.ENOTDIR)
         return node
 
-    def _new_fh(self, handle: Handle) -> int:
+    def _new_fh(self, handle: Handle, stream: PageStream | None = None) -> int:
+        """A file handle for ``handle``, never while another open streams into its inode.
+
+        Every caller awaits ``_quiesce`` (or owns the stream, ``stream``)
+        with no await in between; this check makes a missed one an EIO
+        rather than a reader of unverified pages.
+        """
+        if self._streams.get(handle.node.ino, stream) is not stream:
+            raise RuntimeError("a handle was about to be given out while unverified pages are cached")
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         self.handles[fh] = handle
         handle.node.opens += 1
@@ -227,11 +249,13 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        self._admit(ctx, root_attributes=inode == pyfuse3.ROOT_INODE)
         return self._attr(self._node(inode))
 
     @guarded
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         node = self._node(inode)
         if node.kind is not Kind.SCRATCH:
             self._check_writable(node.parts if node.kind is not Kind.DIR else node.parts + ("x",))
@@ -250,6 +274,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        self._admit(ctx)
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = 4096
         data.f_blocks = data.f_bfree = data.f_bavail = STATFS_BLOCKS
@@ -262,6 +287,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def lookup(self, parent_inode: int, name: bytes,
                      ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         parent = self._dir(parent_inode)
         try:
             text = decode(name)
@@ -279,6 +305,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        self._admit(ctx)
         self._dir(inode)
         return inode
 
@@ -302,6 +329,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         parent = self._dir(parent_inode)
         text = self._child_name(name)
         parts = parent.parts + (text,)
@@ -325,6 +353,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._admit(ctx)
         parts, node = self._existing(parent_inode, name)
         if node.kind is not Kind.DIR:
             raise _fail(errno.ENOTDIR)
@@ -344,6 +373,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._admit(ctx)
         parts, node = self._existing(parent_inode, name)
         if node.kind is Kind.DIR:
             raise _fail(errno.EISDIR)
@@ -359,24 +389,100 @@ class ScopeFS(pyfuse3.Operations):
 
     # -- reading -------------------------------------------------------------
 
-    async def _open_artifact(self, note: VisibleNote) -> tuple[int, Stamp, bytes | None]:
+    def _claim_stream(self, node: Node, note: VisibleNote) -> PageStream | None:
+        """A stream of ``note``'s chunks into ``node``'s pages while this open
+        hashes it on a worker, or None to hash without one (as for a note
+        hashed inline, or remembered as verified).
+
+        The chunks stored are not verified until the hash, the size and the
+        stamp re-check matched at the end, so nobody may read them before:
+
+        * the open that streams is not answered yet, so its caller cannot;
+        * any other file of the kernel on this inode (an open handle, or a
+          mapping, which keeps its handle open) reads the page cache, so a
+          stream starts only when the handle table holds none for the node,
+          and the node has no draft (a writer's content);
+        * no handle on the inode is given out while the stream is in flight
+          (until the streaming open has its own handle or has failed):
+          every ``_new_fh`` is preceded, with no await in between, by
+          ``_quiesce``, which waits for the stream; so a second open that
+          arrives meanwhile is answered after the verdict, with
+          ``keep_cache`` only if the revision it cached is its own and not
+          refused; and another stream into the same inode never starts;
+        * if the verification fails in any way after a chunk was stored,
+          the pages are dropped (``invalidate_inode``, waited for on a
+          worker) before the open answers EIO and before the stream lets
+          anyone else in (``_verify_streaming``).
+
+        The claim is taken with no await between the checks and the
+        registration, so two opens cannot both take one.
+        """
+        if (note.size <= INLINE_BYTES or not self.artifacts.needs_hash(note) or node.ino in self._streams
+                or node.draft is not None or node.opens > 0
+                or any(handle.node is node for handle in self.handles.values())):
+            return None
+        stream = self._streams[node.ino] = PageStream(node.ino, note.size)
+        return stream
+
+    def _release_stream(self, stream: PageStream) -> None:
+        """The streaming open answered (with its handle) or failed: let others in."""
+        del self._streams[stream.ino]
+        stream.settled.set()
+
+    async def _quiesce(self, node: Node) -> None:
+        """Wait until no open streams unverified pages into ``node``'s inode."""
+        while (stream := self._streams.get(node.ino)) is not None:
+            await stream.settled.wait()
+
+    async def _open_artifact(self, node: Node, note: VisibleNote,
+                             stream: PageStream | None = None) -> tuple[int, Stamp, bytes | None]:
         if note.revision_id in self._bad_revisions:
             raise _fail(errno.EIO)
         try:
+            if stream is not None:
+                return await self._verify_streaming(node, note, stream)
             if note.size > INLINE_BYTES and self.artifacts.needs_hash(note):
                 return await trio.to_thread.run_sync(functools.partial(self.artifacts.open, note, keep=False))
             return self.artifacts.open(note)
         except IntegrityError:
-            await self._integrity_failure(note)
+            await self._integrity_failure(note, node)
             raise _fail(errno.EIO) from None
 
-    async def _integrity_failure(self, note: VisibleNote) -> None:
-        """Refuse the revision from now on, drop the kernel's pages, audit."""
+    async def _verify_streaming(self, node: Node, note: VisibleNote,
+                                stream: PageStream) -> tuple[int, Stamp, bytes | None]:
+        """Hash ``note`` on a worker, storing its chunks as they come.
+
+        Pages an older revision left beyond this one's end must not outlive
+        it under ``keep_cache``: they are dropped first. On any failure
+        (IntegrityError, OSError, cancellation) after something was stored,
+        the pages are dropped before this returns: ``invalidate_inode``
+        returns once the kernel has dropped them, and it is awaited here
+        rather than queued for the invalidation worker, so the EIO is
+        answered, and the inode opened to others, only after that.
+        """
+        await trio.to_thread.run_sync(drop_pages, node.ino)
+        try:
+            return await trio.to_thread.run_sync(functools.partial(self.artifacts.open, note, keep=False,
+                                                                   sink=stream))
+        except BaseException:
+            if stream.touched:
+                node.forget_pages()
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(drop_pages, node.ino)
+            raise
+
+    async def _integrity_failure(self, note: VisibleNote, opened: Node | None = None) -> None:
+        """Refuse the revision from now on, drop the kernel's pages, audit.
+
+        The pages of the node that was opened go too when it is not the
+        note's own node (a scratch file frozen to the revision: vim's backup).
+        """
         self._bad_revisions.add(note.revision_id)
-        node = self.ns.by_resource.get(note.resource_id)
-        if node is not None:
-            node.cached_revision = None
-            self._inval_send.send_nowait(Invalidation(node.ino))
+        own = self.ns.by_resource.get(note.resource_id)
+        for node in (own, opened if opened is not own else None):
+            if node is not None:
+                node.forget_pages()
+                self._inval_send.send_nowait(Invalidation(node.ino))
         event = self._event(Op.READ, "error", Reason.REVISION_STALE, note)
         await self._catalog(record_quietly, self.home.state(), event)
 
@@ -417,6 +523,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self._admit(ctx)
         node = self._node(inode)
         if node.kind is Kind.DIR:
             raise _fail(errno.EISDIR)
@@ -424,16 +531,52 @@ class ScopeFS(pyfuse3.Operations):
             if node.kind is not Kind.SCRATCH:
                 self._check_writable(node.parts)
             await self._ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
+            await self._quiesce(node)
             return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True)), keep_cache=False)
         if node.draft is not None:
             self._check_copy(node)
+            await self._quiesce(node)
             return pyfuse3.FileInfo(fh=self._new_fh(Handle(node)), keep_cache=False)
         note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
         if note is None or not self.ns.view.usable:
             raise _fail(errno.ENOENT)
         if not self._shows(note.resource_id):
             raise _fail(errno.EACCES)
-        fd, stamp, verified = await self._open_artifact(note)
+        stream = self._claim_stream(node, note)
+        try:
+            return await self._open_verified(node, note, stream)
+        finally:
+            if stream is not None:
+                self._release_stream(stream)
+
+    async def _open_verified(self, node: Node, note: VisibleNote, stream: PageStream | None) -> pyfuse3.FileInfo:
+        fd, stamp, verified = await self._open_artifact(node, note, stream)
+        try:
+            if stream is None:
+                if verified and (node.stale_pages or node.cached_revision not in (None, note.revision_id)):
+                    # An older revision's pages may outlive it past the new end of
+                    # file (a store never shrinks the kernel's size): drop them first.
+                    await trio.to_thread.run_sync(drop_pages, node.ino)
+                    node.stale_pages = False
+                await self._quiesce(node)  # another open's stream settles first: see _claim_stream
+            keep = self._keep_cache(node, note, verified, stream)
+            node.cached_revision = note.revision_id
+            self._expose(note)
+            fh = self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp), stream)
+        except BaseException:
+            os.close(fd)
+            raise
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    def _keep_cache(self, node: Node, note: VisibleNote, verified: bytes | None, stream: PageStream | None) -> bool:
+        """Whether the kernel may keep ``node``'s pages when this open is answered.
+
+        A stream that stored the whole revision, now verified, is exactly
+        its pages; a partial one is not trusted to be. Otherwise the pages
+        may stay only if they are this revision's, or are made so now.
+        """
+        if stream is not None:
+            return stream.complete
         keep = node.cached_revision == note.revision_id
         if verified and not keep:
             # Bytes just verified go straight into the kernel's page cache:
@@ -443,9 +586,7 @@ class ScopeFS(pyfuse3.Operations):
                 keep = True
             except OSError:
                 pass
-        node.cached_revision = note.revision_id
-        self._expose(note)
-        return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp)), keep_cache=keep)
+        return keep
 
     @guarded
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -463,7 +604,7 @@ class ScopeFS(pyfuse3.Operations):
         try:
             return self.artifacts.read(handle.fd, handle.stamp, off, size)
         except IntegrityError:
-            await self._integrity_failure(note)
+            await self._integrity_failure(note, handle.node)
             raise _fail(errno.EIO) from None
 
     # -- writing -------------------------------------------------------------
@@ -471,6 +612,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._admit(ctx)
         parent = self._dir(parent_inode)
         text = self._child_name(name)
         parts = parent.parts + (text,)
@@ -492,6 +634,7 @@ class ScopeFS(pyfuse3.Operations):
             node = self.ns.inodes.new(kind, parts, draft=Draft())
             node.draft.dirty = kind is Kind.NOTE  # type: ignore[union-attr]
             self.ns.add_local(node)
+        await self._quiesce(node)
         node.lookups += 1
         fh = self._new_fh(Handle(node, writable=True))
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attr(node)
@@ -528,7 +671,7 @@ class ScopeFS(pyfuse3.Operations):
             self._bind(node, result.resource_id)
 
     def _forget_pages(self, node: Node) -> None:
-        node.cached_revision = None
+        node.forget_pages()
         self._inval_send.send_nowait(Invalidation(node.ino))
 
     def _bind(self, node: Node, resource_id: str) -> None:
@@ -541,7 +684,7 @@ class ScopeFS(pyfuse3.Operations):
         node.kind = Kind.NOTE
         node.resource_id = resource_id
         node.attached = True
-        node.cached_revision = None
+        node.forget_pages()
         self.ns.by_resource[resource_id] = node
 
     @guarded
@@ -618,6 +761,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
+        self._admit(ctx)
         if flags & RENAME_EXCHANGE:
             raise _fail(errno.EINVAL)
         src, node = self._existing(parent_inode_old, name_old)
@@ -733,16 +877,19 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         raise _fail(errno.EPERM)  # notes are plain files; Emacs then locks with a plain file
 
     @guarded
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         raise _fail(errno.EPERM)
 
     @guarded
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._admit(ctx)
         raise _fail(errno.EPERM)
 
     # -- background work -----------------------------------------------------

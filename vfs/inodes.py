@@ -40,6 +40,7 @@ class Node:
     opens: int = 0
     lookups: int = 0
     cached_revision: str | None = None  # the revision whose pages the kernel may keep
+    stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     committed_revision: str | None = None  # the last revision this mount committed for it
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -47,6 +48,16 @@ class Node:
     @property
     def name(self) -> str:
         return self.parts[-1] if self.parts else ""
+
+    def forget_pages(self) -> None:
+        """The kernel may no longer keep this node's pages (an invalidation is on its way).
+
+        Until they are dropped for sure, a store of another revision must
+        drop them first: a store never shrinks the kernel's file size, so an
+        older, longer revision's tail could otherwise survive it.
+        """
+        self.stale_pages = self.stale_pages or self.cached_revision is not None
+        self.cached_revision = None
 
 
 class Inodes:

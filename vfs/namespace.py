@@ -194,7 +194,7 @@ class Namespace:
                 continue
             parent = self.dirs.get(note.parts[:-1])
             out.append(Invalidation(node.ino, parent.ino if parent else None, note.parts[-1]))
-            node.cached_revision = None
+            node.forget_pages()
             if current is None:
                 self.detach(node)
             else:

@@ -20,8 +20,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from collections.abc import Callable
 from typing import TextIO
 
 import pyfuse3
@@ -33,6 +33,7 @@ from catalog.home import Home
 from catalog.policy import Op
 from catalog.visible import build
 from vfs.fs import ScopeFS
+from vfs.gate import Gate
 
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
                            "noexec"})
@@ -46,15 +47,25 @@ async def _stop_on_signal(fs: ScopeFS) -> None:
             return
 
 
+def _probe(mountpoint: str) -> None:
+    try:
+        os.stat(mountpoint)
+    except PermissionError:
+        pass  # a gated mount refuses this process: still an answer from our own loop
+
+
 async def _announce(mountpoint: str, on_ready: Callable[[], None]) -> None:
-    await trio.to_thread.run_sync(os.stat, mountpoint)  # answered by our own loop: the mount is live
+    await trio.to_thread.run_sync(_probe, mountpoint)  # answered by our own loop: the mount is live
     on_ready()
 
 
-async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None) -> None:
+async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None,
+               tasks: Sequence[Callable[[], Awaitable[None]]]) -> None:
     async with trio.open_nursery() as nursery:
         await fs.background(nursery)
         nursery.start_soon(_stop_on_signal, fs)
+        for task in tasks:
+            nursery.start_soon(task)
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
         await pyfuse3.main()
@@ -63,13 +74,20 @@ async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None
 
 
 def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[], None] | None = None,
-          extra_options: frozenset[str] = frozenset()) -> None:
-    """Mount ``session_id``'s view at ``mountpoint`` and serve it until unmounted."""
+          extra_options: frozenset[str] = frozenset(), gate: Gate | None = None,
+          owner: tuple[int, int] | None = None, tasks: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
+    """Mount ``session_id``'s view at ``mountpoint`` and serve it until unmounted.
+
+    A sandbox's mount passes a ``gate`` (only admitted sandboxes of the
+    session uid get answers), the ``owner`` its inodes show, and ``tasks``
+    that run beside the filesystem for as long as it is mounted (the
+    launcher's control socket).
+    """
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
-    fs = ScopeFS(home, session_id, build(home, session_id))
+    fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     try:
-        trio.run(_run, fs, mountpoint, on_ready)
+        trio.run(_run, fs, mountpoint, on_ready, tasks)
     finally:
         pyfuse3.close(unmount=fs.terminated)
 
@@ -80,22 +98,22 @@ def _report(ready: TextIO, code: int, message: str, reason: str | None) -> None:
         ready.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vfs.server")
-    parser.add_argument("--home", required=True)
-    parser.add_argument("--ready-fd", type=int, required=True)
-    parser.add_argument("session")
-    parser.add_argument("mountpoint")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s scopefs-mount[%(process)d] %(message)s")
-    ready = os.fdopen(args.ready_fd, "w", buffering=1)
+def run_reporting(ready_fd: int, body: Callable[[Callable[[dict[str, object] | None], None]], None]) -> int:
+    """Run ``body`` and report on ``ready_fd``: ``ready [json]`` once it says so,
+    else ``error {json}`` with the exit code and a one-line reason.
 
-    def report_ready() -> None:
-        ready.write("ready\n")
+    ``body`` receives the function that reports readiness (with optional
+    details for the starter); its return ends the server with status 0.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s scopefs-mount[%(process)d] %(message)s")
+    ready = os.fdopen(ready_fd, "w", buffering=1)
+
+    def report_ready(details: dict[str, object] | None = None) -> None:
+        ready.write("ready" + (" " + json.dumps(details) if details else "") + "\n")
         ready.close()
 
     try:
-        serve(Home.open(Path(args.home)), args.session, args.mountpoint, on_ready=report_ready)
+        body(report_ready)
     except ScopefsError as exc:
         _report(ready, exc.exit_code, str(exc), getattr(exc, "reason", None))
         return exc.exit_code
@@ -103,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         _report(ready, 1, f"the mount server failed: {type(exc).__name__}: {exc}", None)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vfs.server")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    parser.add_argument("session")
+    parser.add_argument("mountpoint")
+    args = parser.parse_args(argv)
+    return run_reporting(args.ready_fd, lambda report_ready: serve(
+        Home.open(Path(args.home)), args.session, args.mountpoint, on_ready=report_ready))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ content or user-chosen paths.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from catalog.artifacts import check_locator, hash_fd, open_artifact, open_scopes
 from catalog.audit import drain
 from catalog.db import one
 from catalog.errors import IntegrityError, StorageError
-from catalog.fsafe import open_dir, renameat2_noreplace
+from catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from catalog.home import Home
 from catalog.reasons import Reason
 from writer import lock
@@ -124,17 +123,7 @@ def _remove_durably(dirfd: int, name: str) -> None:
 
 def _in_flight(dirfd: int, name: str) -> bool:
     """Whether a live writer holds this staging file (its flock)."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops our probe lock
-    return False
+    return lock_held(name, dir_fd=dirfd)
 
 
 def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Intent) -> bool:

@@ -1,0 +1,75 @@
+"""Who may use a sandbox's mount: its session uid, from an admitted sandbox.
+
+A sandbox mount is made by root with ``allow_other`` so that the
+session's unprivileged uid can reach it, which also lets every other uid's
+requests reach this server. Modes (inodes owned by the session uid, a 0700
+mount directory) keep other uids out in the kernel; the gate refuses them
+here as well, and refuses the session uid itself unless the request comes
+from a process in a pid namespace the launcher admitted (one per running
+sandbox). A host process that merely has the session uid is therefore
+refused too.
+
+The check runs on every request that carries a context (lookups, opens,
+creates, renames, attribute reads...). Requests without one (read, write,
+flush, release, readdir) act on a handle that an admitted open created.
+The pid in the context is the caller's thread id in this server's pid
+namespace, resolved through ``/proc`` per request, never cached: a pid can
+be reused by another process, a namespace inode cannot while it is alive.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the launcher imports this module; it must not pull pyfuse3 in
+    import pyfuse3
+
+
+def pid_namespace(pid: int) -> int | None:
+    """The inode of ``pid``'s pid namespace, or None if it cannot be read."""
+    if pid <= 0:
+        return None  # the caller is not visible from here
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+class Gate:
+    """The session uid and the pid namespaces of its running sandboxes."""
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self._namespaces: dict[int, int] = {}  # namespace inode -> how many admissions hold it
+
+    def admit(self, namespace: int) -> None:
+        self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
+
+    def dismiss(self, namespace: int) -> None:
+        left = self._namespaces.get(namespace, 0) - 1
+        if left > 0:
+            self._namespaces[namespace] = left
+        else:
+            self._namespaces.pop(namespace, None)
+
+    @property
+    def admitted(self) -> frozenset[int]:
+        return frozenset(self._namespaces)
+
+    def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
+        """Whether to answer ``ctx``'s request.
+
+        ``root_attributes``: the request only reads the mount root's
+        attributes, which are constant and say nothing about the view.
+        bubblewrap needs them (the bind's source type, the ``--chdir``
+        permission check) before its sandbox can be admitted: the sandbox's
+        pid namespace is admitted once bwrap has reported it and before the
+        command is executed.
+        """
+        if ctx is None or ctx.uid != self.uid:
+            return False
+        if root_attributes:
+            return True
+        namespace = pid_namespace(ctx.pid)
+        return namespace is not None and namespace in self._namespaces
