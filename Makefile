@@ -14,9 +14,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # strace: fsync fault injection; e2fsprogs/util-linux: loop-mounted ext4 for
 # the power-loss tests; ripgrep/findutils/grep/coreutils/python3: the tools
 # the mount tests and benchmarks run on a mounted view.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
 
-.PHONY: all deps venv test demo bench bench-fuse bench-fuse-quick clean
+.PHONY: all deps venv bytecode test demo bench bench-fuse bench-fuse-quick bench-sandbox clean
 
 all: test
 
@@ -38,10 +38,15 @@ $(STAMP): pyproject.toml | deps
 
 venv: $(STAMP)
 
-test: deps venv
+# Bytecode written up front: the command line starts once per sandboxed
+# command, and some environments set PYTHONDONTWRITEBYTECODE.
+bytecode: venv
+	$(BIN)/python -m compileall -q catalog writer vfs sandbox scopefs
+
+test: deps venv bytecode
 	$(BIN)/pytest -q
 
-demo: deps venv
+demo: deps venv bytecode
 	./demo/demo.sh
 
 bench: deps venv
@@ -52,6 +57,9 @@ bench-fuse: deps venv
 
 bench-fuse-quick: deps venv
 	$(BIN)/python bench/fuse_bench.py --quick
+
+bench-sandbox: deps venv bytecode
+	$(BIN)/python bench/sandbox_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -94,6 +94,23 @@ echo "--- a read-only root refuses changes"
 if touch "$MNT/alice/agent-shared/x.md" 2>/dev/null; then echo "DEMO FAILED: agent-shared was writable" >&2; exit 1; fi
 echo "  -> touch agent-shared/x.md: refused (read-only file system)"
 
+bold "5c. Each session in its own sandbox: the view at /memory is its whole world"
+sandboxed() {  # sandboxed WHO SESSION: what a command inside that session's sandbox can reach
+  echo "--- $1: scopefs run ... -- sh -c 'ls -R /memory; grep -r prefers /memory; ...'"
+  "$SCOPEFS" run "$2" -- sh -c 'ls -R /memory; echo "grep -r prefers:"; grep -r prefers /memory || true;
+    echo "state directory visible: $([ -e "'"$SCOPEFS_HOME"'" ] && echo yes || echo no)";
+    echo "other processes: $(ls /proc | grep -c "^[0-9]") pids; uid $(id -u); network: $(cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d " " | tr "\n" " ")"'
+}
+ALICE_BOX=$(sandboxed alice "$ALICE_DM"); echo "$ALICE_BOX"
+BOB_BOX=$(sandboxed bob "$BOB_DM"); echo "$BOB_BOX"
+GROUP_BOX=$(sandboxed group "$GROUP_S"); echo "$GROUP_BOX"
+case "$ALICE_BOX$GROUP_BOX" in *black*) echo "DEMO FAILED: Bob's note reached another sandbox" >&2; exit 1;; esac
+case "$BOB_BOX$GROUP_BOX" in *"green tea"*|*"prefers tea"*) echo "DEMO FAILED: Alice's note reached another sandbox" >&2; exit 1;; esac
+case "$ALICE_BOX$BOB_BOX$GROUP_BOX" in *"visible: yes"*) echo "DEMO FAILED: a sandbox saw the state directory" >&2; exit 1;; esac
+echo "--- inside Alice's sandbox, sed -i saves one new revision"
+"$SCOPEFS" run "$ALICE_DM" -- sed -i 's/green tea/jasmine tea/' private/profile/drinks.md
+run read "$ALICE_DM" private/profile/drinks.md
+
 bold "6. Nothing crosses: the group cannot name a private root, Alice cannot read the channel"
 expect_refused 3 read "$GROUP_S" private/profile/drinks.md
 expect_refused 3 read "$ALICE_DM" channel/drinks.md

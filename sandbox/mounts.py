@@ -118,17 +118,18 @@ def _raise_reported(line: str) -> None:
     raise (BadInput if code == 2 else StorageError)(message)
 
 
-def start(home: Home, session_id: str, mountpoint: str, *, options: frozenset[str] = frozenset()) -> MountRecord:
-    """Mount in the background; returns once the mount answers."""
-    mountpoint = absolute(mountpoint)
-    check_mountpoint(mountpoint)
-    record_path = _record_path(home, mountpoint)
+def spawn_server(module: str, args: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+    """Start a mount server (``python -m module``) and wait for its readiness line.
+
+    The server gets its own session, a ``--ready-fd`` and a log file; the
+    readiness details it reports (``ready {json}``) are returned. A
+    failure to start comes back as the error the server reported.
+    """
     read_end, write_end = os.pipe()
-    log_fd = os.open(str(record_path) + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vfs.server", "--home", str(home.root), "--ready-fd", str(write_end),
-             session_id, mountpoint],
+            [sys.executable, "-m", module, "--ready-fd", str(write_end), *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_fd, pass_fds=(write_end,),
             start_new_session=True, close_fds=True,
         )
@@ -139,19 +140,38 @@ def start(home: Home, session_id: str, mountpoint: str, *, options: frozenset[st
         line = _read_line(read_end, START_TIMEOUT_S)
     finally:
         os.close(read_end)
-    if line != "ready":
+    if line != "ready" and not line.startswith("ready "):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
         if line.startswith("error "):
             _raise_reported(line)
         raise StorageError("the mount server did not start in time" if line == "" else line)
+    try:
+        details = json.loads(line[len("ready "):]) if line != "ready" else {}
+    except ValueError:
+        details = {}
+    return proc, details if isinstance(details, dict) else {}
+
+
+def start(home: Home, session_id: str, mountpoint: str) -> MountRecord:
+    """Mount in the background; returns once the mount answers."""
+    mountpoint = absolute(mountpoint)
+    check_mountpoint(mountpoint)
+    record_path = _record_path(home, mountpoint)
+    proc, _ = spawn_server("vfs.server", ["--home", str(home.root), session_id, mountpoint],
+                           Path(str(record_path) + ".log"))
     record = MountRecord(mountpoint, session_id, proc.pid)
-    tmp = record_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record.__dict__))
-    os.chmod(tmp, 0o600)
-    tmp.replace(record_path)
+    write_record(record_path, record.__dict__)
     return record
+
+
+def write_record(path: Path, record: dict[str, object]) -> None:
+    """Replace a registry record atomically (0600)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
 
 
 def _read_line(fd: int, timeout: float) -> str:
@@ -194,7 +214,7 @@ def stop(home: Home, mountpoint: str) -> MountRecord | None:
         raise BadInput(f"{mountpoint} is not mounted")
     if fstype != FSTYPE:
         raise BadInput(f"{mountpoint} is not a scopefs mount")
-    done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         if "busy" in done.stderr.lower():
             raise StorageError(f"{mountpoint} is busy (a process is using it); close it and try again")

@@ -14,21 +14,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import apsw
-
-from catalog import groups, identity
-from catalog.agents import add_agent
 from catalog.durations import parse_duration_us
 from catalog.errors import BadInput, Denied, ScopefsError
 from catalog.home import Home, resolve_home, validate_agent_name
-from catalog.listing import list_folder
-from catalog.reader import read_note
-from catalog.sessions import DirectMessage, Group, Service, SharedMain, load_session, open_session
-from sandbox import mounts
 from scopefs.output import emit, fail
-from writer.recovery import exit_code as doctor_exit_code
-from writer.recovery import inspect
-from writer.transaction import write_note
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +52,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_agent_add(args: argparse.Namespace) -> int:
+    from catalog.agents import add_agent
+
     home = _home(args)
     created = add_agent(home, validate_agent_name(args.agent))
     emit(args.json, {"agent_id": args.agent, "created": created}, [args.agent])
@@ -70,6 +61,8 @@ def cmd_agent_add(args: argparse.Namespace) -> int:
 
 
 def cmd_principal_add(args: argparse.Namespace) -> int:
+    from catalog import identity
+
     home = _home(args)
     principal_id = identity.add_principal(home.state(), args.name, args.kind)
     emit(args.json, {"principal_id": principal_id, "kind": args.kind}, [principal_id])
@@ -77,6 +70,8 @@ def cmd_principal_add(args: argparse.Namespace) -> int:
 
 
 def cmd_role_add(args: argparse.Namespace) -> int:
+    from catalog import groups
+
     home = _home(args)
     role_id, created = groups.add_role(home.state(), args.name)
     emit(args.json, {"role_id": role_id, "created": created}, [role_id])
@@ -84,6 +79,8 @@ def cmd_role_add(args: argparse.Namespace) -> int:
 
 
 def cmd_bind(args: argparse.Namespace) -> int:
+    from catalog import identity
+
     home = _home(args)
     binding_id, created = identity.bind(home.state(), home.hmac_key(), args.principal, args.channel, args.account,
                                         args.sender)
@@ -92,6 +89,8 @@ def cmd_bind(args: argparse.Namespace) -> int:
 
 
 def cmd_binding_revoke(args: argparse.Namespace) -> int:
+    from catalog import identity
+
     home = _home(args)
     revoked = identity.revoke_binding(home.state(), args.binding)
     emit(args.json, {"binding_id": args.binding, "revoked": revoked},
@@ -100,6 +99,8 @@ def cmd_binding_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_conversation_add(args: argparse.Namespace) -> int:
+    from catalog import groups
+
     home = _home(args)
     validate_agent_name(args.agent)
     conversation_id, created = groups.add_conversation(home.state(), home.hmac_key(), args.agent, args.channel,
@@ -109,6 +110,8 @@ def cmd_conversation_add(args: argparse.Namespace) -> int:
 
 
 def cmd_member_add(args: argparse.Namespace) -> int:
+    from catalog import groups
+
     expires = parse_duration_us(args.expires) if args.expires is not None else None
     home = _home(args)
     membership_id = groups.add_member(home.state(), args.group, args.principal, expires)
@@ -117,6 +120,8 @@ def cmd_member_add(args: argparse.Namespace) -> int:
 
 
 def cmd_member_remove(args: argparse.Namespace) -> int:
+    from catalog import groups
+
     home = _home(args)
     removed = groups.remove_member(home.state(), args.group, args.principal)
     emit(args.json, {"removed": removed}, ["removed" if removed else "not a member"])
@@ -124,6 +129,8 @@ def cmd_member_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_session_open(args: argparse.Namespace) -> int:
+    from catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
+
     modes = [args.dm, args.group, args.service is not None, args.shared_main]
     if sum(modes) != 1:
         raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main")
@@ -154,6 +161,8 @@ def cmd_session_open(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
+    from catalog.reader import read_note
+
     home = _home(args)
     data = read_note(home, args.session, args.path, actor_id=args.actor)
     if args.json:
@@ -169,6 +178,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
+    from writer.transaction import write_note
+
     if sys.stdin is None:
         raise BadInput("write reads the note from stdin, which is closed")
     home = _home(args)
@@ -181,6 +192,8 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from catalog.listing import list_folder
+
     home = _home(args)
     entries = list_folder(home, args.session, args.path or "", actor_id=args.actor)
     emit(args.json, {"entries": [{"name": e.name, "type": "folder" if e.is_dir else "note", "size": e.size}
@@ -190,6 +203,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from writer.recovery import exit_code as doctor_exit_code
+    from writer.recovery import inspect
+
     home = _home(args)
     agents = [validate_agent_name(args.agent)] if args.agent else home.agents()
     if args.agent and not home.agent_exists(args.agent):
@@ -206,6 +222,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from catalog.sessions import load_session
+    from sandbox import mounts
+
     home = _home(args)
     if args.foreground:
         from vfs.server import serve
@@ -225,11 +244,72 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    from sandbox import mounts
+
     home = _home(args)
     record = mounts.stop(home, args.mountpoint)
     where = os.path.realpath(args.mountpoint)
     emit(args.json, {"mountpoint": where, "session_id": record.session_id if record else None},
          [f"unmounted {where}"])
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from catalog.sessions import load_session
+    from sandbox import launch, sessions
+
+    argv, args.timeout = _run_options(list(args.command), args.timeout)
+    if not argv:
+        raise BadInput("run needs a COMMAND to run in the sandbox")
+    timeout = parse_duration_us(args.timeout) / 1e6 if args.timeout else None
+    home = _home(args)
+    load_session(home, args.session)  # unknown sessions: exit 2 before anything is started
+    launch.preflight()  # refuse before mounting anything if no safe sandbox can be built
+    found = sessions.kept(home, args.session)
+    if found is not None:
+        return launch.run(found[1], argv, timeout=timeout)
+    proc, target = sessions.start(home, args.session, tied=True)
+    try:
+        return launch.run(target, argv, timeout=timeout)
+    finally:
+        sessions.stop_server(proc.pid, target.mountpoint)
+        proc.wait()
+
+
+def _run_options(words: list[str], timeout: str | None) -> tuple[list[str], str | None]:
+    """Split ``[--timeout D] [--] COMMAND...``: options before the command are ours."""
+    while words and words[0].startswith("--"):
+        word = words.pop(0)
+        if word == "--":
+            break
+        if word == "--timeout" and words:
+            timeout = words.pop(0)
+        elif word.startswith("--timeout="):
+            timeout = word.split("=", 1)[1]
+        else:
+            raise BadInput("run: unknown option before the command (put the command after --)")
+    return words, timeout
+
+
+def cmd_session_up(args: argparse.Namespace) -> int:
+    from catalog.sessions import load_session
+    from sandbox import launch, sessions
+
+    home = _home(args)
+    load_session(home, args.session)
+    launch.preflight()
+    pid, target = sessions.keep(home, args.session)
+    emit(args.json, {"session_id": args.session, "pid": pid, "writable": target.writable},
+         ["the session's sandbox mount is up; 'scopefs run' reuses it until 'scopefs session down'"])
+    return 0
+
+
+def cmd_session_down(args: argparse.Namespace) -> int:
+    from sandbox import sessions
+
+    home = _home(args)
+    sessions.release(home, args.session)
+    emit(args.json, {"session_id": args.session}, ["the session's sandbox mount is down"])
     return 0
 
 
@@ -300,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--account")
     p.add_argument("--sender")
     p.add_argument("--conversation")
+    p = command("up", cmd_session_up, "keep the session's sandbox mount up so that each run reuses it", session)
+    p.add_argument("session")
+    p = command("down", cmd_session_down, "stop the session's kept sandbox mount", session)
+    p.add_argument("session")
 
     for name, func, helptext in (
         ("read", cmd_read, "print a note of the session's view (verified against its hash)"),
@@ -320,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", action="store_true", help="stay attached until unmounted")
     p = command("umount", cmd_umount, "unmount a view (also clears a mount whose server died)")
     p.add_argument("mountpoint")
+    p = command("run", cmd_run, "run COMMAND in a sandbox whose only memory is the session's view, at /memory")
+    p.add_argument("session")
+    p.add_argument("--timeout", metavar="DURATION", help="kill the sandbox after this long (exit 124)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")
@@ -332,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed: nowhere to report anything
         return 1
     raw = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in raw
+    as_json = "--json" in (raw[:raw.index("--")] if "--" in raw else raw)
     try:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
@@ -345,13 +433,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(as_json, 1, "interrupted")
     except BrokenPipeError:
         return 1
-    except (OSError, apsw.Error) as exc:
+    except Exception as exc:  # noqa: BLE001 - sorted below: storage trouble or a bug
+        if not isinstance(exc, OSError) and type(exc).__module__ != "apsw":  # a bug: one line, no values
+            return fail(as_json, 1, f"internal error: {exc.__class__.__name__}")
         # Unexpected storage trouble: one line naming the class of failure,
         # never a path or a value that might carry content.
         return fail(as_json, 1, f"storage failure: {exc.__class__.__name__}"
                     + (f" ({os.strerror(exc.errno)})" if isinstance(exc, OSError) and exc.errno else ""))
-    except Exception as exc:  # a bug: still one line, and still no values
-        return fail(as_json, 1, f"internal error: {exc.__class__.__name__}")
 
 
 if __name__ == "__main__":
