@@ -41,12 +41,14 @@ any way to gain one (it execs nothing).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import select
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -64,15 +66,14 @@ from vfs.gate import pid_namespace
 
 START_TIMEOUT_S = 30.0
 TIMED_OUT = 124  # what coreutils' timeout(1) returns
-# The command runs behind this shim (the system's bash, read-only in the
-# sandbox; dash cannot name descriptors above 9): it waits for the
-# launcher's "go", which comes only after the sandbox's pid namespace was
-# admitted, refuses at end of file (a launcher that failed or died), says
-# that it executes the command, and closes both pipes first, so the command
-# inherits nothing. bwrap's --block-fd would take an end of file for a go.
-SHIM_SHELL = ["/bin/bash", "--norc", "--noprofile", "-c"]
-SHIM = ('g=$1 r=$2; shift 2; IFS= read -r go <&"$g" && [ "$go" = go ] || exit 125; '
-        'printf x >&"$r"; exec {g}<&- {r}>&-; exec "$@"')
+# The command runs behind this shim (the system's own shell, read-only in
+# the sandbox): it waits for the launcher's "go", which comes only after
+# the sandbox's pid namespace was admitted, refuses at end of file (a
+# launcher that failed or died), says that it executes the command, and
+# closes both pipes first, so the command inherits nothing. bwrap's
+# --block-fd would take an end of file for a go.
+SHIM = 'IFS= read -r go <&{fd} && [ "$go" = go ] || exit 125; printf x >&{fd}; exec {fd}<&-; exec "$@"'
+SMALL_FD = 10  # dash names descriptors 0-9 only; bash (slower to start by about 0.5 ms) any
 MAX_STATUS = 1 << 16
 BPF_INSTRUCTION = 8  # bytes of one classic-BPF instruction
 FUSE_DEVICE = (10, 229)  # /dev/fuse's major and minor numbers
@@ -100,8 +101,14 @@ class Target:
     writable: bool
 
 
+@functools.cache
 def preflight() -> str:
-    """bwrap's path, or SandboxUnavailable saying exactly what is missing."""
+    """bwrap's path, or SandboxUnavailable saying exactly what is missing.
+
+    Remembered once it passed (a failure is not, so it is checked again):
+    a gateway calls ``run`` per command. If something goes away later,
+    bwrap itself fails and ``run`` still refuses; nothing falls back.
+    """
     if os.geteuid() != 0:
         raise SandboxUnavailable("cannot build a sandbox: scopefs run must be started by root (it gives each "
                                  "session its own uid and a mount only that uid can reach); nothing was run")
@@ -125,6 +132,7 @@ def preflight() -> str:
     return path
 
 
+@functools.cache
 def _filter_program() -> bytes:
     """The seccomp program, compiled once per version of ``sandbox/seccomp.py``.
 
@@ -246,22 +254,24 @@ def run(target: Target, argv: list[str], *, timeout: float | None = None,
     bwrap_exe = bwrap_path or preflight()
     tty = os.isatty(0) or os.isatty(1)
     layout = Layout(target.mountpoint, target.writable, tty=tty, term=os.environ.get("TERM"))
+    # One socket to the shim, both ways: the launcher's "go" (EOF: never go),
+    # and the shim's word that it executes the command now. One descriptor,
+    # so that it is usually below 10 and dash can name it.
+    launcher_end, shim_end = (sock.detach() for sock in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)  # the launcher's "go" to the shim (EOF: never go)
-    ran_r, ran_w = os.pipe2(os.O_CLOEXEC)  # the shim's word that it executes the command now
     passwd_fd = _data_fd(bwrap.PASSWD.encode(), "passwd")
     group_fd = _data_fd(bwrap.GROUP.encode(), "group")
-    owned = [status_r, status_w, go_r, go_w, ran_r, ran_w, passwd_fd, group_fd]
+    owned = [status_r, status_w, launcher_end, shim_end, passwd_fd, group_fd]
     with _closing(owned):
         args = bwrap.options(layout, protections, passwd_fd=passwd_fd, group_fd=group_fd)
         args += ["--json-status-fd", str(status_w)]
-        child_fds = [status_w, go_r, ran_w, passwd_fd, group_fd]
+        child_fds = [status_w, shim_end, passwd_fd, group_fd]
         if protections.seccomp:
             filter_fd = _data_fd(_filter_program(), "seccomp")
             owned.append(filter_fd)
             child_fds.append(filter_fd)
             args += ["--seccomp", str(filter_fd)]
-        shimmed = [*SHIM_SHELL, SHIM, "scopefs-run", str(go_r), str(ran_w), *argv]
+        shimmed = [*_shim_shell(shim_end), SHIM.format(fd=shim_end), "scopefs-run", *argv]
         if protections.options_via_fd:
             args_fd = _data_fd(b"".join(a.encode() + b"\0" for a in args), "bwrap-args")
             owned.append(args_fd)
@@ -277,14 +287,20 @@ def run(target: Target, argv: list[str], *, timeout: float | None = None,
         proc = subprocess.Popen(command, env={} if protections.empty_env else dict(os.environ),
                                 pass_fds=tuple(child_fds), close_fds=True, process_group=0, **identity)
         try:
-            for fd in (status_w, go_r, ran_w):
+            for fd in (status_w, shim_end):
                 os.close(fd)
                 owned.remove(fd)
-            return _supervise(proc, target, StatusStream(status_r), go_w, ran_r, timeout)
+            return _supervise(proc, target, StatusStream(status_r), launcher_end, timeout)
         finally:
             if proc.returncode is None:  # only on a bug: never leave bwrap behind
                 proc.kill()
                 proc.wait()
+
+
+def _shim_shell(*fds: int) -> list[str]:
+    if max(fds) < SMALL_FD:
+        return ["/bin/sh", "-c"]
+    return ["/bin/bash", "--norc", "--noprofile", "-c"]
 
 
 def _sandbox_init(status: StatusStream, control: str | None) -> tuple[int, int, int]:
@@ -306,7 +322,7 @@ def _sandbox_init(status: StatusStream, control: str | None) -> tuple[int, int, 
     return pid, pidfd, found
 
 
-def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStream, go_w: int, ran_r: int,
+def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStream, shim: int,
                timeout: float | None) -> int:
     """Admit, release, wait; kill the whole sandbox on any failure before the go is withdrawn."""
     pidfd = -1
@@ -315,7 +331,7 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
         init_pid, pidfd, namespace = _sandbox_init(status, target.control)
         if target.control is not None:
             admission = _admit(target.control, namespace)
-        os.write(go_w, b"go\n")
+        os.write(shim, b"go\n")
         try:
             with terminal.forwarding(namespace, init_pid):
                 proc.wait(timeout)
@@ -333,7 +349,7 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
     code = status.exit_code()
     if code is not None:
         return code
-    if _read_nothing(ran_r):
+    if _read_nothing(shim):
         raise SandboxUnavailable("cannot build a sandbox: bubblewrap failed before the command started; "
                                  "nothing was run")
     raise SandboxUnavailable("the sandbox ended abnormally: bubblewrap reported no exit status for the command")
@@ -363,5 +379,11 @@ def _kill_sandbox(proc: subprocess.Popen[bytes], pidfd: int) -> None:
 
 
 def _read_nothing(fd: int) -> bool:
-    """Whether the shim never said it executes the command (the pipe is closed by now)."""
-    return os.read(fd, 1) == b""
+    """Whether the shim never said it executes the command (its end is closed by now).
+
+    A reset counts as nothing: the shim's end closed with the "go" unread.
+    """
+    try:
+        return os.read(fd, 1) == b""
+    except ConnectionResetError:
+        return True
