@@ -81,6 +81,7 @@ class Handle:
     fd: int = -1
     stamp: Stamp | None = None
     wrote: bool = False  # a write() came through this handle
+    namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
 
 
 class ScopeFS(pyfuse3.Operations):
@@ -166,6 +167,20 @@ class ScopeFS(pyfuse3.Operations):
 
     def _admit(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> None:
         if self.gate is not None and not self.gate.allows(ctx, root_attributes=root_attributes):
+            raise _fail(errno.EACCES)
+
+    def _opener(self, ctx: pyfuse3.RequestContext | None) -> int | None:
+        """For a handle about to be given out: the admitted namespace asking (EACCES if none)."""
+        if self.gate is None:
+            return None
+        namespace = self.gate.namespace_of(ctx)
+        if namespace is None:
+            raise _fail(errno.EACCES)
+        return namespace
+
+    def _usable(self, handle: Handle) -> None:
+        """Reads and writes need the namespace that opened the handle to be admitted still."""
+        if self.gate is not None and not self.gate.holds(handle.namespace):
             raise _fail(errno.EACCES)
 
     def _node(self, ino: int) -> Node:
@@ -523,7 +538,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        self._admit(ctx)
+        namespace = self._opener(ctx)
         node = self._node(inode)
         if node.kind is Kind.DIR:
             raise _fail(errno.EISDIR)
@@ -532,11 +547,12 @@ class ScopeFS(pyfuse3.Operations):
                 self._check_writable(node.parts)
             await self._ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
             await self._quiesce(node)
-            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True)), keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True, namespace=namespace)),
+                                    keep_cache=False)
         if node.draft is not None:
             self._check_copy(node)
             await self._quiesce(node)
-            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node)), keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, namespace=namespace)), keep_cache=False)
         note = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
         if note is None or not self.ns.view.usable:
             raise _fail(errno.ENOENT)
@@ -544,12 +560,13 @@ class ScopeFS(pyfuse3.Operations):
             raise _fail(errno.EACCES)
         stream = self._claim_stream(node, note)
         try:
-            return await self._open_verified(node, note, stream)
+            return await self._open_verified(node, note, stream, namespace)
         finally:
             if stream is not None:
                 self._release_stream(stream)
 
-    async def _open_verified(self, node: Node, note: VisibleNote, stream: PageStream | None) -> pyfuse3.FileInfo:
+    async def _open_verified(self, node: Node, note: VisibleNote, stream: PageStream | None,
+                             namespace: int | None = None) -> pyfuse3.FileInfo:
         fd, stamp, verified = await self._open_artifact(node, note, stream)
         try:
             if stream is None:
@@ -562,7 +579,7 @@ class ScopeFS(pyfuse3.Operations):
             keep = self._keep_cache(node, note, verified, stream)
             node.cached_revision = note.revision_id
             self._expose(note)
-            fh = self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp), stream)
+            fh = self._new_fh(Handle(node, note=note, fd=fd, stamp=stamp, namespace=namespace), stream)
         except BaseException:
             os.close(fd)
             raise
@@ -591,6 +608,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles[fh]
+        self._usable(handle)
         if handle.note is None:
             self._check_copy(handle.node)
             draft = handle.node.draft
@@ -612,7 +630,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        self._admit(ctx)
+        namespace = self._opener(ctx)
         parent = self._dir(parent_inode)
         text = self._child_name(name)
         parts = parent.parts + (text,)
@@ -636,12 +654,13 @@ class ScopeFS(pyfuse3.Operations):
             self.ns.add_local(node)
         await self._quiesce(node)
         node.lookups += 1
-        fh = self._new_fh(Handle(node, writable=True))
+        fh = self._new_fh(Handle(node, writable=True, namespace=namespace))
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attr(node)
 
     @guarded
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.handles[fh]
+        self._usable(handle)
         if not handle.writable or handle.node.draft is None:
             raise _fail(errno.EBADF)
         handle.wrote = True

@@ -10,8 +10,11 @@ sandbox). A host process that merely has the session uid is therefore
 refused too.
 
 The check runs on every request that carries a context (lookups, opens,
-creates, renames, attribute reads...). Requests without one (read, write,
-flush, release, readdir) act on a handle that an admitted open created.
+creates, renames, attribute reads...). Requests without one act on a
+handle that an admitted open created; reads and writes through it also
+stop when its namespace is dismissed (a descriptor passed out of the
+sandbox is then useless), while flush and release still run, since they
+finish what the sandbox already wrote.
 The pid in the context is the caller's thread id in this server's pid
 namespace, resolved through ``/proc`` per request, never cached: a pid can
 be reused by another process, a namespace inode cannot while it is alive.
@@ -57,6 +60,10 @@ class Gate:
     def admitted(self) -> frozenset[int]:
         return frozenset(self._namespaces)
 
+    def holds(self, namespace: int | None) -> bool:
+        """Whether ``namespace`` is still admitted (an open handle is usable only while it is)."""
+        return namespace is not None and namespace in self._namespaces
+
     def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
         """Whether to answer ``ctx``'s request.
 
@@ -69,7 +76,11 @@ class Gate:
         """
         if ctx is None or ctx.uid != self.uid:
             return False
-        if root_attributes:
-            return True
+        return root_attributes or self.namespace_of(ctx) is not None
+
+    def namespace_of(self, ctx: pyfuse3.RequestContext | None) -> int | None:
+        """The admitted pid namespace ``ctx`` comes from, or None (not the uid, not admitted)."""
+        if ctx is None or ctx.uid != self.uid:
+            return None
         namespace = pid_namespace(ctx.pid)
-        return namespace is not None and namespace in self._namespaces
+        return namespace if self.holds(namespace) else None

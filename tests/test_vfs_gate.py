@@ -1,0 +1,120 @@
+"""The gate of a sandbox's mount, in process: who gets answers, and for how long a handle works.
+
+A ``ScopeFS`` with a ``Gate`` runs in this process; requests carry a
+stand-in for pyfuse3's request context (the gate reads only ``uid`` and
+``pid``). The real mounts and sandboxes are in ``test_sandbox_*.py``;
+these tests pin the rules themselves.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pyfuse3
+import pytest
+import trio
+
+from catalog.home import Home
+from catalog.visible import build
+from tests.conftest import ALICE_FACT, Scenario
+from vfs.fs import ScopeFS
+from vfs.gate import Gate, pid_namespace
+
+SESSION_UID = 1_544_000_001  # any uid: nothing runs as it, only the contexts claim it
+
+
+@dataclass
+class Context:
+    uid: int
+    pid: int
+    gid: int = 0
+    umask: int = 0o022
+
+
+def _run(scenario: Scenario, test: Callable[[ScopeFS, Gate, int], Awaitable[None]]) -> None:
+    """``test(fs, gate, inode of private/notes/allergy.md)`` on Alice's view with a gate."""
+    home = Home.open(scenario.cli.home)
+    gate = Gate(SESSION_UID)
+    fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session), gate=gate,
+                 owner=(SESSION_UID, SESSION_UID))
+
+    async def main() -> None:
+        namespace = pid_namespace(os.getpid())
+        assert namespace is not None
+        gate.admit(namespace)
+        ino = pyfuse3.ROOT_INODE
+        me = Context(SESSION_UID, os.getpid())
+        for name in ("private", "notes", "allergy.md"):
+            ino = (await fs.lookup(ino, name.encode(), me)).st_ino
+        gate.dismiss(namespace)
+        await test(fs, gate, ino)
+
+    try:
+        trio.run(main)
+    finally:
+        fs.artifacts.close()
+        home.close()
+
+
+async def _errno(call: Awaitable[object]) -> int:
+    try:
+        await call
+    except pyfuse3.FUSEError as exc:
+        return exc.errno
+    return 0
+
+
+def test_only_the_session_uid_from_an_admitted_namespace_is_answered(scenario: Scenario) -> None:
+    async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
+        mine = pid_namespace(os.getpid())
+        assert mine is not None
+        me, root = Context(SESSION_UID, os.getpid()), Context(0, os.getpid())
+        assert await _errno(fs.open(ino, os.O_RDONLY, me)) == errno.EACCES  # right uid, not admitted
+        assert await _errno(fs.lookup(pyfuse3.ROOT_INODE, b"private", me)) == errno.EACCES
+        gate.admit(mine)
+        assert await _errno(fs.open(ino, os.O_RDONLY, root)) == errno.EACCES  # admitted namespace, wrong uid
+        assert await _errno(fs.open(ino, os.O_RDONLY, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
+        info = await fs.open(ino, os.O_RDONLY, me)  # the control: uid and namespace both right
+        assert await fs.read(info.fh, 0, 4096) == ALICE_FACT
+        await fs.release(info.fh)
+        # The root's constant attributes, for the session uid only (bwrap needs them first).
+        gate.dismiss(mine)
+        assert (await fs.getattr(pyfuse3.ROOT_INODE, me)).st_uid == SESSION_UID
+        assert await _errno(fs.getattr(pyfuse3.ROOT_INODE, root)) == errno.EACCES
+        assert await _errno(fs.getattr(ino, me)) == errno.EACCES
+
+    _run(scenario, test)
+
+
+def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenario) -> None:
+    """A descriptor passed out of a sandbox, or held past its admission, reads and writes nothing."""
+    async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
+        mine = pid_namespace(os.getpid())
+        assert mine is not None
+        me = Context(SESSION_UID, os.getpid())
+        gate.admit(mine)
+        reader = await fs.open(ino, os.O_RDONLY, me)
+        writer = await fs.open(ino, os.O_WRONLY, me)
+        assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
+        gate.dismiss(mine)
+        assert await _errno(fs.read(reader.fh, 0, 4096)) == errno.EACCES
+        assert await _errno(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
+        gate.admit(mine)  # admitted again (another sandbox in the same namespace): usable again
+        assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
+        await fs.release(reader.fh)
+        await fs.release(writer.fh)
+
+    _run(scenario, test)
+
+
+@pytest.mark.parametrize("admissions", [1, 2])
+def test_an_admission_is_counted(admissions: int) -> None:
+    """Two launchers admitting the same namespace: the first dismissal leaves the second's."""
+    gate = Gate(SESSION_UID)
+    for _ in range(admissions):
+        gate.admit(42)
+    gate.dismiss(42)
+    assert gate.holds(42) is (admissions == 2)
