@@ -1,0 +1,121 @@
+"""Turning note text into vectors for the search index, with a pluggable model.
+
+Search ranks by meaning as well as by words, and the vectors it compares
+must all come from the same model: a changed model (or dimension) must
+force a reindex, never mix two spaces in one index. So every embedder
+has a ``name`` and a ``dimension``, which the index records beside its
+vectors (issue 5, point 6).
+
+The default needs no download and no network: ``HashingEmbedder`` hashes
+word unigrams, word bigrams and character trigrams into signed buckets
+(feature hashing) and normalizes to unit length. It is deterministic
+across processes and machines (BLAKE2b, not Python's salted ``hash``),
+so the same text always gets the same vector, and texts that share words
+and word pieces come out near each other. It knows no synonyms; that is
+what the optional sentence-transformers model is for, when its package
+is installed (``pip install 'scopefs[embeddings]'``).
+
+Nothing here logs or stores text; it only returns numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+import struct
+from collections.abc import Sequence
+from typing import Protocol
+
+MAX_TEXT_CHARS = 64 << 10  # what one chunk may hand the embedder; longer text is cut, never read whole
+_WORDS = re.compile(r"\w{1,64}", re.UNICODE)  # bounded: no catastrophic backtracking on hostile text
+
+
+class Embedder(Protocol):
+    """What the index needs from a model: a stable identity and vectors of one size."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+class HashingEmbedder:
+    """Deterministic local embeddings by feature hashing (the default)."""
+
+    def __init__(self, dimension: int = 256) -> None:
+        if not 16 <= dimension <= 4096:
+            raise ValueError("dimension must be between 16 and 4096")
+        self._dimension = dimension
+
+    @property
+    def name(self) -> str:
+        return f"scopefs-hashing-v1-{self._dimension}"
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._one(text) for text in texts]
+
+    def _one(self, text: str) -> list[float]:
+        vector = [0.0] * self._dimension
+        for feature, weight in _features(text[:MAX_TEXT_CHARS]):
+            digest = hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            bucket, sign = struct.unpack("<IxxxB", digest)
+            vector[bucket % self._dimension] += weight if sign & 1 else -weight
+        norm = math.sqrt(sum(v * v for v in vector))
+        return [v / norm for v in vector] if norm else vector
+
+
+def _features(text: str) -> list[tuple[str, float]]:
+    """Words weigh most, then word pairs, then character trigrams (which match word forms)."""
+    words = [w.casefold() for w in _WORDS.findall(text)]
+    features = [("w:" + w, 1.0) for w in words]
+    features += [("b:" + a + " " + b, 0.5) for a, b in itertools.pairwise(words)]
+    for word in words:
+        padded = f"^{word}$"
+        features += [("c:" + padded[i:i + 3], 0.25) for i in range(len(padded) - 2)]
+    return features
+
+
+class SentenceEmbedder:
+    """A sentence-transformers model, when that optional package is installed."""
+
+    def __init__(self, model: str = "sentence-transformers/all-MiniLM-L6-v2") -> None:
+        try:
+            from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+        except ImportError:
+            raise RuntimeError("the sentence-transformers package is not installed "
+                               "(pip install 'scopefs[embeddings]')") from None
+        self._model_name = model
+        self._model = SentenceTransformer(model)
+        self._dimension = int(self._model.get_sentence_embedding_dimension())
+
+    @property
+    def name(self) -> str:
+        return f"sentence-transformers:{self._model_name}"
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors = self._model.encode([t[:MAX_TEXT_CHARS] for t in texts], normalize_embeddings=True)
+        return [list(map(float, v)) for v in vectors]
+
+
+def default_embedder() -> Embedder:
+    return HashingEmbedder()
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Cosine similarity of two vectors (1.0 for the same direction)."""
+    dot = sum(x * y for x, y in zip(a, b))
+    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norms if norms else 0.0
