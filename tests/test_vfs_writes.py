@@ -149,3 +149,34 @@ def test_a_new_note_written_in_one_go_is_one_revision(scenario: Scenario, mounts
     notes = live_notes(home, scenario.conversation)
     assert notes[name].revisions == 1
     assert notes[name].active_sha256 == _sha(b"hello\n")
+
+
+@pytest.mark.parametrize("how", ["unlink", "rename-away"])
+def test_a_folder_emptied_here_stays_under_the_shell_in_it(scenario: Scenario, mounts, how: str) -> None:
+    """Removing or moving away a folder's last note (committed: the folder fsync'd) leaves the
+    folder, as on any filesystem: a shell whose working directory it is can still make a note
+    there. (Folders exist in the catalog only through their notes.)"""
+    home = scenario.cli.home
+    scenario.cli.j("write", scenario.alice_session, "private/solo/deep/a.md", stdin=b"alone\n")
+    view = mounts.mount(scenario.alice_session)
+    folder = view / "private" / "solo" / "deep"
+    cwd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # the shell's working directory
+    try:
+        if how == "unlink":
+            os.unlink("a.md", dir_fd=cwd)
+        else:
+            os.rename(folder / "a.md", view / "private" / "moved.md")
+        os.fsync(cwd)
+        wait_until(lambda: "solo/deep/a.md" not in live_notes(home, scenario.alice))
+        assert os.listdir(cwd) == []
+        fd = os.open("b.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=cwd)
+        os.write(fd, b"again\n")
+        os.close(fd)
+    finally:
+        os.close(cwd)
+    assert live_notes(home, scenario.alice)["solo/deep/b.md"].revisions == 1
+    assert sorted(os.listdir(view / "private" / "solo")) == ["deep"]
+    os.unlink(folder / "b.md")
+    _fsync_dir(folder)  # the removal settles now (as in the rmdir test above)
+    os.rmdir(folder)  # and it can still be removed like any folder
+    assert not folder.exists()

@@ -884,6 +884,7 @@ class ScopeFS(pyfuse3.Operations):
         if removal is not None and removal.in_flight:
             raise _fail(errno.EAGAIN)
         await self._catalog(catalog_ops.rename, self.home, self.session_id, "/".join(src), "/".join(dst))
+        self.ns.keep_folders(src[:-1])
         self.ns.cancel_removal(dst)
         self._replace_target(target, dst)
         note = self.ns.note_of(node)

@@ -138,10 +138,28 @@ class Namespace:
             del self.by_resource[node.resource_id]
 
     def schedule_removal(self, parts: Parts, resource_id: str) -> None:
+        self.keep_folders(parts[:-1])
         self.removed[parts] = Removal(resource_id, time.monotonic() + REMOVAL_GRACE_S)
         node = self.by_resource.get(resource_id)
         if node is not None:
             self.detach(node)
+
+    def keep_folders(self, parts: Parts) -> None:
+        """Keep ``parts`` and its folders up to the root in this mount, even once empty.
+
+        Folders exist in the catalog only through their notes, so removing
+        or moving away a folder's last note would make it vanish, under a
+        shell whose working directory it is. As on any filesystem, a folder
+        this mount emptied stays (until it is removed or the mount ends).
+        """
+        found = self.mount_for(parts)
+        if found is None:
+            return
+        root_length = len(parts) - len(found[1])
+        for length in range(len(parts), root_length, -1):
+            folder = self.dirs.get(parts[:length])
+            if folder is not None and parts[:length] not in self.local:
+                self.add_local(folder)
 
     def cancel_removal(self, parts: Parts) -> Removal | None:
         return self.removed.pop(parts, None)
@@ -206,6 +224,8 @@ class Namespace:
         return [i for i in out if i is not None]
 
     def _forget_dir(self, parts: Parts) -> Invalidation | None:
+        if parts in self.local:
+            return None  # a folder this mount emptied itself: see keep_folders
         node = self.dirs.pop(parts, None)
         if node is None:
             return None
