@@ -9,7 +9,7 @@ vectors (issue 5, point 6).
 The default needs no download and no network: ``HashingEmbedder`` hashes
 word unigrams, word bigrams and character trigrams into signed buckets
 (feature hashing) and normalizes to unit length. It is deterministic
-across processes and machines (BLAKE2b, not Python's salted ``hash``),
+across processes and machines (CRC-32, not Python's salted ``hash``),
 so the same text always gets the same vector, and texts that share words
 and word pieces come out near each other. It knows no synonyms; that is
 what the optional sentence-transformers model is for, when its package
@@ -20,11 +20,11 @@ Nothing here logs or stores text; it only returns numbers.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import re
-import struct
+import zlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -54,7 +54,7 @@ class HashingEmbedder:
 
     @property
     def name(self) -> str:
-        return f"scopefs-hashing-v1-{self._dimension}"
+        return f"scopefs-hashing-v2-{self._dimension}"
 
     @property
     def dimension(self) -> int:
@@ -65,22 +65,30 @@ class HashingEmbedder:
 
     def _one(self, text: str) -> list[float]:
         vector = [0.0] * self._dimension
-        for feature, weight in _features(text[:MAX_TEXT_CHARS]):
-            digest = hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            bucket, sign = struct.unpack("<IxxxB", digest)
-            vector[bucket % self._dimension] += weight if sign & 1 else -weight
+        for feature, weight in _features(text[:MAX_TEXT_CHARS]).items():
+            # CRC-32 is deterministic everywhere and cheap (this runs on every
+            # write); its low bits pick the bucket, its top bit the sign.
+            digest = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
+            vector[digest % self._dimension] += weight if digest >> 31 else -weight
         norm = math.sqrt(sum(v * v for v in vector))
         return [v / norm for v in vector] if norm else vector
 
 
-def _features(text: str) -> list[tuple[str, float]]:
-    """Words weigh most, then word pairs, then character trigrams (which match word forms)."""
-    words = [w.casefold() for w in _WORDS.findall(text)]
-    features = [("w:" + w, 1.0) for w in words]
-    features += [("b:" + a + " " + b, 0.5) for a, b in itertools.pairwise(words)]
-    for word in words:
+def _features(text: str) -> Counter[str]:
+    """Words weigh most, then word pairs, then character trigrams (which match word forms).
+
+    Counted first, so a word repeated a hundred times is hashed once.
+    """
+    words = Counter(w.casefold() for w in _WORDS.findall(text))
+    pairs = Counter(itertools.pairwise(w.casefold() for w in _WORDS.findall(text)))
+    features: Counter[str] = Counter()
+    for word, count in words.items():
+        features["w:" + word] += count
         padded = f"^{word}$"
-        features += [("c:" + padded[i:i + 3], 0.25) for i in range(len(padded) - 2)]
+        for i in range(len(padded) - 2):
+            features["c:" + padded[i:i + 3]] += 0.25 * count
+    for (first, second), count in pairs.items():
+        features["b:" + first + " " + second] += 0.5 * count
     return features
 
 
