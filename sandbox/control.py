@@ -23,14 +23,21 @@ from vfs.gate import Gate
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-async def serve_control(path: str, gate: Gate) -> None:
-    """Accept launchers on ``path`` until cancelled; the socket file is removed after."""
+async def serve_control(path: str, gate: Gate, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                        ) -> None:
+    """Accept launchers on ``path`` until cancelled; the socket file is removed after.
+
+    Reports itself started (``nursery.start``) only once it listens, so the
+    mount is never announced ready while a launcher's connect could still be
+    refused.
+    """
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     await listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(16)
+    task_status.started()
     try:
         async with trio.open_nursery() as nursery:
             while True:

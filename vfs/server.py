@@ -60,12 +60,12 @@ async def _announce(mountpoint: str, on_ready: Callable[[], None]) -> None:
 
 
 async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None,
-               tasks: Sequence[Callable[[], Awaitable[None]]]) -> None:
+               tasks: Sequence[Callable[..., Awaitable[None]]]) -> None:
     async with trio.open_nursery() as nursery:
         await fs.background(nursery)
         nursery.start_soon(_stop_on_signal, fs)
         for task in tasks:
-            nursery.start_soon(task)
+            await nursery.start(task)  # each is ready (listening, say) before the mount is announced
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
         await pyfuse3.main()
@@ -75,13 +75,14 @@ async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None
 
 def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[], None] | None = None,
           extra_options: frozenset[str] = frozenset(), gate: Gate | None = None,
-          owner: tuple[int, int] | None = None, tasks: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
+          owner: tuple[int, int] | None = None, tasks: Sequence[Callable[..., Awaitable[None]]] = ()) -> None:
     """Mount ``session_id``'s view at ``mountpoint`` and serve it until unmounted.
 
     A sandbox's mount passes a ``gate`` (only admitted sandboxes of the
     session uid get answers), the ``owner`` its inodes show, and ``tasks``
     that run beside the filesystem for as long as it is mounted (the
-    launcher's control socket).
+    launcher's control socket); each is started with ``nursery.start`` and
+    must report ``task_status.started()`` once it serves.
     """
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
