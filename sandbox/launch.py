@@ -331,7 +331,11 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
         init_pid, pidfd, namespace = _sandbox_init(status, target.control)
         if target.control is not None:
             admission = _admit(target.control, namespace)
-        os.write(shim, b"go\n")
+        try:
+            os.write(shim, b"go\n")
+        except (BrokenPipeError, ConnectionResetError):  # the shim's end is gone: bwrap failed before it
+            raise SandboxUnavailable("cannot build a sandbox: bubblewrap failed before the command started; "
+                                     "nothing was run") from None
         try:
             with terminal.forwarding(namespace, init_pid):
                 proc.wait(timeout)
