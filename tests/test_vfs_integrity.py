@@ -145,6 +145,16 @@ def _cat_fails(path: Path, *secrets: bytes) -> None:
         assert secret not in proc.stdout
 
 
+def _assert_refused(scenario: Scenario, note: Path, tampered: bytes, revision: str | None = None) -> None:
+    """A tampered note: EIO on open or read, one audited error naming its revision (and no
+    content), and ``cat`` shows neither the original nor the tampered bytes."""
+    home = scenario.cli.home
+    _expect_eio_on_open_or_read(note)
+    revision = revision or _active_revision(home, scenario.alice, NOTE)
+    _assert_error_audited(home, scenario.alice_session, revision, secrets=(b"hazelnut", b"pistachio"))
+    _cat_fails(note, ALICE_FACT, tampered)
+
+
 def _pread_errno(fd: int, size: int, offset: int) -> int | bytes:
     """The errno of a failing pread, or the bytes it returned."""
     try:
@@ -225,9 +235,7 @@ def test_tamper_in_place_after_a_cached_read_gives_eio(scenario: Scenario, mount
                     "shorter": ALICE_FACT[:20]}[kind]
         _overwrite_in_place(artifact, tampered)
 
-        _expect_eio_on_open_or_read(note)
-        _assert_error_audited(home, scenario.alice_session, revision, secrets=(b"hazelnut", b"pistachio"))
-        _cat_fails(note, ALICE_FACT, tampered)
+        _assert_refused(scenario, note, tampered, revision)
         # The process that held the note open since before the tamper: its
         # next reads fail, at the offset it read and at another one.
         _held_read_fails(held, 7, tampered, ALICE_FACT)
@@ -284,10 +292,7 @@ def test_remembered_verification_does_not_hide_a_tamper(scenario: Scenario, moun
         assert note.read_bytes() == ALICE_FACT
     tampered = _tampered(ALICE_FACT)
     _overwrite_in_place(artifact, tampered, keep_times=True)
-    _expect_eio_on_open_or_read(note)
-    _assert_error_audited(home, scenario.alice_session, _active_revision(home, scenario.alice, NOTE),
-                          secrets=(b"hazelnut", b"pistachio"))
-    _cat_fails(note, ALICE_FACT, tampered)
+    _assert_refused(scenario, note, tampered)
 
 
 # -- a missing or replaced artifact ---------------------------------------------
@@ -346,10 +351,7 @@ def test_replaced_artifact_is_rehashed(scenario: Scenario, mounts: Mounts) -> No
 
     tampered = _tampered(ALICE_FACT)
     _replace_by_new_inode(artifact, tampered)
-    _expect_eio_on_open_or_read(note)
-    _assert_error_audited(home, scenario.alice_session, _active_revision(home, scenario.alice, NOTE),
-                          secrets=(b"hazelnut", b"pistachio"))
-    _cat_fails(note, ALICE_FACT, tampered)
+    _assert_refused(scenario, note, tampered)
 
 
 # -- a large note, hashed on a thread --------------------------------------------

@@ -285,13 +285,19 @@ def test_a_killed_server_leaves_a_mount_that_fails_fast_and_umount_clears_it(sce
 
 # -- --foreground ------------------------------------------------------------
 
-def test_foreground_stays_attached_until_scopefs_umount(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
+def _foreground(scenario: Scenario, mounts: Mounts) -> tuple[Path, subprocess.Popen[bytes]]:  # noqa: F811
+    """``scopefs --json mount --foreground`` of Alice's session, registered for cleanup."""
     where = mounts.root / "fg"
     where.mkdir(parents=True)
     mounts.active.append(where)
     proc = subprocess.Popen([SCOPEFS, "--json", "mount", "--foreground", scenario.alice_session, str(where)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=_env(scenario))
+    return where, proc
+
+
+def test_foreground_stays_attached_until_scopefs_umount(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
+    where, proc = _foreground(scenario, mounts)
     try:
         line = _read_line(proc.stdout)
         assert line, f"no readiness line; exit {proc.poll()}"
@@ -325,12 +331,7 @@ def test_foreground_stays_attached_until_scopefs_umount(scenario: Scenario, moun
 
 
 def test_foreground_server_unmounts_itself_on_sigterm(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
-    where = mounts.root / "fg"
-    where.mkdir(parents=True)
-    mounts.active.append(where)
-    proc = subprocess.Popen([SCOPEFS, "--json", "mount", "--foreground", scenario.alice_session, str(where)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=_env(scenario))
+    where, proc = _foreground(scenario, mounts)
     try:
         assert _read_line(proc.stdout), f"no readiness line; exit {proc.poll()}"
         assert (where / NOTE).read_bytes() == ALICE_FACT
