@@ -195,12 +195,23 @@ def _load_record(path: Path) -> MountRecord | None:
         return None
 
 
-def _alive_server(pid: int) -> bool:
+def server_alive(pid: int, module: str = "vfs.server") -> bool:
+    """Whether ``pid`` is still a mount server of ``module`` (not a zombie, not a reused pid)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"vfs.server" in cmdline
+    return module.encode() in cmdline
+
+
+def await_exit(pid: int, module: str = "vfs.server", timeout: float = STOP_TIMEOUT_S) -> None:
+    """Wait for a mount server to finish its shutdown; SIGKILL it if it will not."""
+    deadline = time.monotonic() + timeout
+    while server_alive(pid, module) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if server_alive(pid, module):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop(home: Home, mountpoint: str) -> MountRecord | None:
@@ -219,11 +230,7 @@ def stop(home: Home, mountpoint: str) -> MountRecord | None:
         if "busy" in done.stderr.lower():
             raise StorageError(f"{mountpoint} is busy (a process is using it); close it and try again")
         raise StorageError(f"cannot unmount {mountpoint}: {done.stderr.strip()[:200]}")
-    if record is not None and _alive_server(record.pid):
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _alive_server(record.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _alive_server(record.pid):
-            os.kill(record.pid, signal.SIGKILL)
+    if record is not None:
+        await_exit(record.pid)
     record_path.unlink(missing_ok=True)
     return record

@@ -29,7 +29,6 @@ from sandbox import mounts, uids
 from sandbox.launch import Target
 from sandbox.places import control_dir, mounts_dir
 
-STOP_TIMEOUT_S = 30.0
 FRESH_S = 60.0
 SERVER_MODULE = "sandbox.server"
 
@@ -49,13 +48,6 @@ def _target(details: dict[str, object]) -> Target:
         raise StorageError("the sandbox mount server reported nothing usable") from None
 
 
-def _server_alive(pid: int) -> bool:
-    try:
-        return SERVER_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 def start(home: Home, session_id: str, *, tied: bool) -> tuple[subprocess.Popen[bytes], Target]:
     """Start a sandbox mount server; ``tied`` makes it end with this process."""
     sweep()
@@ -69,12 +61,7 @@ def stop_server(pid: int, mountpoint: str | None = None) -> None:
     """SIGTERM a sandbox mount server and wait; SIGKILL and lazy-unmount if it will not go."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _server_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if _server_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    mounts.await_exit(pid, SERVER_MODULE)
     if mountpoint is not None:
         _clear(Path(mountpoint).parent)
 
@@ -108,21 +95,8 @@ def sweep() -> None:
         if not uids.held(st.st_uid):
             _clear(place)
     _sweep_control(root)
-    _sweep_orphans()
+    uids.kill_orphans()
     uids.sweep()
-
-
-def _sweep_orphans() -> None:
-    """Kill processes that run as a sandbox uid nobody holds (their launcher and server are gone)."""
-    with os.scandir("/proc") as entries:
-        owners = set()
-        for entry in entries:
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    owners.add(entry.stat(follow_symlinks=False).st_uid)
-    for uid in owners:
-        if uids.in_range(uid) and not uids.held(uid):
-            uids.kill_processes(uid)
 
 
 def _sweep_control(places_root: Path) -> None:
@@ -143,7 +117,7 @@ def kept(home: Home, session_id: str) -> tuple[int, Target] | None:
         pid, target = int(record["pid"]), _target(record)
     except (OSError, ValueError, KeyError, TypeError, StorageError):
         return None
-    if not _server_alive(pid) or mounts.mounted_fstype(target.mountpoint) != mounts.FSTYPE:
+    if not mounts.server_alive(pid, SERVER_MODULE) or mounts.mounted_fstype(target.mountpoint) != mounts.FSTYPE:
         return None
     return pid, target
 

@@ -131,16 +131,27 @@ def sweep() -> None:
             os.close(fd)
 
 
-def processes_of(uid: int) -> list[int]:
-    """Pids of the processes running as ``uid`` now (by the owner of their /proc entry)."""
-    found = []
+def _process_owners() -> dict[int, int]:
+    """pid -> uid of every process now (the owner of its /proc entry)."""
+    owners = {}
     with os.scandir("/proc") as entries:
         for entry in entries:
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        found.append(int(entry.name))
-    return found
+                    owners[int(entry.name)] = entry.stat(follow_symlinks=False).st_uid
+    return owners
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the processes running as ``uid`` now."""
+    return [pid for pid, owner in _process_owners().items() if owner == uid]
+
+
+def kill_orphans() -> None:
+    """Kill processes that run as a sandbox uid nobody holds (their launcher and server are gone)."""
+    for uid in set(_process_owners().values()):
+        if in_range(uid) and not held(uid):
+            kill_processes(uid)
 
 
 def kill_processes(uid: int) -> None:
