@@ -122,6 +122,35 @@ def default_embedder() -> Embedder:
     return HashingEmbedder()
 
 
+_HASHING_PREFIX = "scopefs-hashing-v2-"
+_SENTENCE_PREFIX = "sentence-transformers:"
+_loaded: dict[str, Embedder] = {}
+
+
+def embedder_for(name: str) -> Embedder:
+    """The embedder an index records by ``name``, loaded once per process.
+
+    ValueError for a name no embedder answers to; RuntimeError when the
+    model's optional package is not installed. Callers degrade to words only
+    and say so; they never substitute another model, whose vectors would
+    live in a different space.
+    """
+    found = _loaded.get(name)
+    if found is not None:
+        return found
+    if name.startswith(_HASHING_PREFIX) and name[len(_HASHING_PREFIX):].isdigit():
+        embedder: Embedder = HashingEmbedder(int(name[len(_HASHING_PREFIX):]))
+    elif name.startswith(_SENTENCE_PREFIX) and len(name) > len(_SENTENCE_PREFIX):
+        embedder = SentenceEmbedder(name[len(_SENTENCE_PREFIX):])
+    else:
+        raise ValueError("unknown embedding model; use scopefs-hashing-v2-<dimension> or "
+                         "sentence-transformers:<model>")
+    if embedder.name != name:
+        raise ValueError("unknown embedding model")
+    _loaded[name] = embedder
+    return embedder
+
+
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     """Cosine similarity of two vectors (1.0 for the same direction)."""
     dot = sum(x * y for x, y in zip(a, b))

@@ -191,6 +191,56 @@ def cmd_write(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from catalog.search import search
+
+    home = _home(args)
+    outcome = search(home, args.session, args.query, limit=args.limit, about=args.about, actor_id=args.actor,
+                     mode=args.mode)
+    lines = []
+    for hit in outcome.hits:
+        lines.append(f"{hit.citation}  score {hit.score:.4f}")
+        lines.extend("    " + line for line in hit.snippet.split("\n"))
+    emit(args.json, {"results": [hit.as_dict() for hit in outcome.hits], "arms": list(outcome.arms)},
+         lines or ["no results"])
+    return 0
+
+
+def cmd_subject(args: argparse.Namespace) -> int:
+    from catalog.about import attach, subjects_of
+
+    home = _home(args)
+    if args.verb == "list":
+        found = subjects_of(home, args.session, args.path)
+        emit(args.json, {"subjects": [{"principal_id": p} for p in found]}, found or ["no verified subjects"])
+        return 0
+    changed = attach(home, args.session, args.path, args.principal, remove=args.verb == "remove")
+    emit(args.json, {"changed": changed}, [("changed" if changed else "unchanged")])
+    return 0
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    from catalog.index import reindex
+
+    home = _home(args)
+    agents = [validate_agent_name(args.agent)] if args.agent else home.agents()
+    if args.agent and not home.agent_exists(args.agent):
+        raise BadInput(f"unknown agent: {args.agent}")
+    reports = {}
+    for agent_id in agents:
+        def progress(done: int, total: int, agent_id: str = agent_id) -> None:
+            sys.stderr.write(f"scopefs: reindex {agent_id}: {done}/{total} revisions\n")
+        reports[agent_id] = reindex(home, agent_id, model=args.model, progress=progress)
+    failed = [r for report in reports.values() for r in report.failed]
+    emit(args.json, {"agents": [{"agent_id": a, "revisions": r.revisions, "chunks": r.chunks, "model": r.model,
+                                 "failed_revision_ids": r.failed} for a, r in reports.items()],
+                     "exit_code": 4 if failed else 0},
+         [f"{a}: {r.revisions} revisions, {r.chunks} chunks, model {r.model}"
+          + (f"; {len(r.failed)} failed verification and stay unsearchable" if r.failed else "")
+          for a, r in reports.items()])
+    return 4 if failed else 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from catalog.listing import list_folder
 
@@ -398,6 +448,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", default="")
     p.add_argument("--actor", metavar="PRINCIPAL")
 
+    p = command("search", cmd_search, "search the session's view by words and meaning; results name virtual paths")
+    p.add_argument("session")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=10, help="how many results (1-100, default 10)")
+    p.add_argument("--about", metavar="PRINCIPAL", help="only notes carrying this verified subject (a principal id)")
+    p.add_argument("--mode", choices=("hybrid", "words", "vectors"), default="hybrid",
+                   help="both arms (default; each degrades to the other, saying so) or exactly one")
+    p.add_argument("--actor", metavar="PRINCIPAL")
+
+    subject = sub.add_parser("subject", help="verified subjects of notes").add_subparsers(
+        dest="verb", required=True, parser_class=_Parser)
+    for verb, helptext in (("add", "attach a verified subject (a principal id) to a note"),
+                           ("remove", "detach a verified subject from a note")):
+        p = command(verb, cmd_subject, helptext, subject)
+        p.add_argument("session")
+        p.add_argument("path")
+        p.add_argument("principal")
+    p = command("list", cmd_subject, "list a note's verified subjects", subject)
+    p.add_argument("session")
+    p.add_argument("path")
+
+    p = command("reindex", cmd_reindex, "rebuild the search index from verified artifacts; --model switches models")
+    p.add_argument("--agent")
+    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (default 256) or sentence-transformers:<model>")
+
     p = command("mount", cmd_mount, "mount the session's view at MOUNTPOINT; returns once it answers")
     p.add_argument("session")
     p.add_argument("mountpoint")
@@ -415,8 +490,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_to_stderr() -> None:
+    """Library warnings (a search arm that degraded, say) as one ``scopefs:`` line each."""
+    import logging
+
+    logger = logging.getLogger("scopefs")
+    if any(getattr(h, "scopefs_cli", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("scopefs: %(message)s"))
+    handler.scopefs_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.umask(0o077)
+    _log_to_stderr()
     if sys.stdout is None:  # started with stdout closed: nowhere to report anything
         return 1
     raw = list(sys.argv[1:] if argv is None else argv)

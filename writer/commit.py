@@ -15,6 +15,7 @@ from catalog.audit import settle
 from catalog.clock import now_us
 from catalog.db import immediate, one
 from catalog.errors import Conflict, IntegrityError
+from catalog.index import PreparedIndex, insert
 from catalog.policy import Decision
 from catalog.reasons import Reason
 from catalog.stores import active_revision
@@ -28,10 +29,15 @@ class PolicyChanged(Exception):
         super().__init__(str(decision.reason))
 
 
-def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revision_id: str,
+def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
              base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
-             final_sha256: str, recheck: Callable[[], Decision]) -> None:
+             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex) -> None:
     """Step 4: activate a pending revision whose final hash is already known.
+
+    ``index`` (prepared from the final file before this transaction) is
+    written in the same transaction, so a revision is searchable exactly
+    when it is active; superseding the base retires the base's rows by
+    trigger.
 
     ``recheck`` re-evaluates the policy inside the transaction (catalog reads
     only), so a deny added while the content was being written wins.
@@ -57,6 +63,8 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, revis
             catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
         catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
                         (now, revision_id))
+        insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
+               prepared=index)
         catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",
                         (now, intent_id))
         if event_id is not None:

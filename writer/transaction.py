@@ -42,6 +42,7 @@ from catalog.clock import now_us
 from catalog.db import STORAGE_FAILURES, immediate, one
 from catalog.errors import BadInput, Conflict, StorageError, storage_error
 from catalog.fsafe import open_dir, renameat2_noreplace
+from catalog.index import current_model, prepare_from_fd
 from catalog.paths import split_virtual_path
 from catalog.policy import Decision, Op
 from catalog.reasons import Reason
@@ -336,9 +337,10 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             durable = True
             final_sha256, _ = _final_hash(store_fd, locator)
             checkpoint(Step.FINALIZED)
+            index = prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))  # slow part, before the txn
             revalidate(access, op)
-            activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id,
-                     revision_id=pending.revision_id, base_revision_id=pending.base_revision_id,
+            activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id, store_id=store.store_id,
+                     revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
                      final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
         except BaseException as exc:

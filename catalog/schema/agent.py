@@ -266,4 +266,68 @@ BEGIN INSERT INTO change_log (store_id, resource_id)
              CASE NEW.target_kind WHEN 'resource' THEN NEW.target_id END; END;
 """
 
-AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1, V2))  # 'SCAG'
+# V3: the scoped search index (issue 5). Chunks are content-bearing derived
+# state: each row names the immutable revision it was cut from, is written
+# in the transaction that activates that revision, and is deleted by
+# trigger the moment the revision stops being active (superseded,
+# tombstoned, corrupt), so no lagging row outlives its revision. The FTS5
+# table holds no copy of its own (external content); vectors sit in the
+# chunk row, tagged with the model that made them, so a changed model can
+# never be mixed with the old space. Subjects are verified principals a
+# trusted caller attached to a resource; nothing infers them from text.
+V3 = """
+CREATE TABLE search_model (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    name      TEXT NOT NULL,
+    dimension INTEGER NOT NULL CHECK (dimension > 0)
+) STRICT;
+INSERT INTO search_model (singleton, name, dimension) VALUES (1, 'scopefs-hashing-v2-256', 256);
+
+CREATE TABLE search_chunks (
+    chunk_id    INTEGER PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    resource_id TEXT NOT NULL REFERENCES resources (resource_id),
+    store_id    TEXT NOT NULL REFERENCES stores (store_id),
+    ordinal     INTEGER NOT NULL CHECK (ordinal >= 0),
+    start_line  INTEGER NOT NULL CHECK (start_line >= 1),
+    end_line    INTEGER NOT NULL CHECK (end_line >= start_line),
+    body        TEXT NOT NULL,
+    embedding   BLOB,                        -- float32 vector; NULL when not embedded
+    model       TEXT,                        -- the search_model name that made it
+    CHECK ((embedding IS NULL) = (model IS NULL)),
+    UNIQUE (revision_id, ordinal)
+) STRICT;
+CREATE INDEX search_chunks_by_store ON search_chunks (store_id, model);
+CREATE INDEX search_chunks_by_resource ON search_chunks (resource_id);
+CREATE TRIGGER search_chunks_of_active BEFORE INSERT ON search_chunks
+WHEN NOT EXISTS (SELECT 1 FROM revisions v JOIN resources r ON r.resource_id = v.resource_id
+                 WHERE v.revision_id = NEW.revision_id AND v.state = 'active' AND r.state = 'live'
+                   AND v.agent_id = NEW.agent_id AND v.resource_id = NEW.resource_id
+                   AND r.store_id = NEW.store_id)
+BEGIN SELECT RAISE(ABORT, 'index rows are cut from an active revision of a live resource'); END;
+CREATE TRIGGER search_chunks_immutable BEFORE UPDATE ON search_chunks
+BEGIN SELECT RAISE(ABORT, 'index rows are replaced, never edited'); END;
+CREATE VIRTUAL TABLE search_fts USING fts5 (
+    body, content = 'search_chunks', content_rowid = 'chunk_id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER search_chunks_fts_add AFTER INSERT ON search_chunks
+BEGIN INSERT INTO search_fts (rowid, body) VALUES (NEW.chunk_id, NEW.body); END;
+CREATE TRIGGER search_chunks_fts_drop AFTER DELETE ON search_chunks
+BEGIN INSERT INTO search_fts (search_fts, rowid, body) VALUES ('delete', OLD.chunk_id, OLD.body); END;
+CREATE TRIGGER search_chunks_retire AFTER UPDATE OF state ON revisions WHEN NEW.state != 'active'
+BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id; END;
+
+CREATE TABLE resource_subjects (
+    resource_id  TEXT NOT NULL REFERENCES resources (resource_id),
+    principal_id TEXT NOT NULL,
+    agent_id     TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    session_id   TEXT NOT NULL,               -- the session the trusted caller attached it through
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (resource_id, principal_id)
+) STRICT;
+CREATE INDEX resource_subjects_by_principal ON resource_subjects (principal_id);
+"""
+
+AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1, V2, V3))  # 'SCAG'

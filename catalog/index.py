@@ -1,0 +1,192 @@
+"""The search index's rows: made outside transactions, written with activation.
+
+Index rows are content-bearing derived state (the seed's "Catalog rows and
+derived indexes"), so they follow the revision they were cut from exactly:
+
+* ``prepare`` cuts and embeds a revision's text *before* the activation
+  transaction (embedding is slow and touches no catalog row);
+* ``insert`` writes the rows *inside* that transaction, so a revision is
+  never active without its rows nor indexed without being active (a
+  trigger refuses rows of any other revision);
+* retirement needs no code: a trigger deletes a revision's rows when it
+  stops being active (superseded, tombstoned, corrupt), and ``retire``
+  deletes them when a search finds the artifact tampered;
+* ``reindex`` rebuilds from the catalog and verified artifacts only.
+
+Vectors carry the name of the model that made them. The catalog records
+one current model; rows made by another (or by none, when the model could
+not be loaded) are skipped by the vector arm until a reindex, so two
+vector spaces are never compared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import apsw
+
+from catalog.artifacts import read_verified
+from catalog.chunks import MAX_INDEXED_BYTES, Chunk, cut, note_text
+from catalog.db import immediate, one
+from catalog.embedding import embedder_for
+from catalog.errors import BadInput, IntegrityError, StorageError
+from catalog.home import Home
+from catalog.stores import RevisionRow, StoreRow
+from catalog.vectors import pack
+
+log = logging.getLogger("scopefs.search")
+
+EMBED_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    dimension: int
+
+
+@dataclass(frozen=True)
+class PreparedIndex:
+    """One revision's rows, ready to insert; ``vectors`` is None when not embedded."""
+
+    chunks: tuple[Chunk, ...]
+    model: str | None
+    vectors: tuple[bytes, ...] | None
+
+
+def current_model(conn: apsw.Connection) -> Model:
+    row = one(conn, "SELECT name, dimension FROM search_model WHERE singleton = 1")
+    if row is None:
+        raise StorageError("the catalog has no search model; run 'scopefs reindex'")
+    return Model(row[0], row[1])
+
+
+def prepare(data: bytes, model: Model) -> PreparedIndex:
+    """Cut and embed a revision's text; no catalog access, no transaction.
+
+    A model that cannot be loaded leaves the rows unembedded (found by words
+    only) and says so once per process; the write itself never fails for it.
+    """
+    chunks = tuple(cut(note_text(data)))
+    if not chunks:
+        return PreparedIndex((), None, None)
+    try:
+        embedder = embedder_for(model.name)
+    except (ValueError, RuntimeError) as exc:
+        _warn_once(f"search index: the embedding model cannot be loaded ({exc}); "
+                   "new notes are indexed by words only until 'scopefs reindex'")
+        return PreparedIndex(chunks, None, None)
+    vectors: list[bytes] = []
+    for start in range(0, len(chunks), EMBED_BATCH):
+        batch = chunks[start:start + EMBED_BATCH]
+        vectors.extend(pack(v) for v in embedder.embed([c.body for c in batch]))
+    return PreparedIndex(chunks, model.name, tuple(vectors))
+
+
+def prepare_from_fd(fd: int, model: Model) -> PreparedIndex:
+    """``prepare`` for the indexed head of an open artifact (read outside any transaction)."""
+    return prepare(os.pread(fd, MAX_INDEXED_BYTES, 0), model)
+
+
+def insert(conn: apsw.Connection, agent_id: str, *, revision_id: str, resource_id: str, store_id: str,
+           prepared: PreparedIndex) -> None:
+    """Inside the activation transaction: the revision's rows, after it became active.
+
+    Vectors made with a model that is no longer current (a reindex switched
+    models meanwhile) are dropped, never mixed in; the reindex picks the
+    rows up.
+    """
+    if not prepared.chunks:
+        return
+    model = prepared.model if prepared.model == current_model(conn).name else None
+    rows = [(agent_id, revision_id, resource_id, store_id, c.ordinal, c.start_line, c.end_line, c.body,
+             prepared.vectors[i] if model and prepared.vectors else None, model)
+            for i, c in enumerate(prepared.chunks)]
+    conn.executemany(
+        "INSERT INTO search_chunks (agent_id, revision_id, resource_id, store_id, ordinal, start_line, end_line,"
+        " body, embedding, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def retire(conn: apsw.Connection, agent_id: str, revision_id: str) -> None:
+    """Delete a revision's rows now (its artifact failed verification)."""
+    with immediate(conn):
+        conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+
+
+@dataclass
+class ReindexReport:
+    revisions: int = 0
+    chunks: int = 0
+    failed: list[str] = field(default_factory=list)  # revision ids whose artifact failed verification
+    model: str = ""
+
+
+_ACTIVE = ("SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
+           " s.store_id, s.scope_kind, s.audience_id, sr.path_key"
+           " FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+           " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
+           " WHERE v.agent_id = ? AND r.agent_id = ? AND s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
+           " ORDER BY v.revision_id")
+
+
+def reindex(home: Home, agent_id: str, *, model: str | None = None,
+            progress: Callable[[int, int], None] | None = None) -> ReindexReport:
+    """Rebuild every active revision's rows from its verified artifact.
+
+    With ``model``, the catalog switches to it first (BadInput if no
+    embedder answers to the name, so a typo changes nothing); the vector
+    arm then ignores old rows until each is rebuilt. Rows of revisions that
+    are not active, which the triggers should never leave, are removed.
+    Each revision is rebuilt in its own short transaction, so searches keep
+    working throughout; an artifact that fails verification keeps no rows.
+    """
+    conn = home.catalog(agent_id)
+    if model is not None:
+        try:
+            embedder = embedder_for(model)
+        except (ValueError, RuntimeError) as exc:
+            raise BadInput(str(exc)) from None
+        with immediate(conn):
+            conn.execute("UPDATE search_model SET name = ?, dimension = ? WHERE singleton = 1",
+                         (embedder.name, embedder.dimension))
+    current = current_model(conn)
+    report = ReindexReport(model=current.name)
+    with immediate(conn):
+        conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id NOT IN"
+                     " (SELECT revision_id FROM revisions WHERE state = 'active')", (agent_id,))
+    rows = conn.execute(_ACTIVE, (agent_id, agent_id, agent_id)).fetchall()
+    last_report = time.monotonic()
+    for done, row in enumerate(rows, start=1):
+        revision, store = RevisionRow(*row[:7]), StoreRow(*row[7:])
+        try:
+            prepared = prepare(read_verified(home, agent_id, store, revision), current)
+        except IntegrityError:
+            report.failed.append(revision.revision_id)
+            prepared = PreparedIndex((), None, None)
+        with immediate(conn):
+            conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id = ?",
+                         (agent_id, revision.revision_id))
+            still = one(conn, "SELECT 1 FROM revisions WHERE revision_id = ? AND state = 'active'",
+                        (revision.revision_id,))
+            if still is not None:
+                insert(conn, agent_id, revision_id=revision.revision_id, resource_id=revision.resource_id,
+                       store_id=store.store_id, prepared=prepared)
+                report.chunks += len(prepared.chunks)
+        report.revisions += 1
+        if progress is not None and (time.monotonic() - last_report >= 1.0 or done == len(rows)):
+            progress(done, len(rows))
+            last_report = time.monotonic()
+    return report
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)

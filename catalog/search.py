@@ -1,0 +1,363 @@
+"""Scoped hybrid search: authorize, rank, verify, cite (issue 5).
+
+The order is the seed's authoritative pipeline, and it is the point:
+
+1. the session is authorized and its view computed, as for a read;
+2. each arm (words through FTS5, meaning through sqlite-vec distances)
+   walks only candidates the prefilter admits, in its own score order;
+3. every candidate is decided by the pure evaluator (``Postfilter``)
+   before it may count for anything; an arm keeps fetching pages until it
+   holds its quota of *authorized* candidates or the eligible corpus is
+   exhausted, so a denied nearest neighbour can never push an allowed one
+   out;
+4. the authorized candidates are scored by both arms and ranked;
+5. each result's revision is verified against its hash at query time and
+   its snippet cut from those verified bytes; a tampered artifact drops
+   out (audited, its index rows retired) and the next candidate moves up.
+
+Scores must not depend on anything denied. Both arms' scores are
+therefore per chunk: cosine similarity, and a saturating term-frequency
+score computed by our own FTS5 function from the chunk alone (FTS5's bm25
+would weigh terms by how many *other* chunks, denied ones included,
+contain them). Ranks depend only on authorized chunks' scores, and ties
+are broken by path and line, never by row id.
+
+Nothing here logs or audits a query, a snippet or a path: an arm that
+degrades says which arm and why; the audit gets one row per revision whose
+content was returned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import apsw
+
+from catalog import vectors
+from catalog.access import Access, authorize_session
+from catalog.artifacts import read_verified
+from catalog.audit import record_many, record_quietly
+from catalog.chunks import snippet
+from catalog.embedding import embedder_for
+from catalog.errors import BadInput, IntegrityError, StorageError
+from catalog.home import Home
+from catalog.identity import get_principal
+from catalog.index import current_model, retire
+from catalog.policy import Op
+from catalog.postfilter import Postfilter
+from catalog.prefilter import Scope, predicate, scope_for
+from catalog.reasons import Reason
+from catalog.stores import RevisionRow, StoreRow
+
+log = logging.getLogger("scopefs.search")
+
+MAX_QUERY_CHARS = 1000
+MAX_QUERY_TERMS = 32
+MAX_LIMIT = 100
+DEFAULT_LIMIT = 10
+VECTOR_WEIGHT, WORDS_WEIGHT = 0.7, 0.3  # OpenClaw's hybrid defaults
+MIN_SCORE = 0.1  # below this a chunk is noise (unrelated texts share a few hashed features), not a result
+_TERMS = re.compile(r"\w{1,64}", re.UNICODE)  # bounded, like the embedder's
+
+# The words score: BM25's saturation and length normalization without its
+# corpus-wide IDF, so a chunk's score is a function of the chunk alone.
+_K1, _B, _AVG_TOKENS = 1.2, 0.75, 150.0
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One result, in the shape OpenClaw's memory_search returns."""
+
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+
+    @property
+    def citation(self) -> str:
+        return f"{self.path}#L{self.start_line}-L{self.end_line}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"path": self.path, "start_line": self.start_line, "end_line": self.end_line, "score": self.score,
+                "snippet": self.snippet, "citation": self.citation}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    hits: tuple[Hit, ...]
+    arms: tuple[str, ...]  # the arms that answered: "words", "vectors"
+
+
+@dataclass
+class _Candidate:
+    chunk_id: int
+    resource_id: str
+    store_id: str
+    revision_id: str
+    path: str
+    start_line: int
+    end_line: int
+    vector: float = 0.0
+    words: float = 0.0
+    score: float = 0.0
+
+
+@dataclass
+class _Arm:
+    name: str
+    sql: str  # ordered by the arm's own score, paged with :n and :o
+    params: dict[str, object]
+    exhausted: bool = False
+    offset: int = 0
+    found: dict[int, _Candidate] = field(default_factory=dict)
+
+
+_CANDIDATE_COLS = ("c.chunk_id, c.resource_id, c.store_id, c.revision_id, r.path, c.start_line, c.end_line,"
+                   " r.state, v.state")
+_JOINS = ("JOIN resources r ON r.resource_id = c.resource_id AND r.agent_id = c.agent_id"
+          " JOIN revisions v ON v.revision_id = c.revision_id AND v.agent_id = c.agent_id")
+_PREDICATE = predicate(store="c.store_id", resource="c.resource_id", revision="c.revision_id")
+_VECTOR_SQL = (f"SELECT {_CANDIDATE_COLS}, 1.0 - vec_distance_cosine(c.embedding, :q) AS s"
+               f" FROM search_chunks c {_JOINS}"
+               f" WHERE c.agent_id = :agent AND c.model = :model AND {_PREDICATE}"
+               f" ORDER BY s DESC, c.chunk_id LIMIT :n OFFSET :o")
+_WORDS_SQL = (f"SELECT {_CANDIDATE_COLS}, scopefs_words(search_fts) AS s"
+              f" FROM search_fts JOIN search_chunks c ON c.chunk_id = search_fts.rowid {_JOINS}"
+              f" WHERE search_fts MATCH :match AND c.agent_id = :agent AND {_PREDICATE}"
+              f" ORDER BY s DESC, c.chunk_id LIMIT :n OFFSET :o")
+_VECTOR_SCORES = ("SELECT chunk_id, 1.0 - vec_distance_cosine(embedding, :q) FROM search_chunks"
+                  " WHERE chunk_id IN (SELECT value FROM json_each(:ids)) AND model = :model")
+_WORDS_SCORES = ("SELECT rowid, scopefs_words(search_fts) FROM search_fts WHERE search_fts MATCH :match"
+                 " AND rowid IN (SELECT value FROM json_each(:ids))")
+
+
+def _words_score(api: apsw.FTS5ExtensionApi) -> float:
+    """Mean saturated frequency of the query's terms in this chunk alone (0..1)."""
+    phrases = api.phrase_count
+    if not phrases:
+        return 0.0
+    length = max(1, api.column_size(0))
+    norm = _K1 * (1 - _B + _B * length / _AVG_TOKENS)
+    total = 0.0
+    for phrase in range(phrases):
+        tf = sum(len(offsets) for offsets in api.phrase_locations(phrase))
+        total += tf / (tf + norm)
+    return total / phrases
+
+
+_prepared_lock = threading.Lock()
+_prepared: weakref.WeakKeyDictionary[apsw.Connection, str | None] = weakref.WeakKeyDictionary()
+
+
+def _ready(conn: apsw.Connection) -> str | None:
+    """Register our FTS5 function and load sqlite-vec once per connection; why vectors cannot work, if so."""
+    with _prepared_lock:
+        if conn in _prepared:
+            return _prepared[conn]
+        conn.register_fts5_function("scopefs_words", _words_score)
+        try:
+            vectors.load(conn)
+            problem = None
+        except StorageError as exc:
+            problem = str(exc)
+        _prepared[conn] = problem
+        return problem
+
+
+def check_query(query: str, limit: int) -> tuple[str, int]:
+    """Bad input fails before anything is looked up."""
+    if not isinstance(query, str) or "\x00" in query:
+        raise BadInput("invalid query")
+    query = " ".join(query.split())
+    if not query:
+        raise BadInput("the query is empty")
+    if len(query) > MAX_QUERY_CHARS:
+        raise BadInput(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadInput(f"--limit must be between 1 and {MAX_LIMIT}")
+    return query, limit
+
+
+MODES = ("hybrid", "words", "vectors")
+
+
+def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT, about: str | None = None,
+           actor_id: str | None = None, mode: str = "hybrid") -> Outcome:
+    """The top ``limit`` authorized chunks for ``query`` in the session's view.
+
+    ``mode`` picks both arms (degrading to either, loudly) or exactly one
+    (failing if it cannot answer).
+    """
+    query, limit = check_query(query, limit)
+    if mode not in MODES:
+        raise BadInput(f"--mode must be one of {', '.join(MODES)}")
+    if about is not None:
+        get_principal(home.state(), about)  # BadInput for an unknown id; a display name is never resolved
+    access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
+    conn = home.catalog(access.agent_id)
+    scope = scope_for(conn, access.agent_id, access.session.subject, access.view.mounts, access.now, about)
+    arms = _arms(conn, scope, query, mode)
+    postfilter = Postfilter(conn, scope)
+    hits: list[Hit] = []
+    exposed: dict[str, str] = {}
+    failed: set[str] = set()
+    quota = max(3 * limit, 30)
+    while True:
+        for arm in list(arms):
+            try:
+                _fill(conn, arm, postfilter, quota)
+            except apsw.SQLError as exc:  # this arm's index is unusable; the other one still answers
+                arms.remove(arm)
+                _degrade(arm.name, f"its index failed: {type(exc).__name__}", arms)
+        ranked = _rank(conn, arms, failed)
+        failures = len(failed)
+        hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed)
+        if len(hits) >= limit or all(arm.exhausted for arm in arms) or len(failed) == failures:
+            break
+        quota *= 4  # integrity failures took some places: widen and go round again
+    record_many(home.state(), [access.event("search", "allow", Reason.ALLOWED, store_id=store_id,
+                                            revision_id=revision_id) for revision_id, store_id in exposed.items()])
+    return Outcome(tuple(hits), tuple(arm.name for arm in arms))
+
+
+def _degrade(lost: str, why: str, remaining: list[_Arm]) -> None:
+    """Say that an arm is gone (never silently); fail when none is left."""
+    if not remaining:
+        raise StorageError(f"search is unavailable: the {lost} arm cannot answer ({why})")
+    log.warning("search: %s arm unavailable (%s); searching by %s only", lost, why, remaining[0].name)
+
+
+def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_Arm]:
+    """The arms that can answer this query in ``mode``."""
+    base = scope.params()
+    terms = list(dict.fromkeys(t.casefold() for t in _TERMS.findall(query)))[:MAX_QUERY_TERMS]
+    if not terms and mode == "words":
+        raise BadInput("the query has no words to search for")
+    words = _Arm("words", _WORDS_SQL, {**base, "match": " OR ".join(f'"{t}"' for t in terms)}) if terms else None
+    vector_problem = _ready(conn)
+    vector = None
+    if vector_problem is None and mode != "words":
+        try:
+            model = current_model(conn)
+            embedded = embedder_for(model.name).embed([query])[0]
+            if any(embedded):
+                vector = _Arm("vectors", _VECTOR_SQL, {**base, "q": vectors.pack(embedded), "model": model.name})
+            else:
+                vector_problem = "the query has nothing the model can embed"
+        except (ValueError, RuntimeError) as exc:
+            vector_problem = f"the embedding model cannot be loaded ({exc})"
+    if mode == "words":
+        assert words is not None
+        return [words]
+    if mode == "vectors":
+        if vector is None:
+            raise StorageError(f"search is unavailable: the vectors arm cannot answer ({vector_problem})")
+        return [vector]
+    arms = [arm for arm in (vector, words) if arm is not None]
+    if not arms and not terms:
+        raise BadInput("the query has no words to search for")
+    if vector is None:
+        _degrade("vectors", vector_problem or "unknown", arms)
+    if words is None:
+        _degrade("words", "the query has no words", arms)
+    return arms
+
+
+def _fill(conn: apsw.Connection, arm: _Arm, postfilter: Postfilter, quota: int) -> None:
+    """Fetch pages in the arm's order until it holds ``quota`` authorized candidates or runs dry.
+
+    ``arm.offset`` counts the rows already looked at, so a later, larger
+    quota resumes exactly after the last decided row.
+    """
+    page = max(quota, 50)
+    while not arm.exhausted and len(arm.found) < quota:
+        rows = conn.execute(arm.sql, {**arm.params, "n": page, "o": arm.offset}).fetchall()
+        arm.exhausted = len(rows) < page
+        for chunk_id, resource_id, store_id, revision_id, path, start, end, live, state, _score in rows:
+            if len(arm.found) >= quota:
+                arm.exhausted = False
+                break
+            arm.offset += 1
+            if postfilter.allows(resource_id, store_id, live == "live", state):
+                arm.found[chunk_id] = _Candidate(chunk_id, resource_id, store_id, revision_id, path, start, end)
+        page = min(page * 4, 20000)
+
+
+def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str]) -> list[_Candidate]:
+    """Every authorized candidate scored by every arm, best first, ties by path and line."""
+    union: dict[int, _Candidate] = {}
+    for arm in arms:
+        for chunk_id, candidate in arm.found.items():
+            if candidate.revision_id not in failed:
+                union.setdefault(chunk_id, candidate)
+    if not union:
+        return []
+    ids = json.dumps(sorted(union))
+    names = {arm.name: arm for arm in arms}
+    if "vectors" in names:
+        params = names["vectors"].params
+        for chunk_id, score in conn.execute(_VECTOR_SCORES, {"ids": ids, "q": params["q"], "model": params["model"]}):
+            union[chunk_id].vector = max(0.0, float(score))
+    if "words" in names:
+        for chunk_id, score in conn.execute(_WORDS_SCORES, {"ids": ids, "match": names["words"].params["match"]}):
+            union[chunk_id].words = float(score)
+    both = len(names) == 2
+
+    def score(c: _Candidate) -> float:
+        if both:
+            return VECTOR_WEIGHT * c.vector + WORDS_WEIGHT * c.words
+        return c.vector if "vectors" in names else c.words
+
+    for candidate in union.values():
+        candidate.score = round(score(candidate), 6)
+    kept = [c for c in union.values() if c.score >= MIN_SCORE]
+    return sorted(kept, key=lambda c: (-c.score, c.store_id, c.path, c.start_line))
+
+
+def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, ranked: Iterable[_Candidate],
+              limit: int, failed: set[str]) -> tuple[list[Hit], dict[str, str]]:
+    """Results cut from revisions verified now; a tampered one drops out, audited and retired."""
+    hits: list[Hit] = []
+    exposed: dict[str, str] = {}
+    content: dict[str, bytes] = {}
+    for candidate in ranked:
+        if len(hits) >= limit:
+            break
+        data = content.get(candidate.revision_id)
+        if data is None:
+            try:
+                data = _read(home, conn, access.agent_id, candidate)
+            except IntegrityError:
+                failed.add(candidate.revision_id)
+                record_quietly(home.state(), access.event("search", "error", Reason.REVISION_STALE,
+                                                          store_id=candidate.store_id,
+                                                          revision_id=candidate.revision_id))
+                retire(conn, access.agent_id, candidate.revision_id)
+                continue
+            content[candidate.revision_id] = data
+        store = scope.store(candidate.store_id)
+        assert store is not None  # the postfilter admitted it: its store is in the view
+        hits.append(Hit(f"{store.mount.root}/{candidate.path}", candidate.start_line, candidate.end_line,
+                        candidate.score, snippet(data, candidate.start_line, candidate.end_line)))
+        exposed[candidate.revision_id] = candidate.store_id
+    return hits, exposed
+
+
+def _read(home: Home, conn: apsw.Connection, agent_id: str, candidate: _Candidate) -> bytes:
+    row = conn.execute(
+        "SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
+        " s.store_id, s.scope_kind, s.audience_id, sr.path_key FROM revisions v"
+        " JOIN stores s ON s.store_id = ? JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
+        " WHERE v.agent_id = ? AND s.agent_id = ? AND v.revision_id = ? AND v.state = 'active'",
+        (candidate.store_id, agent_id, agent_id, candidate.revision_id)).fetchall()
+    if not row:
+        raise IntegrityError("the revision is no longer active")
+    return read_verified(home, agent_id, StoreRow(*row[0][7:]), RevisionRow(*row[0][:7]))
+
