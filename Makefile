@@ -33,7 +33,7 @@ deps:
 $(STAMP): pyproject.toml | deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,embeddings]'
 	touch $@
 
 venv: $(STAMP)

@@ -12,8 +12,8 @@ word unigrams, word bigrams and character trigrams into signed buckets
 across processes and machines (CRC-32, not Python's salted ``hash``),
 so the same text always gets the same vector, and texts that share words
 and word pieces come out near each other. It knows no synonyms; that is
-what the optional sentence-transformers model is for, when its package
-is installed (``pip install 'scopefs[embeddings]'``).
+what the optional WordLlama model is for, when its package is installed
+(``pip install 'scopefs[embeddings]'``; its weights ship in the wheel).
 
 Nothing here logs or stores text; it only returns numbers.
 """
@@ -92,29 +92,43 @@ def _features(text: str) -> Counter[str]:
     return features
 
 
-class SentenceEmbedder:
-    """A sentence-transformers model, when that optional package is installed."""
+class WordLlamaEmbedder:
+    """WordLlama's static sentence embeddings, when the optional package is installed.
 
-    def __init__(self, model: str = "sentence-transformers/all-MiniLM-L6-v2") -> None:
+    Chosen because its weights ship inside the PyPI wheel: installing the
+    ``[embeddings]`` extra is the whole setup, with no model download and no
+    network at run time (loading is pointed at the package's own files with
+    downloads disabled). It knows word meanings the hashing embedder cannot
+    (tea and matcha are near), at about 16 MiB of weights.
+    """
+
+    CONFIG = "l2_supercat"
+
+    def __init__(self, dimension: int = 256) -> None:
         try:
-            from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+            import wordllama  # type: ignore[import-not-found]
         except ImportError:
-            raise RuntimeError("the sentence-transformers package is not installed "
-                               "(pip install 'scopefs[embeddings]')") from None
-        self._model_name = model
-        self._model = SentenceTransformer(model)
-        self._dimension = int(self._model.get_sentence_embedding_dimension())
+            raise RuntimeError("the wordllama package is not installed (pip install 'scopefs[embeddings]')") from None
+        from pathlib import Path
+
+        package_dir = Path(wordllama.__file__).parent  # holds weights/ and tokenizers/ of the bundled model
+        try:
+            self._model = wordllama.WordLlama.load(config=self.CONFIG, dim=dimension, cache_dir=package_dir,
+                                                   disable_download=True)
+        except (FileNotFoundError, ValueError) as exc:
+            raise RuntimeError(f"the bundled WordLlama model cannot be loaded: {type(exc).__name__}") from None
+        self._dimension = dimension
 
     @property
     def name(self) -> str:
-        return f"sentence-transformers:{self._model_name}"
+        return f"wordllama:{self.CONFIG}-{self._dimension}"
 
     @property
     def dimension(self) -> int:
         return self._dimension
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        vectors = self._model.encode([t[:MAX_TEXT_CHARS] for t in texts], normalize_embeddings=True)
+        vectors = self._model.embed([t[:MAX_TEXT_CHARS] for t in texts], norm=True)
         return [list(map(float, v)) for v in vectors]
 
 
@@ -123,7 +137,7 @@ def default_embedder() -> Embedder:
 
 
 _HASHING_PREFIX = "scopefs-hashing-v2-"
-_SENTENCE_PREFIX = "sentence-transformers:"
+_WORDLLAMA_PREFIX = f"wordllama:{WordLlamaEmbedder.CONFIG}-"
 _loaded: dict[str, Embedder] = {}
 
 
@@ -140,11 +154,11 @@ def embedder_for(name: str) -> Embedder:
         return found
     if name.startswith(_HASHING_PREFIX) and name[len(_HASHING_PREFIX):].isdigit():
         embedder: Embedder = HashingEmbedder(int(name[len(_HASHING_PREFIX):]))
-    elif name.startswith(_SENTENCE_PREFIX) and len(name) > len(_SENTENCE_PREFIX):
-        embedder = SentenceEmbedder(name[len(_SENTENCE_PREFIX):])
+    elif name.startswith(_WORDLLAMA_PREFIX) and name[len(_WORDLLAMA_PREFIX):].isdigit():
+        embedder = WordLlamaEmbedder(int(name[len(_WORDLLAMA_PREFIX):]))
     else:
         raise ValueError("unknown embedding model; use scopefs-hashing-v2-<dimension> or "
-                         "sentence-transformers:<model>")
+                         f"{_WORDLLAMA_PREFIX}256")
     if embedder.name != name:
         raise ValueError("unknown embedding model")
     _loaded[name] = embedder

@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("reindex", cmd_reindex, "rebuild the search index from verified artifacts; --model switches models")
     p.add_argument("--agent")
-    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (default 256) or sentence-transformers:<model>")
+    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (the default, 256) or wordllama:l2_supercat-256 (the [embeddings] extra)")
 
     p = command("mount", cmd_mount, "mount the session's view at MOUNTPOINT; returns once it answers")
     p.add_argument("session")

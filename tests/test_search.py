@@ -140,6 +140,25 @@ def test_a_changed_model_forces_a_reindex_instead_of_mixing_spaces(scenario: Sce
     assert len(hits(scenario, scenario.alice_session, "green tea", "--mode", "vectors")) == 1
 
 
+def test_the_optional_model_ships_in_its_wheel_and_a_switch_reindexes_everything(scenario: Scenario) -> None:
+    """Point 6: the [embeddings] extra (WordLlama, weights inside the PyPI wheel) works offline, end to end."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, "private/health.md", stdin=b"Alice saw her doctor about the flu\n")
+    cli.j("write", scenario.alice_session, "private/bike.md", stdin=b"Bob fixed the bicycle chain yesterday\n")
+    assert hits(scenario, scenario.alice_session, "medical appointment", "--mode", "vectors") == []  # no shared words
+
+    report = cli.j("reindex", "--model", "wordllama:l2_supercat-256")
+    assert report["agents"][0]["model"] == "wordllama:l2_supercat-256"
+    rows = chunk_rows(scenario)
+    assert {row[6] for row in rows} == {"wordllama:l2_supercat-256"} and {len(row[5]) for row in rows} == {256 * 4}
+    found = hits(scenario, scenario.alice_session, "medical appointment", "--mode", "vectors")
+    assert [h["path"] for h in found] == ["private/health.md"]
+
+    written = cli.j("write", scenario.alice_session, "private/clinic.md", stdin=b"The clinic called back\n")
+    assert {row[6] for row in chunk_rows(scenario) if row[0] == written["revision_id"]} == \
+        {"wordllama:l2_supercat-256"}  # new writes embed with the recorded model
+
+
 # -- point 2: the command line ----------------------------------------------
 
 def test_search_results_have_the_memory_search_shape_and_cite_verified_lines(scenario: Scenario) -> None:
@@ -186,7 +205,7 @@ def test_each_arm_degrades_to_the_other_and_says_so(scenario: Scenario) -> None:
     cli = scenario.cli
     conn = catalog_of(scenario)
     try:
-        conn.execute("UPDATE search_model SET name = 'sentence-transformers:not-installed-model'")
+        conn.execute("UPDATE search_model SET name = 'retired-model-v0'")
     finally:
         conn.close()
     result = cli("--json", "search", scenario.alice_session, "hazelnuts")
