@@ -111,6 +111,19 @@ echo "--- inside Alice's sandbox, sed -i saves one new revision"
 "$SCOPEFS" run "$ALICE_DM" -- sed -i 's/green tea/jasmine tea/' private/profile/drinks.md
 run read "$ALICE_DM" private/profile/drinks.md
 
+bold "5d. Search by words and meaning ranks only what each view may read"
+ALICE_FOUND=$(run search "$ALICE_DM" "coffee drinks"); echo "$ALICE_FOUND"
+BOB_FOUND=$(run search "$BOB_DM" "coffee drinks"); echo "$BOB_FOUND"
+GROUP_FOUND=$(run search "$GROUP_S" "coffee drinks"); echo "$GROUP_FOUND"
+case "$ALICE_FOUND$GROUP_FOUND" in *black*) echo "DEMO FAILED: a search reached Bob's note" >&2; exit 1;; esac
+case "$BOB_FOUND$GROUP_FOUND" in *"jasmine"*) echo "DEMO FAILED: a search reached Alice's note" >&2; exit 1;; esac
+case "$ALICE_FOUND" in *"private/profile/drinks.md#L1-L1"*) ;; *) echo "DEMO FAILED: Alice cannot find her own note" >&2; exit 1;; esac
+
+echo "--- inside Alice's sandbox: cat '/memory/.search/coffee drinks' (a read-only query folder)"
+ALICE_CAT=$("$SCOPEFS" run "$ALICE_DM" -- cat "/memory/.search/coffee drinks"); echo "$ALICE_CAT"
+case "$ALICE_CAT" in *black*) echo "DEMO FAILED: a sandbox search reached Bob's note" >&2; exit 1;; esac
+case "$ALICE_CAT" in *"private/profile/drinks.md#L1-L1"*) ;; *) echo "DEMO FAILED: Alice's sandbox cannot search" >&2; exit 1;; esac
+
 bold "6. Nothing crosses: the group cannot name a private root, Alice cannot read the channel"
 expect_refused 3 read "$GROUP_S" private/profile/drinks.md
 expect_refused 3 read "$ALICE_DM" channel/drinks.md

@@ -19,6 +19,9 @@ pages before the verdict).
 Writes: content goes to an in-memory draft and becomes one new revision,
 through the writer's staged-rename transaction, when the file is closed
 (``flush``) or synced. Scratch files of editors never leave this mount.
+
+Searches: the hidden, read-only folder ``.search`` at the root answers each
+name looked up in it with that query's results (``vfs.queries``).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ from catalog.errors import IntegrityError
 from catalog.home import Home
 from catalog.policy import Op
 from catalog.reasons import Reason
+from catalog.search import search
 from catalog.visible import VisibleNote, VisibleView, refresh
-from vfs import catalog_ops
+from vfs import catalog_ops, queries
 from vfs.content import Artifacts, Stamp
 from vfs.drafts import Draft
 from vfs.errors import guarded
@@ -53,6 +57,7 @@ from vfs.inodes import Kind, Node, Parts
 from vfs.names import NameError_, confusable, decode
 from vfs.namespace import Invalidation, Namespace
 from vfs.pages import PageStream, drop_pages
+from vfs.queries import Queries, is_query_path
 from vfs.scratch import is_scratch
 
 log = logging.getLogger("scopefs.vfs")
@@ -82,6 +87,7 @@ class Handle:
     stamp: Stamp | None = None
     wrote: bool = False  # a write() came through this handle
     namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
+    results: queries.Results | None = None  # a query's results, as they were when opened
 
 
 class ScopeFS(pyfuse3.Operations):
@@ -96,6 +102,8 @@ class ScopeFS(pyfuse3.Operations):
         self.home = home
         self.session_id = session_id
         self.ns = Namespace(view)
+        self.queries = Queries(self.ns.inodes, functools.partial(self._catalog, search, home, session_id),
+                               lambda: self.ns.view)
         self.artifacts = Artifacts(home, view.access.agent_id)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -191,6 +199,8 @@ class ScopeFS(pyfuse3.Operations):
 
     def _dir(self, ino: int) -> Node:
         node = self._node(ino)
+        if node.kind is Kind.QUERIES:
+            return node  # a folder of the query tree (see vfs.queries): it has no name to lose
         if node.kind is not Kind.DIR or not node.attached:
             raise _fail(errno.ENOENT if not node.attached else errno.ENOTDIR)
         return node
@@ -240,7 +250,9 @@ class ScopeFS(pyfuse3.Operations):
         attr.st_uid, attr.st_gid = self._uid, self._gid
         attr.st_blksize = 4096
         mtime = self._started_ns
-        if node.kind is Kind.DIR:
+        if node.kind in (Kind.QUERIES, Kind.RESULTS):
+            mtime = queries.attributes(node, attr, mtime)
+        elif node.kind is Kind.DIR:
             writable = self.ns.writable(node.parts + ("x",))
             attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)
             attr.st_nlink = 2
@@ -304,6 +316,10 @@ class ScopeFS(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         self._admit(ctx)
         parent = self._dir(parent_inode)
+        if self.queries.covers(parent, name):
+            node = await self.queries.lookup(parent, name)
+            node.lookups += 1
+            return self._attr(node)
         try:
             text = decode(name)
         except NameError_:
@@ -317,6 +333,7 @@ class ScopeFS(pyfuse3.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, count in inode_list:
             self.ns.inodes.forget(inode, count)
+            self.queries.forget(inode)
 
     @guarded
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -327,6 +344,8 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         node = self._dir(fh)
+        if node.kind is Kind.QUERIES:
+            return  # lists nothing: a listing must never run a search
         if start_id == 0 or fh not in self._dir_names:
             self._dir_names[fh] = self.ns.names(node.parts)
         names = self._dir_names[fh]
@@ -361,6 +380,8 @@ class ScopeFS(pyfuse3.Operations):
     def _existing(self, parent_inode: int, name: bytes) -> tuple[Parts, Node]:
         """The path and node of an existing child (ENOENT otherwise), for changes to it."""
         parts = self._dir(parent_inode).parts + (self._child_name(name),)
+        if is_query_path(parts):
+            self._check_writable(parts)  # the query tree is read-only: refused like a read-only root
         node = self.ns.lookup(parts)
         if node is None:
             raise _fail(errno.ENOENT)
@@ -549,6 +570,10 @@ class ScopeFS(pyfuse3.Operations):
             await self._quiesce(node)
             return pyfuse3.FileInfo(fh=self._new_fh(Handle(node, writable=True, namespace=namespace)),
                                     keep_cache=False)
+        if node.kind is Kind.RESULTS:
+            handle = Handle(node, namespace=namespace, results=self.queries.opened(node))
+            return pyfuse3.FileInfo(fh=self._new_fh(handle), direct_io=True,
+                                    keep_cache=False)  # the kernel keeps nothing: each cat searches anew
         if node.draft is not None:
             self._check_copy(node)
             await self._quiesce(node)
@@ -609,6 +634,8 @@ class ScopeFS(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles[fh]
         self._usable(handle)
+        if handle.results is not None:
+            return self.queries.read(handle.results, off, size)
         if handle.note is None:
             self._check_copy(handle.node)
             draft = handle.node.draft

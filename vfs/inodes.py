@@ -5,19 +5,24 @@ name, starting after the root: they never derive from catalog row ids, so
 they reveal nothing about other stores, other sessions or how many notes
 exist outside the view. A note's node follows its catalog resource, so the
 note keeps its inode through new revisions; scratch files and folders have
-nodes of their own.
+nodes of their own, and so do the folders and result files of the hidden
+query folder (``vfs.queries``), which share this numbering.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
 
 from catalog.visible import VisibleNote
 from vfs.drafts import Draft
+
+if TYPE_CHECKING:
+    from vfs.queries import Folder, Results
 
 Parts = tuple[str, ...]
 
@@ -26,6 +31,8 @@ class Kind(enum.Enum):
     DIR = "dir"
     NOTE = "note"
     SCRATCH = "scratch"
+    QUERIES = "queries"  # a folder of the hidden query tree (``.search`` and below)
+    RESULTS = "results"  # one query's results, computed when its name was looked up
 
 
 @dataclass(eq=False)
@@ -44,6 +51,7 @@ class Node:
     committed_revision: str | None = None  # the last revision this mount committed for it
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
+    query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
 
     @property
     def name(self) -> str:
