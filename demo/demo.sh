@@ -159,12 +159,23 @@ home = pathlib.Path(sys.argv[1])
 rows = sqlite3.connect(home / "state.sqlite").execute("SELECT operation, decision, reason FROM audit").fetchall()
 for (op, decision, reason), n in sorted(collections.Counter(rows).items()):
     print(f"  {n:3d} x {op:8s} {decision:5s} {reason}")
-needles = [b"100001", b"100002", b"-100777", b"demo-bot", b"prefers tea", b"prefers coffee", b"drinks list"]
+raw_ids = [b"100001", b"100002", b"-100777", b"demo-bot"]
+content = [b"prefers tea", b"prefers coffee", b"drinks list"]
 meta = [p for p in home.rglob("*") if p.is_file() and "memory-scopes" not in p.parts]
-leaks = [(n, str(p.relative_to(home))) for p in meta for n in needles if n in p.read_bytes()]
+leaks = [(n, str(p.relative_to(home))) for p in meta for n in raw_ids if n in p.read_bytes()]
+# Content may sit only in the search index, which lives in catalog.sqlite inside the broker
+# boundary (README "Searching memory"); every other file and every other catalog table must hold none.
+leaks += [(n, str(p.relative_to(home))) for p in meta if not p.name.startswith("catalog.sqlite")
+          for n in content if n in p.read_bytes()]
+for catalog in home.glob("agents/*/catalog.sqlite"):
+    db = sqlite3.connect(catalog)
+    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table'"
+                                       " AND name NOT LIKE 'search_%' AND name NOT LIKE 'sqlite_%'")]
+    dump = repr([db.execute(f'SELECT * FROM "{t}"').fetchall() for t in tables]).encode()
+    leaks += [(n, f"{catalog.relative_to(home)} (outside the search index)") for n in content if n in dump]
 if leaks:
     sys.exit(f"DEMO FAILED: raw ids or content in metadata: {leaks}")
-print("  no raw sender, account or conversation id, and no note content, outside the artifact area")
+print("  no raw sender, account or conversation id, and no note content outside the artifact area and the search index")
 PY
 
 bold "Demo passed: each session saw only its own view."
