@@ -471,8 +471,8 @@ def test_terminal_signals_reach_the_sandboxed_program(scenario: Scenario) -> Non
     """A window resize and Ctrl-C go to the launcher's process group (the sandbox has its own
     session); the launcher passes them on, so the program redraws or is interrupted, and the
     sandbox and its mount are not killed for it."""
-    probe = ("import signal, sys, time\n"
-             "signal.signal(signal.SIGWINCH, lambda *a: print('[winch]', flush=True))\n"
+    probe = ("import os, signal, sys, time\n"  # os.write: a handler's print can meet print's own lock
+             "signal.signal(signal.SIGWINCH, lambda *a: os.write(1, b'[winch]\\n'))\n"
              "print('[ready]', flush=True)\n"
              "try:\n    time.sleep(60)\n"
              "except KeyboardInterrupt:\n    print('[interrupted]', flush=True)\n    sys.exit(5)\n")
