@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the mount tests and benchmarks run on a mounted view.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
 
-.PHONY: all deps venv bytecode test demo bench bench-fuse bench-fuse-quick bench-sandbox clean
+.PHONY: all deps venv bytecode test demo bench bench-fuse bench-fuse-quick bench-sandbox bench-search clean
 
 all: test
 
@@ -60,6 +60,9 @@ bench-fuse-quick: deps venv
 
 bench-sandbox: deps venv bytecode
 	$(BIN)/python bench/sandbox_bench.py
+
+bench-search: deps venv
+	$(BIN)/python bench/search_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
