@@ -29,6 +29,7 @@ content was returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -104,15 +105,16 @@ class _Candidate:
     path: str
     start_line: int
     end_line: int
-    vector: float = 0.0
-    words: float = 0.0
+    vectors: float | None = None  # each arm's score, in a field named after the arm; None until scored
+    words: float | None = None
     score: float = 0.0
 
 
 @dataclass
 class _Arm:
-    name: str
+    name: str  # "vectors" or "words", also the _Candidate field holding its score
     sql: str  # ordered by the arm's own score, paged with :n and :o
+    rescore: str  # the same score for given chunk ids (:ids)
     params: dict[str, object]
     exhausted: bool = False
     offset: int = 0
@@ -121,35 +123,56 @@ class _Arm:
 
 _CANDIDATE_COLS = ("c.chunk_id, c.resource_id, c.store_id, c.revision_id, r.path, c.start_line, c.end_line,"
                    " r.state, v.state")
-_JOINS = ("JOIN resources r ON r.resource_id = c.resource_id AND r.agent_id = c.agent_id"
-          " JOIN revisions v ON v.revision_id = c.revision_id AND v.agent_id = c.agent_id")
+# Both arms start from the view's stores and the joins are pinned (CROSS
+# JOIN, INDEXED BY): without statistics SQLite's planner preferred to walk
+# every revision of the agent, so latency grew with the whole corpus
+# (bench/RESULTS.md, "Scoped search"). The words arm ANDs the view's stores
+# into the FTS5 match for the same reason.
+_JOINS = ("CROSS JOIN resources r ON r.resource_id = c.resource_id AND r.agent_id = c.agent_id"
+          " CROSS JOIN revisions v ON v.revision_id = c.revision_id AND v.agent_id = c.agent_id")
 _PREDICATE = predicate(store="c.store_id", resource="c.resource_id", revision="c.revision_id")
-_VECTOR_SQL = (f"SELECT {_CANDIDATE_COLS}, 1.0 - vec_distance_cosine(c.embedding, :q) AS s"
-               f" FROM search_chunks c {_JOINS}"
+_VECTOR_SCORE = "1.0 - vec_distance_cosine(c.embedding, :q)"
+_WORDS_SCORE = "scopefs_words(search_fts, :terms)"
+_VECTOR_SQL = (f"SELECT {_CANDIDATE_COLS}, {_VECTOR_SCORE} AS s"
+               f" FROM search_chunks c INDEXED BY search_chunks_by_store {_JOINS}"
                f" WHERE c.agent_id = :agent AND c.model = :model AND {_PREDICATE}"
                f" ORDER BY s DESC, c.chunk_id LIMIT :n OFFSET :o")
-_WORDS_SQL = (f"SELECT {_CANDIDATE_COLS}, scopefs_words(search_fts) AS s"
-              f" FROM search_fts JOIN search_chunks c ON c.chunk_id = search_fts.rowid {_JOINS}"
+_WORDS_SQL = (f"SELECT {_CANDIDATE_COLS}, {_WORDS_SCORE} AS s"
+              f" FROM search_fts CROSS JOIN search_chunks c ON c.chunk_id = search_fts.rowid {_JOINS}"
               f" WHERE search_fts MATCH :match AND c.agent_id = :agent AND {_PREDICATE}"
               f" ORDER BY s DESC, c.chunk_id LIMIT :n OFFSET :o")
-_VECTOR_SCORES = ("SELECT chunk_id, 1.0 - vec_distance_cosine(embedding, :q) FROM search_chunks"
-                  " WHERE chunk_id IN (SELECT value FROM json_each(:ids)) AND model = :model")
-_WORDS_SCORES = ("SELECT rowid, scopefs_words(search_fts) FROM search_fts WHERE search_fts MATCH :match"
+_VECTOR_SCORES = (f"SELECT c.chunk_id, {_VECTOR_SCORE} FROM search_chunks c"
+                  " WHERE c.chunk_id IN (SELECT value FROM json_each(:ids)) AND c.model = :model")
+_WORDS_SCORES = (f"SELECT rowid, {_WORDS_SCORE} FROM search_fts WHERE search_fts MATCH :match"
                  " AND rowid IN (SELECT value FROM json_each(:ids))")
 
 
-def _words_score(api: apsw.FTS5ExtensionApi) -> float:
-    """Mean saturated frequency of the query's terms in this chunk alone (0..1)."""
-    phrases = api.phrase_count
-    if not phrases:
+def _words_score(api: apsw.FTS5ExtensionApi, terms: int) -> float:
+    """Mean saturated frequency of the query's ``terms`` (the first phrases) in this chunk's text alone (0..1).
+
+    The phrases after them name the view's stores; they only restrict the match.
+    """
+    terms = min(int(terms), api.phrase_count)
+    if terms <= 0:
         return 0.0
     length = max(1, api.column_size(0))
     norm = _K1 * (1 - _B + _B * length / _AVG_TOKENS)
     total = 0.0
-    for phrase in range(phrases):
-        tf = sum(len(offsets) for offsets in api.phrase_locations(phrase))
+    for phrase in range(terms):
+        tf = len(api.phrase_locations(phrase)[0])  # column 0 is the text
         total += tf / (tf + norm)
-    return total / phrases
+    return total / terms
+
+
+def _match(terms: list[str], scope: Scope) -> str:
+    """The FTS5 query: any term in the text, and one of the view's stores.
+
+    Terms are ``\\w`` runs and store ids our own tokens, so nothing quoted
+    here can close a quote or add an operator.
+    """
+    words = " OR ".join(f'"{t}"' for t in terms)
+    stores = " OR ".join(f'"{s.store_id}"' for s in scope.stores)
+    return f"body : ({words}) AND store_id : ({stores})"
 
 
 _prepared_lock = threading.Lock()
@@ -240,7 +263,7 @@ def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_A
     terms = list(dict.fromkeys(t.casefold() for t in _TERMS.findall(query)))[:MAX_QUERY_TERMS]
     if not terms and mode == "words":
         raise BadInput("the query has no words to search for")
-    words = _Arm("words", _WORDS_SQL, {**base, "match": " OR ".join(f'"{t}"' for t in terms)}) if terms else None
+    words = _Arm("words", _WORDS_SQL, _WORDS_SCORES, {**base, "match": _match(terms, scope), "terms": len(terms)}) if terms else None
     vector_problem = _ready(conn)
     vector = None
     if vector_problem is None and mode != "words":
@@ -248,7 +271,7 @@ def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_A
             model = current_model(conn)
             embedded = embedder_for(model.name).embed([query])[0]
             if any(embedded):
-                vector = _Arm("vectors", _VECTOR_SQL, {**base, "q": vectors.pack(embedded), "model": model.name})
+                vector = _Arm("vectors", _VECTOR_SQL, _VECTOR_SCORES, {**base, "q": vectors.pack(embedded), "model": model.name})
             else:
                 vector_problem = "the query has nothing the model can embed"
         except (ValueError, RuntimeError) as exc:
@@ -277,43 +300,59 @@ def _fill(conn: apsw.Connection, arm: _Arm, postfilter: Postfilter, quota: int) 
     quota resumes exactly after the last decided row.
     """
     page = max(quota, 50)
+    if not arm.params["stores"] or arm.params["stores"] == "[]":
+        arm.exhausted = True  # a view with no store yet: nothing to walk
     while not arm.exhausted and len(arm.found) < quota:
         rows = conn.execute(arm.sql, {**arm.params, "n": page, "o": arm.offset}).fetchall()
         arm.exhausted = len(rows) < page
-        for chunk_id, resource_id, store_id, revision_id, path, start, end, live, state, _score in rows:
+        for chunk_id, resource_id, store_id, revision_id, path, start, end, live, state, score in rows:
             if len(arm.found) >= quota:
                 arm.exhausted = False
                 break
             arm.offset += 1
             if postfilter.allows(resource_id, store_id, live == "live", state):
-                arm.found[chunk_id] = _Candidate(chunk_id, resource_id, store_id, revision_id, path, start, end)
+                found = _Candidate(chunk_id, resource_id, store_id, revision_id, path, start, end)
+                setattr(found, arm.name, _arm_score(arm.name, score))
+                arm.found[chunk_id] = found
         page = min(page * 4, 20000)
 
 
+def _arm_score(arm: str, raw: float | None) -> float:
+    """One arm's score of one chunk, the same whichever query computed it."""
+    if raw is None:
+        return 0.0
+    return max(0.0, float(raw)) if arm == "vectors" else float(raw)
+
+
 def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str]) -> list[_Candidate]:
-    """Every authorized candidate scored by every arm, best first, ties by path and line."""
+    """Every authorized candidate scored by every arm, best first, ties by path and line.
+
+    An arm's page already scored what it found; only the candidates the
+    other arm found alone are scored here, by the same expression.
+    """
     union: dict[int, _Candidate] = {}
     for arm in arms:
         for chunk_id, candidate in arm.found.items():
-            if candidate.revision_id not in failed:
-                union.setdefault(chunk_id, candidate)
+            if candidate.revision_id in failed:
+                continue
+            merged = union.setdefault(chunk_id, dataclasses.replace(candidate))
+            value = getattr(candidate, arm.name)
+            if value is not None:
+                setattr(merged, arm.name, value)
     if not union:
         return []
-    ids = json.dumps(sorted(union))
     names = {arm.name: arm for arm in arms}
-    if "vectors" in names:
-        params = names["vectors"].params
-        for chunk_id, score in conn.execute(_VECTOR_SCORES, {"ids": ids, "q": params["q"], "model": params["model"]}):
-            union[chunk_id].vector = max(0.0, float(score))
-    if "words" in names:
-        for chunk_id, score in conn.execute(_WORDS_SCORES, {"ids": ids, "match": names["words"].params["match"]}):
-            union[chunk_id].words = float(score)
+    for arm in arms:
+        missing = json.dumps(sorted(c for c, cand in union.items() if getattr(cand, arm.name) is None))
+        for chunk_id, raw in conn.execute(arm.rescore, {**arm.params, "ids": missing}):
+            setattr(union[chunk_id], arm.name, _arm_score(arm.name, raw))
     both = len(names) == 2
 
     def score(c: _Candidate) -> float:
+        vector, words = c.vectors or 0.0, c.words or 0.0
         if both:
-            return VECTOR_WEIGHT * c.vector + WORDS_WEIGHT * c.words
-        return c.vector if "vectors" in names else c.words
+            return VECTOR_WEIGHT * vector + WORDS_WEIGHT * words
+        return vector if "vectors" in names else words
 
     for candidate in union.values():
         candidate.score = round(score(candidate), 6)

@@ -308,14 +308,17 @@ WHEN NOT EXISTS (SELECT 1 FROM revisions v JOIN resources r ON r.resource_id = v
 BEGIN SELECT RAISE(ABORT, 'index rows are cut from an active revision of a live resource'); END;
 CREATE TRIGGER search_chunks_immutable BEFORE UPDATE ON search_chunks
 BEGIN SELECT RAISE(ABORT, 'index rows are replaced, never edited'); END;
+-- store_id is indexed too, so a query can AND the view's stores into the
+-- match itself and walk only their rows, never every match in the agent.
 CREATE VIRTUAL TABLE search_fts USING fts5 (
-    body, content = 'search_chunks', content_rowid = 'chunk_id',
+    body, store_id, content = 'search_chunks', content_rowid = 'chunk_id',
     tokenize = 'porter unicode61 remove_diacritics 2'
 );
 CREATE TRIGGER search_chunks_fts_add AFTER INSERT ON search_chunks
-BEGIN INSERT INTO search_fts (rowid, body) VALUES (NEW.chunk_id, NEW.body); END;
+BEGIN INSERT INTO search_fts (rowid, body, store_id) VALUES (NEW.chunk_id, NEW.body, NEW.store_id); END;
 CREATE TRIGGER search_chunks_fts_drop AFTER DELETE ON search_chunks
-BEGIN INSERT INTO search_fts (search_fts, rowid, body) VALUES ('delete', OLD.chunk_id, OLD.body); END;
+BEGIN INSERT INTO search_fts (search_fts, rowid, body, store_id)
+      VALUES ('delete', OLD.chunk_id, OLD.body, OLD.store_id); END;
 CREATE TRIGGER search_chunks_retire AFTER UPDATE OF state ON revisions WHEN NEW.state != 'active'
 BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id; END;
 
