@@ -15,7 +15,13 @@ import os
 import re
 
 from catalog.errors import IntegrityError, StorageError
-from catalog.fsafe import UnsafeEntry, open_dir, open_dir_beneath, open_regular, read_all
+from catalog.fsafe import (
+    UnsafeEntry,
+    open_dir,
+    open_dir_beneath,
+    open_regular,
+    read_all,
+)
 from catalog.home import Home
 from catalog.stores import RevisionRow, StoreRow
 
@@ -92,6 +98,38 @@ def open_artifact_stat(store_fd: int, locator: str) -> tuple[int, os.stat_result
         if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
             raise IntegrityError("artifact is not a plain regular file") from exc
         raise StorageError(f"cannot open artifact: {os.strerror(exc.errno or 0)}") from exc
+
+
+def read_verified_head(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow, keep: int) -> bytes:
+    """The first ``keep`` bytes of the revision, once the whole file's size and SHA-256 matched.
+
+    For callers that need only a note's head (a search snippet, the index):
+    the file is hashed in chunks, so memory stays bounded by ``keep`` however
+    large the note, and nothing is returned unless every byte verified.
+    """
+    store_fd = open_store_dir(home, agent_id, store.path_key)
+    try:
+        fd = open_artifact(store_fd, revision.locator)
+    finally:
+        os.close(store_fd)
+    digest = hashlib.sha256()
+    head: list[bytes] = []
+    kept = size = 0
+    try:
+        while size <= revision.size:  # one read past the catalog's size notices growth
+            chunk = os.pread(fd, HASH_CHUNK, size)
+            if not chunk:
+                break
+            digest.update(chunk)
+            if kept < keep:
+                head.append(chunk[:keep - kept])
+                kept += len(head[-1])
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size != revision.size or digest.hexdigest() != revision.content_sha256:
+        raise IntegrityError("artifact does not match its catalog hash")
+    return b"".join(head)
 
 
 def read_verified(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow) -> bytes:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from catalog.artifacts import read_verified
+from catalog.artifacts import read_verified_head
 from catalog.chunks import MAX_INDEXED_BYTES, Chunk, cut, note_text
 from catalog.db import immediate, one
 from catalog.embedding import embedder_for
@@ -163,7 +163,7 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None,
     for done, row in enumerate(rows, start=1):
         revision, store = RevisionRow(*row[:7]), StoreRow(*row[7:])
         try:
-            prepared = prepare(read_verified(home, agent_id, store, revision), current)
+            prepared = prepare(read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES), current)
         except IntegrityError:
             report.failed.append(revision.revision_id)
             prepared = PreparedIndex((), None, None)

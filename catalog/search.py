@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import threading
 import weakref
@@ -42,9 +43,9 @@ import apsw
 
 from catalog import vectors
 from catalog.access import Access, authorize_session
-from catalog.artifacts import read_verified
+from catalog.artifacts import read_verified_head
 from catalog.audit import record_many, record_quietly
-from catalog.chunks import snippet
+from catalog.chunks import MAX_INDEXED_BYTES, snippet
 from catalog.embedding import embedder_for
 from catalog.errors import BadInput, IntegrityError, StorageError
 from catalog.home import Home
@@ -118,6 +119,7 @@ class _Arm:
     params: dict[str, object]
     exhausted: bool = False
     offset: int = 0
+    cursor: float = math.inf  # the arm score of the last row looked at: nothing unseen scores higher
     found: dict[int, _Candidate] = field(default_factory=dict)
 
 
@@ -230,7 +232,8 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     postfilter = Postfilter(conn, scope)
     hits: list[Hit] = []
     exposed: dict[str, str] = {}
-    failed: set[str] = set()
+    failed: set[str] = set()  # revisions whose artifact failed verification during this search
+    heads: dict[str, bytes] = {}  # verified heads of revisions, kept across rounds
     quota = max(3 * limit, 30)
     while True:
         for arm in list(arms):
@@ -240,14 +243,34 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
                 arms.remove(arm)
                 _degrade(arm.name, f"its index failed: {type(exc).__name__}", arms)
         ranked = _rank(conn, arms, failed)
-        failures = len(failed)
-        hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed)
-        if len(hits) >= limit or all(arm.exhausted for arm in arms) or len(failed) == failures:
+        hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed, heads)
+        if _settled(arms, hits, limit):
             break
-        quota *= 4  # integrity failures took some places: widen and go round again
+        quota *= 4  # an unseen candidate could still outrank a result: walk further
+    for revision_id in failed:  # only now: deleting rows mid-search would shift the arms' pages
+        retire(conn, access.agent_id, revision_id)
     record_many(home.state(), [access.event("search", "allow", Reason.ALLOWED, store_id=store_id,
                                             revision_id=revision_id) for revision_id, store_id in exposed.items()])
     return Outcome(tuple(hits), tuple(arm.name for arm in arms))
+
+
+def _settled(arms: list[_Arm], hits: list[Hit], limit: int) -> bool:
+    """Whether no candidate an arm has not reached yet could enter the results (a threshold rule).
+
+    Each arm walks in its own score order, so anything it has not reached
+    scores at most its cursor; a chunk unseen by every arm can thus score at
+    most the weighted sum of the cursors. Once that bound is below the
+    ``limit``-th result (or below the noise floor while results are short),
+    the results are exactly the top ``limit`` of every authorized chunk.
+    The rule reads only authorized results and the arms' positions, so
+    the answer never depends on denied rows (how far the arms walked may).
+    """
+    if all(arm.exhausted for arm in arms):
+        return True
+    weights = {"vectors": VECTOR_WEIGHT, "words": WORDS_WEIGHT} if len(arms) == 2 else {arms[0].name: 1.0}
+    bound = sum(weights[arm.name] * (0.0 if arm.exhausted else arm.cursor) for arm in arms)
+    floor = hits[limit - 1].score if len(hits) >= limit else MIN_SCORE
+    return round(bound, 6) < floor
 
 
 def _degrade(lost: str, why: str, remaining: list[_Arm]) -> None:
@@ -260,7 +283,8 @@ def _degrade(lost: str, why: str, remaining: list[_Arm]) -> None:
 def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_Arm]:
     """The arms that can answer this query in ``mode``."""
     base = scope.params()
-    terms = list(dict.fromkeys(t.casefold() for t in _TERMS.findall(query)))[:MAX_QUERY_TERMS]
+    terms = list(dict.fromkeys(t.casefold() for t in _TERMS.findall(query)
+                               if any(ch.isalnum() for ch in t)))[:MAX_QUERY_TERMS]  # "___" is no word
     if not terms and mode == "words":
         raise BadInput("the query has no words to search for")
     words = _Arm("words", _WORDS_SQL, _WORDS_SCORES, {**base, "match": _match(terms, scope), "terms": len(terms)}) if terms else None
@@ -310,6 +334,7 @@ def _fill(conn: apsw.Connection, arm: _Arm, postfilter: Postfilter, quota: int) 
                 arm.exhausted = False
                 break
             arm.offset += 1
+            arm.cursor = _arm_score(arm.name, score)
             if postfilter.allows(resource_id, store_id, live == "live", state):
                 found = _Candidate(chunk_id, resource_id, store_id, revision_id, path, start, end)
                 setattr(found, arm.name, _arm_score(arm.name, score))
@@ -361,11 +386,14 @@ def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str]) -> list[_Ca
 
 
 def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, ranked: Iterable[_Candidate],
-              limit: int, failed: set[str]) -> tuple[list[Hit], dict[str, str]]:
-    """Results cut from revisions verified now; a tampered one drops out, audited and retired."""
+              limit: int, failed: set[str], content: dict[str, bytes]) -> tuple[list[Hit], dict[str, str]]:
+    """Results cut from revisions verified now; a tampered one drops out, audited (and later retired).
+
+    ``content`` keeps each verified revision's head (at most 1 MiB, all a
+    snippet can need) for the rest of the search.
+    """
     hits: list[Hit] = []
     exposed: dict[str, str] = {}
-    content: dict[str, bytes] = {}
     for candidate in ranked:
         if len(hits) >= limit:
             break
@@ -378,7 +406,6 @@ def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, r
                 record_quietly(home.state(), access.event("search", "error", Reason.REVISION_STALE,
                                                           store_id=candidate.store_id,
                                                           revision_id=candidate.revision_id))
-                retire(conn, access.agent_id, candidate.revision_id)
                 continue
             content[candidate.revision_id] = data
         store = scope.store(candidate.store_id)
@@ -398,5 +425,5 @@ def _read(home: Home, conn: apsw.Connection, agent_id: str, candidate: _Candidat
         (candidate.store_id, agent_id, agent_id, candidate.revision_id)).fetchall()
     if not row:
         raise IntegrityError("the revision is no longer active")
-    return read_verified(home, agent_id, StoreRow(*row[0][7:]), RevisionRow(*row[0][:7]))
+    return read_verified_head(home, agent_id, StoreRow(*row[0][7:]), RevisionRow(*row[0][:7]), MAX_INDEXED_BYTES)
 

@@ -407,3 +407,50 @@ def test_snippets_are_cut_from_the_artifact_never_from_index_text(scenario: Scen
     assert [(h["snippet"], h["citation"]) for h in result.json()["results"]] == \
         [("beta gamma", "private/notes/x.md#L2-L2")]
     assert "Z3br" not in result.text and "zebra" not in result.text
+
+
+# -- ranking is exact, whatever the arms' own orders --------------------------
+
+def _write_many(scenario: Scenario, notes: dict[str, bytes]) -> None:
+    home = Home.open(scenario.cli.home)
+    for path, text in notes.items():
+        write_note(home, scenario.alice_session, path, text)
+
+
+def test_hybrid_results_are_the_exact_top_k_even_outside_both_arms_first_pages(scenario: Scenario) -> None:
+    """A chunk second-best in each arm can be best combined; the threshold rule must walk far enough to see it."""
+    filler = " ".join(chr(0xE000 + i) for i in range(200))  # tokens for FTS5, no words for the embedder
+    notes = {f"private/a/{i}.md": f"alpha beta {filler}\n".encode() for i in range(31)}
+    notes |= {f"private/b/{i}.md": b"alphas betas alphas betas alphas betas alphas betas\n" for i in range(31)}
+    notes["private/target.md"] = b"alpha beta alpha beta zeta\n"
+    _write_many(scenario, notes)
+    [best] = hits(scenario, scenario.alice_session, "alpha beta", "--limit", "1")
+    assert best["path"] == "private/target.md"
+
+
+def test_equal_scores_rank_by_path_in_every_mode(scenario: Scenario) -> None:
+    _write_many(scenario, {f"private/t/{i:02d}.md": b"identical tie note\n" for i in reversed(range(40))})
+    for mode in ("hybrid", "words", "vectors"):
+        found = hits(scenario, scenario.alice_session, "identical tie", "--mode", mode, "--limit", "10")
+        assert [h["path"] for h in found] == [f"private/t/{i:02d}.md" for i in range(10)], mode
+
+
+def test_a_tampered_note_with_many_chunks_hides_nothing_that_should_rank(scenario: Scenario) -> None:
+    """Its rows are retired only after the search, so the arms' pages do not shift under them."""
+    line = "lantern " * 140
+    _write_many(scenario, {"private/x.md": ((line + "\n") * 30).encode()}
+                | {f"private/n/{i:02d}.md": f"lantern {'word ' * i}\n".encode() for i in range(60)})
+    note = artifact_path(scenario.cli.home, scenario.alice, "x.md")
+    os.chmod(note, 0o600)
+    note.write_bytes(note.read_bytes().replace(b"lantern", b"LANTERN", 1))
+    first = hits(scenario, scenario.alice_session, "lantern", "--mode", "words", "--limit", "1")
+    again = hits(scenario, scenario.alice_session, "lantern", "--mode", "words", "--limit", "1")
+    assert first == again and first[0]["path"] == "private/n/00.md"
+
+
+def test_notes_without_words_or_text_do_not_break_a_search(scenario: Scenario) -> None:
+    _write_many(scenario, {"private/rule.md": b"---\n", "private/blob.bin": bytes(range(256)) * 8,
+                           "private/empty.md": b""})
+    for mode in ("hybrid", "words", "vectors"):
+        found = hits(scenario, scenario.alice_session, "hazelnuts", "--mode", mode)
+        assert [h["path"] for h in found] == ["private/notes/allergy.md"], mode
