@@ -100,9 +100,12 @@ def insert(conn: apsw.Connection, agent_id: str, *, revision_id: str, resource_i
     models meanwhile) are dropped, never mixed in; the reindex picks the
     rows up.
     """
+    model = prepared.model if prepared.model == current_model(conn).name else None
+    conn.execute("DELETE FROM search_indexed WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+    conn.execute("INSERT INTO search_indexed (revision_id, agent_id, model, chunks) VALUES (?, ?, ?, ?)",
+                 (revision_id, agent_id, model if prepared.chunks else None, len(prepared.chunks)))
     if not prepared.chunks:
         return
-    model = prepared.model if prepared.model == current_model(conn).name else None
     rows = [(agent_id, revision_id, resource_id, store_id, c.ordinal, c.start_line, c.end_line, c.body,
              prepared.vectors[i] if model and prepared.vectors else None, model)
             for i, c in enumerate(prepared.chunks)]
@@ -115,6 +118,19 @@ def retire(conn: apsw.Connection, agent_id: str, revision_id: str) -> None:
     """Delete a revision's rows now (its artifact failed verification)."""
     with immediate(conn):
         conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+        conn.execute("DELETE FROM search_indexed WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+
+
+# Active revisions whose rows are missing or were made by another model than the current one.
+_STALE = (" AND (NOT EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id)"
+          "      OR EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id AND i.chunks > 0"
+          "                 AND i.model IS NOT (SELECT name FROM search_model WHERE singleton = 1)))")
+
+
+def stale_count(conn: apsw.Connection, agent_id: str) -> int:
+    """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
+    return one(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+                     " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,))[0]
 
 
 @dataclass
@@ -133,7 +149,7 @@ _ACTIVE = ("SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256
            " ORDER BY v.revision_id")
 
 
-def reindex(home: Home, agent_id: str, *, model: str | None = None,
+def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: bool = False,
             progress: Callable[[int, int], None] | None = None) -> ReindexReport:
     """Rebuild every active revision's rows from its verified artifact.
 
@@ -143,6 +159,9 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None,
     are not active, which the triggers should never leave, are removed.
     Each revision is rebuilt in its own short transaction, so searches keep
     working throughout; an artifact that fails verification keeps no rows.
+    ``only_stale`` rebuilds just the revisions never indexed or indexed with
+    another model (what doctor --fix does); a full run ends with that sweep
+    too, for revisions a writer activated with the old model meanwhile.
     """
     conn = home.catalog(agent_id)
     if model is not None:
@@ -156,23 +175,37 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None,
     current = current_model(conn)
     report = ReindexReport(model=current.name)
     with immediate(conn):
-        conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id NOT IN"
-                     " (SELECT revision_id FROM revisions WHERE state = 'active')", (agent_id,))
-    rows = conn.execute(_ACTIVE, (agent_id, agent_id, agent_id)).fetchall()
+        for table in ("search_chunks", "search_indexed"):
+            conn.execute(f"DELETE FROM {table} WHERE agent_id = ? AND revision_id NOT IN"
+                         " (SELECT revision_id FROM revisions WHERE state = 'active')", (agent_id,))
+    rows = conn.execute(_ACTIVE.replace(" ORDER BY", (_STALE if only_stale else "") + " ORDER BY"),
+                        (agent_id, agent_id, agent_id)).fetchall()
+    if not only_stale:  # a writer may activate with the old model while the full pass runs: sweep after it
+        _rebuild(home, conn, agent_id, current, rows, report, progress)
+        rows = [row for row in conn.execute(_ACTIVE.replace(" ORDER BY", _STALE + " ORDER BY"),
+                                            (agent_id, agent_id, agent_id)) if row[0] not in report.failed]
+    _rebuild(home, conn, agent_id, current, rows, report, progress)
+    return report
+
+
+def _rebuild(home: Home, conn: apsw.Connection, agent_id: str, current: Model, rows: list[tuple],
+             report: ReindexReport, progress: Callable[[int, int], None] | None) -> None:
     last_report = time.monotonic()
     for done, row in enumerate(rows, start=1):
         revision, store = RevisionRow(*row[:7]), StoreRow(*row[7:])
         try:
-            prepared = prepare(read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES), current)
-        except IntegrityError:
+            prepared: PreparedIndex | None = prepare(
+                read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES), current)
+        except IntegrityError:  # no rows, and no "indexed" mark: once repaired, the next reindex finds it
             report.failed.append(revision.revision_id)
-            prepared = PreparedIndex((), None, None)
+            prepared = None
         with immediate(conn):
-            conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id = ?",
-                         (agent_id, revision.revision_id))
+            for table in ("search_chunks", "search_indexed"):
+                conn.execute(f"DELETE FROM {table} WHERE agent_id = ? AND revision_id = ?",
+                             (agent_id, revision.revision_id))
             still = one(conn, "SELECT 1 FROM revisions WHERE revision_id = ? AND state = 'active'",
                         (revision.revision_id,))
-            if still is not None:
+            if still is not None and prepared is not None:
                 insert(conn, agent_id, revision_id=revision.revision_id, resource_id=revision.resource_id,
                        store_id=store.store_id, prepared=prepared)
                 report.chunks += len(prepared.chunks)
@@ -180,7 +213,6 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None,
         if progress is not None and (time.monotonic() - last_report >= 1.0 or done == len(rows)):
             progress(done, len(rows))
             last_report = time.monotonic()
-    return report
 
 
 _warned: set[str] = set()

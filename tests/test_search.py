@@ -454,3 +454,40 @@ def test_notes_without_words_or_text_do_not_break_a_search(scenario: Scenario) -
     for mode in ("hybrid", "words", "vectors"):
         found = hits(scenario, scenario.alice_session, "hazelnuts", "--mode", mode)
         assert [h["path"] for h in found] == ["private/notes/allergy.md"], mode
+
+
+# -- revisions the index does not cover are found by doctor ------------------
+
+def test_doctor_reports_and_fixes_revisions_the_index_never_covered(scenario: Scenario) -> None:
+    """As after upgrading a home from before the index (schema V2): its notes exist but have no rows."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, "private/empty.md", stdin=b"")  # indexed, with nothing to find
+    assert cli.j("doctor")["findings"] == []
+    conn = catalog_of(scenario)
+    try:
+        conn.execute("DELETE FROM search_chunks")
+        conn.execute("DELETE FROM search_indexed WHERE revision_id IN (SELECT revision_id FROM revisions v"
+                     " JOIN resources r USING (resource_id) WHERE r.path = 'notes/allergy.md')")
+    finally:
+        conn.close()
+    assert hits(scenario, scenario.alice_session, "hazelnuts") == []
+    report = cli("--json", "doctor")
+    assert report.code == 1
+    assert [f["kind"] for f in report.json()["findings"]] == ["unindexed-revisions"]
+    fixed = cli.j("doctor", "--fix")
+    assert [(f["kind"], f["action"]) for f in fixed["findings"]] == [("unindexed-revisions", "reindexed")]
+    assert [h["path"] for h in hits(scenario, scenario.alice_session, "hazelnuts")] == ["private/notes/allergy.md"]
+    assert cli.j("doctor")["findings"] == []
+
+
+def test_rows_embedded_by_a_model_no_longer_current_are_swept_by_reindex(scenario: Scenario) -> None:
+    """A writer that embedded with the old model while a switch ran leaves rows the sweep must rebuild."""
+    cli = scenario.cli
+    conn = catalog_of(scenario)
+    try:
+        conn.execute("UPDATE search_indexed SET model = 'scopefs-hashing-v2-64' WHERE chunks > 0")
+    finally:
+        conn.close()
+    assert [f["kind"] for f in cli("--json", "doctor").json()["findings"]] == ["unindexed-revisions"]
+    cli.j("reindex")
+    assert cli.j("doctor")["findings"] == []

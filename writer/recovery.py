@@ -18,6 +18,8 @@ does not match the catalog:
   names, and entries that are not plain single-link files: moved to the
   agent's quarantine, never into a readable place;
 * undrained audit outbox rows: drained;
+* active revisions the search index does not cover (written before it
+  existed, or embedded by a model that is no longer current): reindexed;
 * committed revisions whose artifact is missing, unsafe or does not hash to
   the catalog: reported as integrity failures. They cannot be repaired from
   here and stay unreadable.
@@ -34,12 +36,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from catalog import ids
-from catalog.artifacts import check_locator, hash_fd, open_artifact, open_scopes_dir, open_store_dir
+from catalog.artifacts import (
+    check_locator,
+    hash_fd,
+    open_artifact,
+    open_scopes_dir,
+    open_store_dir,
+)
 from catalog.audit import drain
 from catalog.db import one
 from catalog.errors import IntegrityError, StorageError
 from catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from catalog.home import Home
+from catalog.index import reindex, stale_count
 from catalog.reasons import Reason
 from writer import lock
 from writer.commit import roll_back
@@ -286,6 +295,12 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
         os.close(scopes_fd)
     for path_key, store_id in stores.items():
         findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix))
+    if stale_count(catalog, agent_id):  # e.g. notes written before the index existed (schema V2)
+        action = None
+        if fix:
+            failed = reindex(home, agent_id, only_stale=True).failed
+            action = "reindexed" + (f" ({len(failed)} failed verification and stay unsearchable)" if failed else "")
+        findings.append(Finding("unindexed-revisions", agent_id, None, action))
     ready = one(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))[0]
     if ready:
         action = None

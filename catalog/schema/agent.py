@@ -319,8 +319,23 @@ BEGIN INSERT INTO search_fts (rowid, body, store_id) VALUES (NEW.chunk_id, NEW.b
 CREATE TRIGGER search_chunks_fts_drop AFTER DELETE ON search_chunks
 BEGIN INSERT INTO search_fts (search_fts, rowid, body, store_id)
       VALUES ('delete', OLD.chunk_id, OLD.body, OLD.store_id); END;
+-- One row per indexed revision, even one with no text (no chunks): what
+-- tells "indexed, nothing to find" from "never indexed" (a revision
+-- activated before V3, or while a model switch was under way), which
+-- doctor reports and reindex completes.
+CREATE TABLE search_indexed (
+    revision_id TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    model       TEXT,                        -- the model of its vectors; NULL when not embedded
+    chunks      INTEGER NOT NULL CHECK (chunks >= 0)
+) STRICT;
+CREATE TRIGGER search_indexed_of_active BEFORE INSERT ON search_indexed
+WHEN NOT EXISTS (SELECT 1 FROM revisions WHERE revision_id = NEW.revision_id AND state = 'active'
+                 AND agent_id = NEW.agent_id)
+BEGIN SELECT RAISE(ABORT, 'only an active revision is indexed'); END;
 CREATE TRIGGER search_chunks_retire AFTER UPDATE OF state ON revisions WHEN NEW.state != 'active'
-BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id; END;
+BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id;
+      DELETE FROM search_indexed WHERE revision_id = NEW.revision_id; END;
 
 CREATE TABLE resource_subjects (
     resource_id  TEXT NOT NULL REFERENCES resources (resource_id),
