@@ -145,7 +145,7 @@ _WORDS_SQL = (f"SELECT {_CANDIDATE_COLS}, {_WORDS_SCORE} AS s"
               f" ORDER BY s DESC, c.chunk_id LIMIT :n OFFSET :o")
 _VECTOR_SCORES = (f"SELECT c.chunk_id, {_VECTOR_SCORE} FROM search_chunks c"
                   " WHERE c.chunk_id IN (SELECT value FROM json_each(:ids)) AND c.model = :model")
-_WORDS_SCORES = (f"SELECT rowid, {_WORDS_SCORE} FROM search_fts WHERE search_fts MATCH :match"
+_WORDS_SCORES = (f"SELECT rowid, {_WORDS_SCORE} FROM search_fts WHERE search_fts MATCH :text_match"
                  " AND rowid IN (SELECT value FROM json_each(:ids))")
 
 
@@ -166,13 +166,15 @@ def _words_score(api: apsw.FTS5ExtensionApi, terms: int) -> float:
     return total / terms
 
 
-def _match(terms: list[str], scope: Scope) -> str:
-    """The FTS5 query: any term in the text, and one of the view's stores.
+def _match(terms: list[str], scope: Scope | None) -> str:
+    """The FTS5 query: any term in the text, and (given a scope) one of the view's stores.
 
     Terms are ``\\w`` runs and store ids our own tokens, so nothing quoted
     here can close a quote or add an operator.
     """
     words = " OR ".join(f'"{t}"' for t in terms)
+    if scope is None:
+        return f"body : ({words})"
     stores = " OR ".join(f'"{s.store_id}"' for s in scope.stores)
     return f"body : ({words}) AND store_id : ({stores})"
 
@@ -234,6 +236,7 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     exposed: dict[str, str] = {}
     failed: set[str] = set()  # revisions whose artifact failed verification during this search
     heads: dict[str, bytes] = {}  # verified heads of revisions, kept across rounds
+    rescored: dict[tuple[str, int], float] = {}  # (arm, chunk) scores computed for the other arm's finds
     quota = max(3 * limit, 30)
     while True:
         for arm in list(arms):
@@ -242,7 +245,7 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
             except apsw.SQLError as exc:  # this arm's index is unusable; the other one still answers
                 arms.remove(arm)
                 _degrade(arm.name, f"its index failed: {type(exc).__name__}", arms)
-        ranked = _rank(conn, arms, failed)
+        ranked = _rank(conn, arms, failed, rescored)
         hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed, heads)
         if _settled(arms, hits, limit):
             break
@@ -287,7 +290,10 @@ def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_A
                                if any(ch.isalnum() for ch in t)))[:MAX_QUERY_TERMS]  # "___" is no word
     if not terms and mode == "words":
         raise BadInput("the query has no words to search for")
-    words = _Arm("words", _WORDS_SQL, _WORDS_SCORES, {**base, "match": _match(terms, scope), "terms": len(terms)}) if terms else None
+    words = None
+    if terms:  # rescoring needs no store phrases: what it scores already passed the postfilter
+        words = _Arm("words", _WORDS_SQL, _WORDS_SCORES, {**base, "match": _match(terms, scope), "terms": len(terms),
+                                                          "text_match": _match(terms, None)})
     vector_problem = _ready(conn)
     vector = None
     if vector_problem is None and mode != "words":
@@ -349,7 +355,8 @@ def _arm_score(arm: str, raw: float | None) -> float:
     return max(0.0, float(raw)) if arm == "vectors" else float(raw)
 
 
-def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str]) -> list[_Candidate]:
+def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str],
+          rescored: dict[tuple[str, int], float]) -> list[_Candidate]:
     """Every authorized candidate scored by every arm, best first, ties by path and line.
 
     An arm's page already scored what it found; only the candidates the
@@ -368,9 +375,13 @@ def _rank(conn: apsw.Connection, arms: list[_Arm], failed: set[str]) -> list[_Ca
         return []
     names = {arm.name: arm for arm in arms}
     for arm in arms:
+        for chunk_id, candidate in union.items():
+            if getattr(candidate, arm.name) is None and (arm.name, chunk_id) in rescored:
+                setattr(candidate, arm.name, rescored[(arm.name, chunk_id)])
         missing = json.dumps(sorted(c for c, cand in union.items() if getattr(cand, arm.name) is None))
         for chunk_id, raw in conn.execute(arm.rescore, {**arm.params, "ids": missing}):
-            setattr(union[chunk_id], arm.name, _arm_score(arm.name, raw))
+            rescored[(arm.name, chunk_id)] = _arm_score(arm.name, raw)
+            setattr(union[chunk_id], arm.name, rescored[(arm.name, chunk_id)])
     both = len(names) == 2
 
     def score(c: _Candidate) -> float:
