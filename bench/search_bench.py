@@ -13,10 +13,13 @@ agent cell (built once into a cache directory and reused):
   the two together (``mode="hybrid"``, the default).
 * **unfiltered**: the same query as plain SQL over the whole index, with no
   prefilter and no postfilter: vectors by ``vec_distance_cosine`` over every
-  chunk, words by FTS5 ``MATCH`` with the same scoring function, hybrid as
-  the real path merges them (each arm's top 30, the union rescored by both
-  arms); the top 10 artifacts are then read and hashed through the same
-  ``catalog.search._read`` the real path uses, and their snippets cut.
+  chunk, words by FTS5 ``MATCH body : (terms)`` (no store restriction) with
+  the same scoring function, hybrid as the real path merges them (each
+  arm's top 30 keeps its own score; a chunk only one arm found is scored
+  by the other with ``catalog.search``'s ``_VECTOR_SCORES`` /
+  ``_WORDS_SCORES``); the top 10 artifacts are then read and hashed
+  through the same ``catalog.search._read`` the real path uses, and their
+  snippets cut.
 * the same on a 10,000-note corpus (100 stores) whose view stores are
   byte-identical copies: whether latency grows with the view or with the
   whole corpus.
@@ -25,11 +28,16 @@ agent cell (built once into a cache directory and reused):
   and, for reference, ``write_note`` on 200 notes with indexing and with it
   skipped.
 * where the time goes: the same searches with timers around the pipeline's
-  functions (a separate pass), each arm's SQL alone with its query plan,
-  and a what-if that is not the real path: ``search`` with the vector
-  arm's SQL pinned to ``search_chunks_by_store`` (``pinned``).
-  ``--what-if-fts`` instead measures the words arm with the store as a
-  second FTS5 column, in a scratch database (``what_if_fts``).
+  functions (a separate pass), and each arm's SQL alone with its query plan.
+
+Run 1 (``RESULTS.md``, "Scoped search (issue 5)") also measured two
+what-ifs: the vector arm's SQL pinned to ``search_chunks_by_store``
+(``pinned``) and the store as a second FTS5 column (``--what-if-fts``).
+Both are now the real path (``catalog.search._VECTOR_SQL`` starts from
+``search_chunks INDEXED BY search_chunks_by_store`` with ``CROSS JOIN``s;
+``search_fts`` indexes ``store_id`` and the words arm matches ``body :
+(terms) AND store_id : (the view's stores)``), so this script no longer
+has them; run 1 holds the "before" numbers.
 
 Every series takes turns with every other, query by query, in an order that
 rotates, so a noisy stretch of the shared VM is spread over all of them.
@@ -40,7 +48,6 @@ may read.
 
     .venv/bin/python bench/search_bench.py [--reps 2] [--json] [--cache DIR] [--rebuild]
     .venv/bin/python bench/search_bench.py --from-json run.json
-    .venv/bin/python bench/search_bench.py --what-if-fts [--json]
 
 Results and their analysis: ``RESULTS.md``, section "Scoped search (issue 5)".
 """
@@ -90,7 +97,7 @@ from catalog.view import READ_ONLY, READ_WRITE
 from writer.stores import ensure_store
 
 AGENT = "main"
-CORPUS_VERSION = 1  # bump when the generated corpus changes; invalidates the cache
+CORPUS_VERSION = 3  # bump when the corpus or its schema changes; invalidates the cache (2: search_fts.store_id, 3: search_indexed)
 LIMIT = 10
 VIEWS = ("2", "5", "10", "20", "20-denied")  # view label -> (user, number of roles) below
 ROLES_OF = {"2": 0, "5": 3, "10": 8, "20": 18, "20-denied": 19}
@@ -392,16 +399,29 @@ def authorized(home: Home, session: str, query: str, arm: str) -> search_mod.Out
 
 _UNF_VECTORS = ("SELECT chunk_id, 1.0 - vec_distance_cosine(embedding, :q) AS s FROM search_chunks"
                 " WHERE agent_id = :agent AND model = :model ORDER BY s DESC, chunk_id LIMIT :n")
-_UNF_WORDS = ("SELECT rowid, scopefs_words(search_fts) AS s FROM search_fts WHERE search_fts MATCH :match"
+_UNF_WORDS = ("SELECT rowid, scopefs_words(search_fts, :terms) AS s FROM search_fts WHERE search_fts MATCH :match"
               " ORDER BY s DESC, rowid LIMIT :n")
 _UNF_ROWS = ("SELECT c.chunk_id, c.resource_id, c.store_id, c.revision_id, r.path, c.start_line, c.end_line"
              " FROM search_chunks c JOIN resources r ON r.resource_id = c.resource_id"
              " WHERE c.chunk_id IN (SELECT value FROM json_each(:ids))")
 
 
-def _match(query: str) -> str:
-    terms = list(dict.fromkeys(t.casefold() for t in search_mod._TERMS.findall(query)))[:search_mod.MAX_QUERY_TERMS]
-    return " OR ".join(f'"{t}"' for t in terms)
+def _terms(query: str) -> list[str]:
+    """The query's terms, as ``catalog.search._arms`` cuts them."""
+    return list(dict.fromkeys(t.casefold() for t in search_mod._TERMS.findall(query)
+                              if any(ch.isalnum() for ch in t)))[:search_mod.MAX_QUERY_TERMS]
+
+
+def _match(query: str) -> dict[str, Any]:
+    """The unfiltered words query's parameters: any term in the text, in any store (no store restriction)."""
+    terms = _terms(query)
+    return {"match": "body : (" + " OR ".join(f'"{t}"' for t in terms) + ")", "terms": len(terms)}
+
+
+def _scoped_match(query: str, scope: Any) -> dict[str, Any]:
+    """The real words arm's parameters for ``scope``: ``catalog.search._match`` (terms AND the view's stores)."""
+    terms = _terms(query)
+    return {"match": search_mod._match(terms, scope), "terms": len(terms)}
 
 
 def unfiltered(home: Home, query: str, arm: str) -> list[search_mod.Hit]:
@@ -410,27 +430,30 @@ def unfiltered(home: Home, query: str, arm: str) -> list[search_mod.Hit]:
     search_mod._ready(conn)
     model = current_model(conn)
     packed = vectors.pack(embedder_for(model.name).embed([query])[0])
-    match = _match(query)
+    words = _match(query)
     n = LIMIT if arm != "hybrid" else max(3 * LIMIT, 30)
-    scores: dict[int, list[float]] = {}
+    scores: dict[int, list[float | None]] = {}
     if arm in ("hybrid", "vectors"):
         for chunk_id, s in conn.execute(_UNF_VECTORS, {"q": packed, "agent": AGENT, "model": model.name, "n": n}):
-            scores.setdefault(chunk_id, [0.0, 0.0])[0] = max(0.0, s)
-    if arm in ("hybrid", "words"):
-        for chunk_id, s in conn.execute(_UNF_WORDS, {"match": match, "n": n}):
-            scores.setdefault(chunk_id, [0.0, 0.0])[1] = s
-    if arm == "hybrid":  # both arms' scores for the union, as catalog.search._rank does
-        ids_json = json.dumps(sorted(scores))
-        for chunk_id, s in conn.execute(search_mod._VECTOR_SCORES, {"ids": ids_json, "q": packed,
+            scores.setdefault(chunk_id, [None, None])[0] = max(0.0, s)
+    if arm in ("hybrid", "words") and words["terms"]:
+        for chunk_id, s in conn.execute(_UNF_WORDS, {**words, "n": n}):
+            scores.setdefault(chunk_id, [None, None])[1] = s
+    if arm == "hybrid":  # as catalog.search._rank does: each arm keeps its own score, the other arm scores the rest
+        missing = json.dumps(sorted(c for c, pair in scores.items() if pair[0] is None))
+        for chunk_id, s in conn.execute(search_mod._VECTOR_SCORES, {"ids": missing, "q": packed,
                                                                      "model": model.name}):
             scores[chunk_id][0] = max(0.0, float(s))
-        for chunk_id, s in conn.execute(search_mod._WORDS_SCORES, {"ids": ids_json, "match": match}):
-            scores[chunk_id][1] = float(s)
+        missing = json.dumps(sorted(c for c, pair in scores.items() if pair[1] is None))
+        if words["terms"]:
+            for chunk_id, s in conn.execute(search_mod._WORDS_SCORES, {**words, "ids": missing}):
+                scores[chunk_id][1] = float(s)
 
-    def score(pair: list[float]) -> float:
+    def score(pair: list[float | None]) -> float:
+        vector, word = pair[0] or 0.0, pair[1] or 0.0
         if arm == "hybrid":
-            return round(search_mod.VECTOR_WEIGHT * pair[0] + search_mod.WORDS_WEIGHT * pair[1], 6)
-        return round(pair[0] if arm == "vectors" else pair[1], 6)
+            return round(search_mod.VECTOR_WEIGHT * vector + search_mod.WORDS_WEIGHT * word, 6)
+        return round(vector if arm == "vectors" else word, 6)
 
     candidates = {row[0]: search_mod._Candidate(*row) for row in
                   conn.execute(_UNF_ROWS, {"ids": json.dumps(sorted(scores))})}
@@ -484,10 +507,11 @@ def expected_scores(home: Home, views: Views, view: str, query: str, arm: str) -
                             (packed, *views.stores[view])).fetchall()
         scores = [max(0.0, s) for path, s in rows if view != "20-denied" or _allowed_path(path)]
     else:
-        rows = conn.execute(f"SELECT r.path, scopefs_words(search_fts) FROM search_fts JOIN search_chunks c"
+        words = _match(query)  # every match in the corpus; the view's stores are tested on search_chunks
+        rows = conn.execute(f"SELECT r.path, scopefs_words(search_fts, ?) FROM search_fts JOIN search_chunks c"
                             f" ON c.chunk_id = search_fts.rowid JOIN resources r USING (resource_id)"
                             f" WHERE search_fts MATCH ? AND c.store_id IN ({marks})",
-                            (_match(query), *views.stores[view])).fetchall()
+                            (words["terms"], words["match"], *views.stores[view])).fetchall()
         scores = [s for path, s in rows if view != "20-denied" or _allowed_path(path)]
     return sorted((r for r in (round(s, 6) for s in scores) if r >= MIN_SCORE), reverse=True)[:LIMIT]
 
@@ -582,26 +606,6 @@ def breakdown(homes: dict[str, Home], manifest: dict[str, Any], queries: list[st
     return out
 
 
-_PINNED_VECTOR_SQL = search_mod._VECTOR_SQL.replace(
-    "FROM search_chunks c ", "FROM search_chunks c INDEXED BY search_chunks_by_store ", 1)
-
-
-def pinned(home: Home, session: str, query: str, arm: str) -> search_mod.Outcome:
-    """What-if, not the real path: ``search`` with the vector arm's SQL pinned to the store index.
-
-    The only difference is ``INDEXED BY search_chunks_by_store`` after
-    ``search_chunks c`` in ``catalog.search._VECTOR_SQL`` (swapped in for
-    this call, in this process only): the arm then walks the view's stores
-    instead of every revision of the agent (see ``anatomy``).
-    """
-    saved = search_mod._VECTOR_SQL
-    search_mod._VECTOR_SQL = _PINNED_VECTOR_SQL
-    try:
-        return search_mod.search(home, session, query, limit=LIMIT, mode=arm)
-    finally:
-        search_mod._VECTOR_SQL = saved
-
-
 def _best(conn: apsw.Connection, sql: str, params: dict[str, Any], runs: int) -> tuple[float, list[Any]]:
     best, rows = math.inf, []
     for _ in range(runs):
@@ -613,7 +617,20 @@ def _best(conn: apsw.Connection, sql: str, params: dict[str, Any], runs: int) ->
 
 def anatomy(homes: dict[str, Home], views: dict[str, Views], manifest: dict[str, Any],
             queries: list[str]) -> dict[str, Any]:
-    """Each arm's first page of SQL alone (us, best of 2), next to what it walks, and the query plans."""
+    """Each arm's first page of SQL alone (us, best of 2), next to what it walks, and the query plans.
+
+    "words rescore" / "vectors rescore" are ``_rank``'s second queries: the
+    words score of the vector page's top 30 that the words page did not
+    find, and the other way round.
+
+    Three columns are diagnostics, not the real path (marked "what-if"):
+    the words rescore with the body terms alone (those ids are already
+    authorized, so the store phrases restrict nothing), and the
+    scoped match and words page with each store named by its id's random
+    part alone (``st_`` is its own token, present in every row, so each
+    ``"st_..."`` phrase walks a doclist as long as the corpus). Each is
+    checked to return the same rows as the real query.
+    """
     out: dict[str, Any] = {}
     for corpus, home in homes.items():
         conn = home.catalog(AGENT)
@@ -625,131 +642,64 @@ def anatomy(homes: dict[str, Home], views: dict[str, Views], manifest: dict[str,
             scope = search_mod.scope_for(conn, AGENT, access.session.subject, access.view.mounts, access.now)
             marks = ",".join("?" for _ in views[corpus].stores[view])
             for query in queries:
-                match = _match(query)
+                words = _match(query)
+                scoped = _scoped_match(query, scope)
                 packed = vectors.pack(embedder_for(model).embed([query])[0])
-                words_params = {**scope.params(), "match": match, "n": 50, "o": 0}
+                words_params = {**scope.params(), **scoped, "n": 50, "o": 0}
                 vector_params = {**scope.params(), "q": packed, "model": model, "n": 50, "o": 0}
                 row: dict[str, Any] = {"view": view, "query": query}
                 row["corpus_matches"] = conn.execute("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
-                                                     (match,)).fetchall()[0][0]
+                                                     (words["match"],)).fetchall()[0][0]
                 row["view_matches"] = conn.execute(
                     f"SELECT count(*) FROM search_fts JOIN search_chunks c ON c.chunk_id = search_fts.rowid"
                     f" WHERE search_fts MATCH ? AND c.store_id IN ({marks})",
-                    (match, *views[corpus].stores[view])).fetchall()[0][0]
+                    (words["match"], *views[corpus].stores[view])).fetchall()[0][0]
+                scoped_matches = conn.execute("SELECT count(*) FROM search_fts WHERE search_fts MATCH ?",
+                                              (scoped["match"],)).fetchall()[0][0]
+                if scoped_matches != row["view_matches"]:
+                    raise SystemExit(f"the scoped match found {scoped_matches} rows, the view has"
+                                     f" {row['view_matches']} ({corpus} {view} {query!r})")
                 row["words page"], page = _best(conn, search_mod._WORDS_SQL, words_params, 2)
-                row["MATCH only"], _ = _best(conn, "SELECT rowid FROM search_fts WHERE search_fts MATCH :m",
-                                             {"m": match}, 2)
-                row["MATCH+score"], _ = _best(conn, "SELECT scopefs_words(search_fts) FROM search_fts"
-                                                    " WHERE search_fts MATCH :m", {"m": match}, 2)
-                ids_json = json.dumps(sorted(r[0] for r in page[:30]))
-                row["words rescore"], _ = _best(conn, search_mod._WORDS_SCORES, {"ids": ids_json, "match": match}, 2)
-                row["vectors page"], real = _best(conn, search_mod._VECTOR_SQL, vector_params, 2)
-                row["vectors page, store index"], what_if = _best(conn, _PINNED_VECTOR_SQL, vector_params, 2)
-                if [r[0] for r in real] != [r[0] for r in what_if]:
-                    raise SystemExit(f"the pinned vector SQL returned other rows ({corpus} {view} {query!r})")
+                row["scoped MATCH"], _ = _best(conn, "SELECT rowid FROM search_fts WHERE search_fts MATCH :match",
+                                               {"match": scoped["match"]}, 2)
+                row["MATCH (unfiltered)"], _ = _best(conn, "SELECT rowid FROM search_fts WHERE search_fts MATCH"
+                                                           " :match", {"match": words["match"]}, 2)
+                row["MATCH+score (unfiltered)"], _ = _best(conn, "SELECT scopefs_words(search_fts, :terms) FROM"
+                                                                 " search_fts WHERE search_fts MATCH :match", words, 2)
+                row["vectors page"], vector_page = _best(conn, search_mod._VECTOR_SQL, vector_params, 2)
+                found_words = {r[0] for r in page[:30]}
+                found_vectors = {r[0] for r in vector_page[:30]}
+                rescore_ids = json.dumps(sorted(found_vectors - found_words))
+                row["words rescore"], rescored = _best(conn, search_mod._WORDS_SCORES, {**scoped, "ids": rescore_ids}, 2)
+                row["words rescore, body match (what-if)"], body_rescored = _best(
+                    conn, search_mod._WORDS_SCORES, {**words, "ids": rescore_ids}, 2)
+                token = {**scoped, "match": words["match"] + " AND store_id : (" + " OR ".join(
+                    f'"{s.store_id.removeprefix("st_")}"' for s in scope.stores) + ")"}
+                row["scoped MATCH, store token (what-if)"], token_rows = _best(
+                    conn, "SELECT rowid FROM search_fts WHERE search_fts MATCH :match", {"match": token["match"]}, 2)
+                row["words page, store token (what-if)"], token_page = _best(
+                    conn, search_mod._WORDS_SQL, {**words_params, **token}, 2)
+                if (sorted(rescored) != sorted(body_rescored) or len(token_rows) != scoped_matches
+                        or [r[0] for r in token_page] != [r[0] for r in page]):
+                    raise SystemExit(f"a what-if query returned other rows ({corpus} {view} {query!r})")
+                row["vectors rescore"], _ = _best(conn, search_mod._VECTOR_SCORES,
+                                                  {"q": packed, "model": model,
+                                                   "ids": json.dumps(sorted(found_words - found_vectors))}, 2)
                 rows.append(row)
         plans = {}
         access = authorize_session(home, manifest["users"]["20"]["session"], Op.READ)
         scope = search_mod.scope_for(conn, AGENT, access.session.subject, access.view.mounts, access.now)
-        for label, sql, p in (("words", search_mod._WORDS_SQL, {**scope.params(), "match": "x", "n": 50, "o": 0}),
+        scoped = {"match": search_mod._match(["x"], scope), "terms": 1}
+        for label, sql, p in (("words", search_mod._WORDS_SQL, {**scope.params(), **scoped, "n": 50, "o": 0}),
                               ("vectors", search_mod._VECTOR_SQL, {**scope.params(), "q": b"", "model": "m",
                                                                    "n": 50, "o": 0}),
-                              ("vectors, store index", _PINNED_VECTOR_SQL, {**scope.params(), "q": b"", "model": "m",
-                                                                            "n": 50, "o": 0}),
-                              ("words scores", search_mod._WORDS_SCORES, {"ids": "[]", "match": "x"}),
-                              ("vector scores", search_mod._VECTOR_SCORES, {"ids": "[]", "q": b"", "model": "m"})):
+                              ("words scores", search_mod._WORDS_SCORES, {**scoped, "ids": "[]"}),
+                              ("vector scores", search_mod._VECTOR_SCORES, {"ids": "[]", "q": b"", "model": "m"}),
+                              ("unfiltered words", _UNF_WORDS, {"match": "body : (x)", "terms": 1, "n": 10}),
+                              ("unfiltered vectors", _UNF_VECTORS, {"q": b"", "agent": AGENT, "model": "m", "n": 10})):
             plans[label] = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, p)]
         out[corpus] = {"rows": rows, "plans": plans}
     return out
-
-
-def what_if_fts(manifest: dict[str, Any], queries: list[str], log: Callable[[str], None]) -> dict[str, Any]:
-    """What-if (not the real path): the words arm with each chunk's store as a second FTS5 column.
-
-    In a scratch database attached to the full corpus's catalog (the
-    catalog itself is not changed), two contentless FTS5 tables are built
-    from ``search_chunks`` with the catalog's tokenizer: ``pfts(body)``,
-    the shape of today's index, and ``wfts(body, scope)`` with the store
-    id's random part as the scope token. The words arm's real SQL is then
-    run against ``wfts`` with ``body: (terms) AND scope: (the view's
-    stores)``, so FTS5 intersects the doclists in C and only in-view
-    matches are joined back to ``search_chunks`` and decided by the
-    predicate. (Scores then also count the scope phrases, so the order can
-    differ; the matched rows are checked to be the in-view matches.)
-    """
-    root = Path(manifest["corpora"]["full"]["home"])
-    home = Home.open(root)
-    conn = home.catalog(AGENT)
-    search_mod._ready(conn)
-    scratch = root.parent.parent / "whatif-fts.sqlite"
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(scratch) + suffix)
-    apsw.Connection(str(scratch)).close()  # created here: the catalog's connection may not create files
-    conn.execute("ATTACH DATABASE ? AS w", (str(scratch),))
-    out: dict[str, Any] = {"build_s": {}, "bytes_per_note": {}, "rows": []}
-    try:
-        tokenize = "tokenize = 'porter unicode61 remove_diacritics 2'"
-        for table, columns, select in (("pfts", "body", "chunk_id, body"),
-                                       ("wfts", "body, scope", "chunk_id, body, substr(store_id, 4)")):
-            conn.execute(f"CREATE VIRTUAL TABLE w.{table} USING fts5 ({columns}, content = '', {tokenize})")
-            t0 = time.perf_counter()
-            with immediate(conn):
-                conn.execute(f"INSERT INTO w.{table} (rowid, {columns}) SELECT {select} FROM main.search_chunks")
-            out["build_s"][table] = time.perf_counter() - t0
-            log(f"what-if fts: {table} built in {out['build_s'][table]:.1f} s")
-        notes = out["chunks"] = conn.execute("SELECT count(*) FROM main.search_chunks").fetchall()[0][0]
-        for table in ("pfts", "wfts"):
-            size = conn.execute("SELECT sum(pgsize) FROM dbstat('w') WHERE name LIKE ?", (f"{table}%",)).fetchall()[0][0]
-            out["bytes_per_note"][table] = size / notes
-        real_size = conn.execute("SELECT sum(pgsize) FROM dbstat('main') WHERE name LIKE 'search_fts%'").fetchall()[0][0]
-        out["bytes_per_note"]["search_fts (catalog)"] = real_size / notes
-        what_if_sql = (search_mod._WORDS_SQL.replace("search_fts", "wfts").replace("FROM wfts", "FROM w.wfts", 1))
-        for view in ("2", "20", "20-denied"):
-            access = authorize_session(home, manifest["users"][view]["session"], Op.READ)
-            scope = search_mod.scope_for(conn, AGENT, access.session.subject, access.view.mounts, access.now)
-            tokens = " OR ".join(f'"{st.store_id[3:]}"' for st in scope.stores)
-            marks = ",".join("?" for _ in scope.stores)
-            for query in queries:
-                match = _match(query)
-                scoped = f"body: ({match}) AND scope: ({tokens})"
-                in_view = {r[0] for r in conn.execute(
-                    f"SELECT c.chunk_id FROM search_fts JOIN search_chunks c ON c.chunk_id = search_fts.rowid"
-                    f" WHERE search_fts MATCH ? AND c.store_id IN ({marks})",
-                    (match, *[st.store_id for st in scope.stores]))}
-                found = {r[0] for r in conn.execute("SELECT rowid FROM w.wfts WHERE wfts MATCH ?", (scoped,))}
-                if found != in_view:
-                    raise SystemExit(f"what-if fts: other rows for {view} {query!r}")
-                row = {"view": view, "query": query, "view_matches": len(in_view)}
-                row["words page"], _ = _best(conn, search_mod._WORDS_SQL,
-                                             {**scope.params(), "match": match, "n": 50, "o": 0}, 3)
-                row["words page, store column"], _ = _best(conn, what_if_sql,
-                                                           {**scope.params(), "match": scoped, "n": 50, "o": 0}, 3)
-                row["MATCH only"], _ = _best(conn, "SELECT rowid FROM w.pfts WHERE pfts MATCH ?", (match,), 3)
-                row["MATCH only, store column"], _ = _best(conn, "SELECT rowid FROM w.wfts WHERE wfts MATCH ?",
-                                                           (scoped,), 3)
-                out["rows"].append(row)
-    finally:
-        conn.execute("DETACH DATABASE w")
-        home.close()
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(scratch) + suffix)
-    return out
-
-
-def print_what_if_fts(w: dict[str, Any]) -> None:
-    print("what-if (not the real path): the store as a second FTS5 column, full corpus; us, median over the"
-          " queries of the best of 3")
-    cols = ("view_matches", "words page", "words page, store column", "MATCH only", "MATCH only, store column")
-    print("| view | " + " | ".join(cols) + " |")
-    print("|" + "---|" * (len(cols) + 1))
-    for view in ("2", "20", "20-denied"):
-        rows = [r for r in w["rows"] if r["view"] == view]
-        print(f"| {view} | " + " | ".join(f"{statistics.median(r[c] for r in rows):,.0f}" for c in cols) + " |")
-    print(f"build of {w['chunks']:,} chunks in one transaction: body only {w['build_s']['pfts']:.1f} s, body + scope"
-          f" {w['build_s']['wfts']:.1f} s; FTS bytes/note: " + ", ".join(
-              f"{k} {v:,.0f}" for k, v in w["bytes_per_note"].items()))
 
 
 # -- the timed run ------------------------------------------------------------------------
@@ -767,15 +717,11 @@ def timed_run(homes: dict[str, Home], manifest: dict[str, Any], queries: list[st
             series.append((corpus, "unfiltered", "-", arm))
             for view in VIEWS:
                 series.append((corpus, "authorized", view, arm))
-                if arm != "words":
-                    series.append((corpus, "pinned", view, arm))
     samples: dict[str, list[float]] = {"/".join(s): [] for s in series}
 
     def run(corpus: str, kind: str, view: str, arm: str, query: str) -> None:
         if kind == "unfiltered":
             unfiltered(homes[corpus], query, arm)
-        elif kind == "pinned":
-            pinned(homes[corpus], manifest["users"][view]["session"], query, arm)
         else:
             authorized(homes[corpus], manifest["users"][view]["session"], query, arm)
 
@@ -889,6 +835,10 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"commit {ctx['commit']} ({len(ctx['dirty'])} modified tracked files), Python {ctx['python']},"
           f" SQLite {ctx['sqlite']}, sqlite-vec {ctx['sqlite_vec']}, load {ctx['loadavg_before'][0]:.2f} ->"
           f" {ctx['loadavg'][0]:.2f}")
+    start = ctx.get("at_start")
+    if start and (start["commit"], start["dirty"]) != (ctx["commit"], ctx["dirty"]):
+        print(f"WARNING: the tree changed during the run: commit {start['commit']} ({len(start['dirty'])} modified"
+              f" tracked files) at the start ({start['when']}); the code measured is the one at the start")
     for name, c in m["corpora"].items():
         print(f"corpus {name}: {c['stores']} stores, {c['notes']} notes ({c['home']})")
     print(f"queries: {result['queries']} x {result['reps']} reps; top {LIMIT}")
@@ -921,29 +871,23 @@ def print_report(result: dict[str, Any]) -> None:
     head = "| series | arm | " + " | ".join(f"{label[c]} p50 | {label[c]} p95 | x unf" for c in corpora)
     print(head + (" | growth |" if len(corpora) == 2 else " |"))
     print("|" + "---|" * (2 + 3 * len(corpora) + (1 if len(corpora) == 2 else 0)))
-    for kind in ("authorized", "pinned"):
-        if kind == "pinned":
-            print("| what-if (not the real path): vector SQL pinned to the store index |" + " |" * (
-                1 + 3 * len(corpora) + (1 if len(corpora) == 2 else 0)))
-        for arm in ARMS:
-            if kind == "pinned" and arm == "words":
-                continue
-            rows = [("unfiltered", "unfiltered", "-")] if kind == "authorized" else []
-            rows += [(f"view {v}" if v != "20-denied" else "view 20, 99% denied", kind, v) for v in VIEWS]
-            for name, k, view in rows:
-                cells = []
-                p50s = []
-                for c in corpora:
-                    row = summary.get(f"{c}/{k}/{view}/{arm}")
-                    base = summary[f"{c}/unfiltered/-/{arm}"]
-                    if row is None:
-                        cells.append(" | | ")
-                        continue
-                    p50s.append(row["p50_ms"])
-                    ratio = "" if k == "unfiltered" else f"{row['p50_ms'] / base['p50_ms']:.2f}x"
-                    cells.append(f"{row['p50_ms']:,.1f} | {row['p95_ms']:,.1f} | {ratio}")
-                growth = f" | {p50s[0] / p50s[1]:.1f}x |" if len(p50s) == 2 else " |"
-                print(f"| {name} | {arm} | " + " | ".join(cells) + growth)
+    for arm in ARMS:
+        rows = [("unfiltered", "unfiltered", "-")]
+        rows += [(f"view {v}" if v != "20-denied" else "view 20, 99% denied", "authorized", v) for v in VIEWS]
+        for name, k, view in rows:
+            cells = []
+            p50s = []
+            for c in corpora:
+                row = summary.get(f"{c}/{k}/{view}/{arm}")
+                base = summary[f"{c}/unfiltered/-/{arm}"]
+                if row is None:
+                    cells.append(" | | ")
+                    continue
+                p50s.append(row["p50_ms"])
+                ratio = "" if k == "unfiltered" else f"{row['p50_ms'] / base['p50_ms']:.2f}x"
+                cells.append(f"{row['p50_ms']:,.1f} | {row['p95_ms']:,.1f} | {ratio}")
+            growth = f" | {p50s[0] / p50s[1]:.1f}x |" if len(p50s) == 2 else " |"
+            print(f"| {name} | {arm} | " + " | ".join(cells) + growth)
     print()
     b = result.get("breakdown")
     if b:
@@ -959,19 +903,21 @@ def print_report(result: dict[str, Any]) -> None:
         print()
     a = result.get("anatomy")
     if a:
-        cols = ("corpus_matches", "view_matches", "words page", "MATCH only", "MATCH+score", "words rescore",
-                "vectors page", "vectors page, store index")
+        cols = ("corpus_matches", "view_matches", "words page", "scoped MATCH", "MATCH (unfiltered)",
+                "MATCH+score (unfiltered)", "words rescore", "vectors page", "vectors rescore",
+                "words rescore, body match (what-if)", "scoped MATCH, store token (what-if)",
+                "words page, store token (what-if)")
         print("each arm's SQL alone (median over the queries of the best of 2; us; matches = FTS rows):")
         print("| corpus | view | " + " | ".join(cols) + " |")
         print("|" + "---|" * (len(cols) + 2))
         for corpus in corpora:
             for view in ("2", "20", "20-denied"):
                 rows = [r for r in a[corpus]["rows"] if r["view"] == view]
-                print(f"| {label[corpus]} | {view} | "
-                      + " | ".join(f"{statistics.median(r[c] for r in rows):,.0f}" for c in cols) + " |")
+                print(f"| {label[corpus]} | {view} | " + " | ".join(
+                    f"{statistics.median(r[c] for r in rows):,.0f}" if c in rows[0] else "" for c in cols) + " |")
         for corpus in corpora:
             for name, plan in a[corpus]["plans"].items():
-                print(f"  plan {label[corpus]} {name}: " + " | ".join(plan[:3]) + (" | ..." if len(plan) > 3 else ""))
+                print(f"  plan {label[corpus]} {name}: " + " | ".join(plan))
         print()
     c = result.get("check")
     if c:
@@ -999,21 +945,16 @@ def main() -> int:
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout (samples included)")
     parser.add_argument("--from-json", help="print the report of a saved --json run")
-    parser.add_argument("--what-if-fts", action="store_true",
-                        help="only the store-column FTS what-if, on the cached corpus (builds it if missing)")
     args = parser.parse_args()
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        if "what_if_fts" in saved and "summary" not in saved:
-            print_what_if_fts(saved["what_if_fts"])
-        else:
-            print_report(saved)
+        print_report(json.loads(Path(args.from_json).read_text()))
         return 0
 
     def log(message: str) -> None:
         print(f"search_bench: {message}", file=sys.stderr, flush=True)
 
     loadavg_before = os.getloadavg()
+    started = context()  # the code is imported once, now: a commit landing mid-run is not what ran
     cache = Path(args.cache).absolute() / cache_key(args)
     manifest_path = cache / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
@@ -1022,15 +963,6 @@ def main() -> int:
     else:
         log(f"reusing the corpus built {manifest['built_at']} in {cache}")
     manifest["args"] = vars(args)
-    if args.what_if_fts:
-        what_if = {"what_if_fts": what_if_fts(manifest, Text(args.seed).queries(args.queries), log),
-                   "context": {**context(), "loadavg_before": loadavg_before}}
-        if args.json:
-            json.dump(what_if, sys.stdout)
-            print()
-        else:
-            print_what_if_fts(what_if["what_if_fts"])
-        return 0
     homes = {name: Home.open(Path(c["home"])) for name, c in
              sorted(manifest["corpora"].items(), key=lambda kv: kv[1]["notes"])}
     text = Text(args.seed)
@@ -1051,7 +983,8 @@ def main() -> int:
         home.close()
     if args.write_notes:
         result["write_note"] = write_note_reference(Path(args.cache).absolute(), args.write_notes, text, log)
-    result["context"] = {**context(), "loadavg_before": loadavg_before}
+    result["context"] = {**context(), "loadavg_before": loadavg_before,
+                         "at_start": {k: started[k] for k in ("commit", "dirty", "when")}}
     if args.json:
         json.dump(result, sys.stdout)
         print()
