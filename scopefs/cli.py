@@ -42,6 +42,15 @@ def _home(args: argparse.Namespace) -> Home:
     return Home.open(resolve_home(args.home))
 
 
+def _agents(args: argparse.Namespace, home: Home) -> list[str]:
+    """``--agent`` (which must exist) or every agent of the home."""
+    if not args.agent:
+        return home.agents()
+    if not home.agent_exists(validate_agent_name(args.agent)):
+        raise BadInput(f"unknown agent: {args.agent}")
+    return [args.agent]
+
+
 # -- commands ---------------------------------------------------------------
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -223,9 +232,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     from catalog.index import reindex
 
     home = _home(args)
-    agents = [validate_agent_name(args.agent)] if args.agent else home.agents()
-    if args.agent and not home.agent_exists(args.agent):
-        raise BadInput(f"unknown agent: {args.agent}")
+    agents = _agents(args, home)
     reports = {}
     for agent_id in agents:
         def progress(done: int, total: int, agent_id: str = agent_id) -> None:
@@ -257,9 +264,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from writer.recovery import inspect
 
     home = _home(args)
-    agents = [validate_agent_name(args.agent)] if args.agent else home.agents()
-    if args.agent and not home.agent_exists(args.agent):
-        raise BadInput(f"unknown agent: {args.agent}")
+    agents = _agents(args, home)
     findings = []
     for agent_id in agents:
         findings.extend(inspect(home, agent_id, fix=args.fix))

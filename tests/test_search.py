@@ -34,6 +34,16 @@ def catalog_of(scenario: Scenario) -> apsw.Connection:
     return apsw.Connection(str(scenario.cli.home / "agents" / scenario.agent / "catalog.sqlite"))
 
 
+def run_sql(scenario: Scenario, *statements: str) -> None:
+    """Change the catalog behind the broker's back, as an operator or an attacker with the file could."""
+    conn = catalog_of(scenario)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
 def chunk_rows(scenario: Scenario) -> list[tuple]:
     conn = catalog_of(scenario)
     try:
@@ -65,11 +75,7 @@ def test_index_rows_are_written_with_activation_and_retired_with_the_revision(sc
     assert hits(scenario, scenario.alice_session, "coffee") == []
 
     third = cli.j("write", scenario.alice_session, "private/notes/milk.md", stdin=b"Alice takes oat milk\n")
-    conn = catalog_of(scenario)
-    try:
-        conn.execute("UPDATE revisions SET state = 'corrupt' WHERE revision_id = ?", (third["revision_id"],))
-    finally:
-        conn.close()
+    run_sql(scenario, f"UPDATE revisions SET state = 'corrupt' WHERE revision_id = '{third['revision_id']}'")
     assert third["revision_id"] not in {row[0] for row in chunk_rows(scenario)}  # found corrupt: retired
 
 
@@ -97,11 +103,7 @@ def test_reindex_rebuilds_the_same_rows_from_verified_artifacts_only(scenario: S
           stdin=b"".join(b"line %d about the garden and the roses\n" % i for i in range(200)))
     before = chunk_rows(scenario)
     assert len(before) > 3
-    conn = catalog_of(scenario)
-    try:
-        conn.execute("DELETE FROM search_chunks")
-    finally:
-        conn.close()
+    run_sql(scenario, "DELETE FROM search_chunks")
     assert hits(scenario, scenario.alice_session, "roses") == []
     report = cli.j("reindex")
     assert report["exit_code"] == 0 and report["agents"][0]["failed_revision_ids"] == []
@@ -125,11 +127,7 @@ def test_a_changed_model_forces_a_reindex_instead_of_mixing_spaces(scenario: Sce
     assert bad.code == 2
     assert {row[6] for row in chunk_rows(scenario)} == {"scopefs-hashing-v2-256"}
 
-    conn = catalog_of(scenario)
-    try:  # the recorded model changes, as on another scopefs build: old vectors must not be compared
-        conn.execute("UPDATE search_model SET name = 'scopefs-hashing-v2-128', dimension = 128")
-    finally:
-        conn.close()
+    run_sql(scenario, "UPDATE search_model SET name = 'scopefs-hashing-v2-128', dimension = 128")
     assert hits(scenario, scenario.alice_session, "green tea", "--mode", "vectors") == []
     assert len(hits(scenario, scenario.alice_session, "green tea", "--mode", "words")) == 1
 
@@ -203,11 +201,7 @@ def test_a_session_whose_evidence_is_gone_is_denied(scenario: Scenario) -> None:
 
 def test_each_arm_degrades_to_the_other_and_says_so(scenario: Scenario) -> None:
     cli = scenario.cli
-    conn = catalog_of(scenario)
-    try:
-        conn.execute("UPDATE search_model SET name = 'retired-model-v0'")
-    finally:
-        conn.close()
+    run_sql(scenario, "UPDATE search_model SET name = 'retired-model-v0'")
     result = cli("--json", "search", scenario.alice_session, "hazelnuts")
     assert result.code == 0 and result.json()["arms"] == ["words"]
     assert [h["path"] for h in result.json()["results"]] == ["private/notes/allergy.md"]
@@ -215,12 +209,7 @@ def test_each_arm_degrades_to_the_other_and_says_so(scenario: Scenario) -> None:
     assert "hazelnut" not in result.err  # the log line never carries the query
     assert cli("--json", "search", scenario.alice_session, "hazelnuts", "--mode", "vectors").code == 1
 
-    conn = catalog_of(scenario)
-    try:
-        conn.execute("UPDATE search_model SET name = 'scopefs-hashing-v2-256'")
-        conn.execute("DROP TABLE search_fts")
-    finally:
-        conn.close()
+    run_sql(scenario, "UPDATE search_model SET name = 'scopefs-hashing-v2-256'", "DROP TABLE search_fts")
     result = cli("--json", "search", scenario.alice_session, "hazelnuts")
     assert result.code == 0 and result.json()["arms"] == ["vectors"]
     assert [h["path"] for h in result.json()["results"]] == ["private/notes/allergy.md"]
@@ -487,11 +476,7 @@ def test_doctor_reports_and_fixes_revisions_the_index_never_covered(scenario: Sc
 def test_rows_embedded_by_a_model_no_longer_current_are_swept_by_reindex(scenario: Scenario) -> None:
     """A writer that embedded with the old model while a switch ran leaves rows the sweep must rebuild."""
     cli = scenario.cli
-    conn = catalog_of(scenario)
-    try:
-        conn.execute("UPDATE search_indexed SET model = 'scopefs-hashing-v2-64' WHERE chunks > 0")
-    finally:
-        conn.close()
+    run_sql(scenario, "UPDATE search_indexed SET model = 'scopefs-hashing-v2-64' WHERE chunks > 0")
     assert [f["kind"] for f in cli("--json", "doctor").json()["findings"]] == ["unindexed-revisions"]
     cli.j("reindex")
     assert cli.j("doctor")["findings"] == []
