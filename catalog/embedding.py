@@ -20,6 +20,7 @@ Nothing here logs or stores text; it only returns numbers.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -100,6 +101,11 @@ class WordLlamaEmbedder:
     network at run time (loading is pointed at the package's own files with
     downloads disabled). It knows word meanings the hashing embedder cannot
     (tea and matcha are near), at about 16 MiB of weights.
+
+    Its name ends in a fingerprint of the weights file (``@`` and 12 hex
+    digits of its SHA-256): a package upgrade that ships other weights then
+    names another model, so the index's old vectors are never compared with
+    the new space.
     """
 
     CONFIG = "l2_supercat"
@@ -112,6 +118,11 @@ class WordLlamaEmbedder:
         from pathlib import Path
 
         package_dir = Path(wordllama.__file__).parent  # holds weights/ and tokenizers/ of the bundled model
+        weights = package_dir / "weights" / f"{self.CONFIG}_{dimension}.safetensors"
+        try:
+            self._fingerprint = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+        except OSError:
+            raise RuntimeError(f"the wordllama package ships no {self.CONFIG} weights of dimension {dimension}") from None
         try:
             self._model = wordllama.WordLlama.load(config=self.CONFIG, dim=dimension, cache_dir=package_dir,
                                                    disable_download=True)
@@ -121,7 +132,7 @@ class WordLlamaEmbedder:
 
     @property
     def name(self) -> str:
-        return f"wordllama:{self.CONFIG}-{self._dimension}"
+        return f"wordllama:{self.CONFIG}-{self._dimension}@{self._fingerprint}"
 
     @property
     def dimension(self) -> int:
@@ -138,28 +149,35 @@ def default_embedder() -> Embedder:
 
 _HASHING_PREFIX = "scopefs-hashing-v2-"
 _WORDLLAMA_PREFIX = f"wordllama:{WordLlamaEmbedder.CONFIG}-"
+_WORDLLAMA = re.compile(re.escape(_WORDLLAMA_PREFIX) + r"([0-9]{1,4})(@[0-9a-f]{12})?")
 _loaded: dict[str, Embedder] = {}
 
 
 def embedder_for(name: str) -> Embedder:
     """The embedder an index records by ``name``, loaded once per process.
 
-    ValueError for a name no embedder answers to; RuntimeError when the
-    model's optional package is not installed. Callers degrade to words only
-    and say so; they never substitute another model, whose vectors would
-    live in a different space.
+    ``name`` may leave out a WordLlama fingerprint (what a person types for
+    ``reindex --model``); the index then records the full name. ValueError
+    for a name no embedder answers to; RuntimeError when the model's optional
+    package is not installed or its weights are not the ones named. Callers
+    degrade to words only and say so; they never substitute another model,
+    whose vectors would live in a different space.
     """
     found = _loaded.get(name)
     if found is not None:
         return found
+    wordllama = _WORDLLAMA.fullmatch(name)
     if name.startswith(_HASHING_PREFIX) and name[len(_HASHING_PREFIX):].isdigit():
         embedder: Embedder = HashingEmbedder(int(name[len(_HASHING_PREFIX):]))
-    elif name.startswith(_WORDLLAMA_PREFIX) and name[len(_WORDLLAMA_PREFIX):].isdigit():
-        embedder = WordLlamaEmbedder(int(name[len(_WORDLLAMA_PREFIX):]))
+    elif wordllama:
+        embedder = WordLlamaEmbedder(int(wordllama.group(1)))
+        if wordllama.group(2) and embedder.name != name:
+            raise RuntimeError("the installed WordLlama weights are not the ones the index was built with;"
+                               f" run 'scopefs reindex --model {_WORDLLAMA_PREFIX}{wordllama.group(1)}'")
     else:
         raise ValueError("unknown embedding model; use scopefs-hashing-v2-<dimension> or "
                          f"{_WORDLLAMA_PREFIX}256")
-    if embedder.name != name:
+    if embedder.name != name and not (wordllama and not wordllama.group(2)):
         raise ValueError("unknown embedding model")
     _loaded[name] = embedder
     return embedder

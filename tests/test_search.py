@@ -146,15 +146,22 @@ def test_the_optional_model_ships_in_its_wheel_and_a_switch_reindexes_everything
     assert hits(scenario, scenario.alice_session, "medical appointment", "--mode", "vectors") == []  # no shared words
 
     report = cli.j("reindex", "--model", "wordllama:l2_supercat-256")
-    assert report["agents"][0]["model"] == "wordllama:l2_supercat-256"
+    model = report["agents"][0]["model"]  # recorded with a fingerprint of the weights
+    assert model.startswith("wordllama:l2_supercat-256@") and len(model) == len("wordllama:l2_supercat-256@") + 12
     rows = chunk_rows(scenario)
-    assert {row[6] for row in rows} == {"wordllama:l2_supercat-256"} and {len(row[5]) for row in rows} == {256 * 4}
+    assert {row[6] for row in rows} == {model} and {len(row[5]) for row in rows} == {256 * 4}
     found = hits(scenario, scenario.alice_session, "medical appointment", "--mode", "vectors")
     assert [h["path"] for h in found] == ["private/health.md"]
 
     written = cli.j("write", scenario.alice_session, "private/clinic.md", stdin=b"The clinic called back\n")
     assert {row[6] for row in chunk_rows(scenario) if row[0] == written["revision_id"]} == \
-        {"wordllama:l2_supercat-256"}  # new writes embed with the recorded model
+        {model}  # new writes embed with the recorded model
+
+    # Other weights under the same package name (an upgrade) are another space: never compared.
+    run_sql(scenario, "UPDATE search_model SET name = 'wordllama:l2_supercat-256@000000000000'")
+    result = cli("--json", "search", scenario.alice_session, "doctor flu")
+    assert result.code == 0 and result.json()["arms"] == ["words"]
+    assert "weights are not the ones the index was built with" in result.err
 
 
 # -- point 2: the command line ----------------------------------------------
