@@ -238,18 +238,19 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     heads: dict[str, bytes] = {}  # verified heads of revisions, kept across rounds
     rescored: dict[tuple[str, int], float] = {}  # (arm, chunk) scores computed for the other arm's finds
     quota = max(3 * limit, 30)
-    while True:
-        for arm in list(arms):
-            try:
-                _fill(conn, arm, postfilter, quota)
-            except apsw.SQLError as exc:  # this arm's index is unusable; the other one still answers
-                arms.remove(arm)
-                _degrade(arm.name, f"its index failed: {type(exc).__name__}", arms)
-        ranked = _rank(conn, arms, failed, rescored)
-        hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed, heads)
-        if _settled(arms, hits, limit):
-            break
-        quota *= 4  # an unseen candidate could still outrank a result: walk further
+    with conn:  # one read snapshot for every page of both arms: a concurrent write cannot shift a page
+        while True:
+            for arm in list(arms):
+                try:
+                    _fill(conn, arm, postfilter, quota)
+                except apsw.SQLError as exc:  # this arm's index is unusable; the other one still answers
+                    arms.remove(arm)
+                    _degrade(arm.name, f"its index failed: {type(exc).__name__}", arms)
+            ranked = _rank(conn, arms, failed, rescored)
+            hits, exposed = _verified(home, access, scope, conn, ranked, limit, failed, heads)
+            if _settled(arms, hits, limit):
+                break
+            quota *= 4  # an unseen candidate could still outrank a result: walk further
     for revision_id in failed:  # only now: deleting rows mid-search would shift the arms' pages
         retire(conn, access.agent_id, revision_id)
     record_many(home.state(), [access.event("search", "allow", Reason.ALLOWED, store_id=store_id,
