@@ -15,7 +15,7 @@ nor reveal a note outside the view.
 
 from __future__ import annotations
 
-from catalog.access import Access, Target, authorize_session, decide, resolve
+from catalog.access import authorize_session, existing_target
 from catalog.audit import record
 from catalog.clock import now_us
 from catalog.db import immediate
@@ -26,27 +26,11 @@ from catalog.policy import Op
 from catalog.reasons import Reason
 
 
-def _visible_note(access: Access, path: str, op: Op) -> Target:
-    parts = split_virtual_path(path)
-    target = resolve(access, parts)
-    if target.mount is None:
-        raise access.refuse_outside(op, parts)
-    store_id = target.store.store_id if target.store else None
-    revision_id = target.revision.revision_id if target.revision else None
-    for needed in (Op.READ, op):
-        decision = decide(access, target, needed)
-        if not decision:
-            raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id,
-                                hide=needed is Op.READ)
-    assert target.resource is not None
-    return target
-
-
 def attach(home: Home, session_id: str, path: str, principal_id: str, *, remove: bool = False) -> bool:
     """Attach (or with ``remove``, detach) a verified subject; True if anything changed."""
     get_principal(home.state(), principal_id)  # BadInput for an unknown or malformed id
     access = authorize_session(home, session_id, Op.REPLACE)
-    target = _visible_note(access, path, Op.REPLACE)
+    target = existing_target(access, split_virtual_path(path), Op.REPLACE)
     assert target.resource is not None and target.store is not None
     catalog = home.catalog(access.agent_id)
     with immediate(catalog):
@@ -67,7 +51,7 @@ def attach(home: Home, session_id: str, path: str, principal_id: str, *, remove:
 def subjects_of(home: Home, session_id: str, path: str) -> list[str]:
     """The verified subject principals of a note the session can read."""
     access = authorize_session(home, session_id, Op.READ)
-    target = _visible_note(access, path, Op.READ)
+    target = existing_target(access, split_virtual_path(path), Op.READ)
     assert target.resource is not None
     return [row[0] for row in home.catalog(access.agent_id).execute(
         "SELECT principal_id FROM resource_subjects WHERE agent_id = ? AND resource_id = ? ORDER BY principal_id",

@@ -207,3 +207,24 @@ def decide(access: Access, target: Target, op: Op) -> Decision:
     if target.resource is not None:
         state = ResourceState(target.resource.state == "live", target.revision.state if target.revision else None)
     return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
+
+
+def existing_target(access: Access, parts: tuple[str, ...], op: Op) -> Target:
+    """Resolve a note that must exist and be visible, and decide ``op`` on it.
+
+    A note this subject may not read is refused exactly like a missing one:
+    removing, renaming or annotating it would otherwise confirm that it
+    exists. Shared by the writer (delete, rename) and verified subjects.
+    """
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse_outside(op, parts)
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    visible = decide(access, target, Op.READ)
+    if not visible:
+        raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id, hide=True)
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
+    return target

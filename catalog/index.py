@@ -35,7 +35,7 @@ from catalog.db import immediate, one
 from catalog.embedding import embedder_for
 from catalog.errors import BadInput, IntegrityError, StorageError
 from catalog.home import Home
-from catalog.stores import RevisionRow, StoreRow
+from catalog.stores import ACTIVE_WITH_STORE, RevisionRow, StoreRow
 from catalog.vectors import pack
 
 log = logging.getLogger("scopefs.search")
@@ -141,12 +141,7 @@ class ReindexReport:
     model: str = ""
 
 
-_ACTIVE = ("SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
-           " s.store_id, s.scope_kind, s.audience_id, sr.path_key"
-           " FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
-           " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
-           " WHERE v.agent_id = ? AND r.agent_id = ? AND s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
-           " ORDER BY v.revision_id")
+_ORDER = " ORDER BY v.revision_id"
 
 
 def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: bool = False,
@@ -178,11 +173,11 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: 
         for table in ("search_chunks", "search_indexed"):
             conn.execute(f"DELETE FROM {table} WHERE agent_id = ? AND revision_id NOT IN"
                          " (SELECT revision_id FROM revisions WHERE state = 'active')", (agent_id,))
-    rows = conn.execute(_ACTIVE.replace(" ORDER BY", (_STALE if only_stale else "") + " ORDER BY"),
+    rows = conn.execute(ACTIVE_WITH_STORE + (_STALE if only_stale else "") + _ORDER,
                         (agent_id, agent_id, agent_id)).fetchall()
     if not only_stale:  # a writer may activate with the old model while the full pass runs: sweep after it
         _rebuild(home, conn, agent_id, current, rows, report, progress)
-        rows = [row for row in conn.execute(_ACTIVE.replace(" ORDER BY", _STALE + " ORDER BY"),
+        rows = [row for row in conn.execute(ACTIVE_WITH_STORE + _STALE + _ORDER,
                                             (agent_id, agent_id, agent_id)) if row[0] not in report.failed]
     _rebuild(home, conn, agent_id, current, rows, report, progress)
     return report

@@ -55,7 +55,7 @@ from catalog.policy import Op
 from catalog.postfilter import Postfilter
 from catalog.prefilter import Scope, predicate, scope_for
 from catalog.reasons import Reason
-from catalog.stores import RevisionRow, StoreRow
+from catalog.stores import active_with_store
 
 log = logging.getLogger("scopefs.search")
 
@@ -429,13 +429,9 @@ def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, r
 
 
 def _read(home: Home, conn: apsw.Connection, agent_id: str, candidate: _Candidate) -> bytes:
-    row = conn.execute(
-        "SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
-        " s.store_id, s.scope_kind, s.audience_id, sr.path_key FROM revisions v"
-        " JOIN stores s ON s.store_id = ? JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
-        " WHERE v.agent_id = ? AND s.agent_id = ? AND v.revision_id = ? AND v.state = 'active'",
-        (candidate.store_id, agent_id, agent_id, candidate.revision_id)).fetchall()
-    if not row:
+    found = active_with_store(conn, agent_id, candidate.revision_id)
+    if found is None or found[1].store_id != candidate.store_id:
         raise IntegrityError("the revision is no longer active")
-    return read_verified_head(home, agent_id, StoreRow(*row[0][7:]), RevisionRow(*row[0][:7]), MAX_INDEXED_BYTES)
+    revision, store = found
+    return read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES)
 

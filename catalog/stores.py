@@ -76,6 +76,23 @@ def active_revision(conn: apsw.Connection, agent_id: str, resource_id: str) -> R
     return None if row is None else RevisionRow(*row)
 
 
+# Active revisions of live resources with their store, for readers that start from a revision id
+# (search results, reindex); parameters: the agent id three times.
+ACTIVE_WITH_STORE = (
+    "SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
+    " s.store_id, s.scope_kind, s.audience_id, sr.path_key"
+    " FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+    " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
+    " WHERE v.agent_id = ? AND r.agent_id = ? AND s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
+)
+
+
+def active_with_store(conn: apsw.Connection, agent_id: str, revision_id: str) -> tuple[RevisionRow, StoreRow] | None:
+    """The revision and its store, if it is still the active revision of a live resource."""
+    row = one(conn, ACTIVE_WITH_STORE + " AND v.revision_id = ?", (agent_id, agent_id, agent_id, revision_id))
+    return None if row is None else (RevisionRow(*row[:7]), StoreRow(*row[7:]))
+
+
 def live_resources_under(conn: apsw.Connection, agent_id: str, store_id: str, prefix: str) -> list[tuple[ResourceRow, RevisionRow]]:
     """Live resources with an active revision whose path starts with ``prefix``.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import apsw
 
-from catalog.access import Access, Target, authorize_session, decide, resolve
+from catalog.access import authorize_session, existing_target
 from catalog.audit import drain_quietly, enqueue, settle
 from catalog.home import Home
 from catalog.paths import split_virtual_path
@@ -26,26 +26,6 @@ def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str)
                     (revision_id,))
     catalog.execute("UPDATE resources SET state = 'tombstoned' WHERE resource_id = ? AND state = 'live'",
                     (resource_id,))
-
-
-def existing_target(access: Access, parts: tuple[str, ...], op: Op) -> Target:
-    """Resolve a note that must exist and be visible, and decide ``op`` on it.
-
-    A note this subject may not read is refused exactly like a missing one:
-    removing or renaming it would otherwise confirm that it exists.
-    """
-    target = resolve(access, parts)
-    if target.mount is None:
-        raise access.refuse_outside(op, parts)
-    store_id = target.store.store_id if target.store else None
-    revision_id = target.revision.revision_id if target.revision else None
-    visible = decide(access, target, Op.READ)
-    if not visible:
-        raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id, hide=True)
-    decision = decide(access, target, op)
-    if not decision:
-        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
-    return target
 
 
 def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> str:
