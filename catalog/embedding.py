@@ -20,6 +20,7 @@ Nothing here logs or stores text; it only returns numbers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -65,32 +66,38 @@ class HashingEmbedder:
         return [self._one(text) for text in texts]
 
     def _one(self, text: str) -> list[float]:
-        vector = [0.0] * self._dimension
-        for feature, weight in _features(text[:MAX_TEXT_CHARS]).items():
-            # CRC-32 is deterministic everywhere and cheap (this runs on every
-            # write); its low bits pick the bucket, its top bit the sign.
-            digest = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
-            vector[digest % self._dimension] += weight if digest >> 31 else -weight
+        # Words weigh most, then word pairs, then character trigrams (which
+        # match word forms). A word's own buckets are cached: notes share
+        # most of their words, and this runs on every write.
+        dimension = self._dimension
+        vector = [0.0] * dimension
+        words = [w.casefold() for w in _WORDS.findall(text[:MAX_TEXT_CHARS])]
+        for word, count in Counter(words).items():
+            for bucket, weight in _word_buckets(word, dimension):
+                vector[bucket] += weight * count
+        for (first, second), count in Counter(itertools.pairwise(words)).items():
+            bucket, sign = _bucket("b:" + first + " " + second, dimension)
+            vector[bucket] += sign * 0.5 * count
         norm = math.sqrt(sum(v * v for v in vector))
         return [v / norm for v in vector] if norm else vector
 
 
-def _features(text: str) -> Counter[str]:
-    """Words weigh most, then word pairs, then character trigrams (which match word forms).
+def _bucket(feature: str, dimension: int) -> tuple[int, float]:
+    """CRC-32 (deterministic everywhere, cheap): its low bits pick the bucket, its top bit the sign."""
+    digest = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
+    return digest % dimension, (1.0 if digest >> 31 else -1.0)
 
-    Counted first, so a word repeated a hundred times is hashed once.
-    """
-    words = Counter(w.casefold() for w in _WORDS.findall(text))
-    pairs = Counter(itertools.pairwise(w.casefold() for w in _WORDS.findall(text)))
-    features: Counter[str] = Counter()
-    for word, count in words.items():
-        features["w:" + word] += count
-        padded = f"^{word}$"
-        for i in range(len(padded) - 2):
-            features["c:" + padded[i:i + 3]] += 0.25 * count
-    for (first, second), count in pairs.items():
-        features["b:" + first + " " + second] += 0.5 * count
-    return features
+
+@functools.lru_cache(maxsize=1 << 15)  # words are at most 64 characters: bounded memory
+def _word_buckets(word: str, dimension: int) -> tuple[tuple[int, float], ...]:
+    """A word's feature and its character trigrams, as (bucket, signed weight)."""
+    bucket, sign = _bucket("w:" + word, dimension)
+    out = [(bucket, sign)]
+    padded = f"^{word}$"
+    for i in range(len(padded) - 2):
+        bucket, sign = _bucket("c:" + padded[i:i + 3], dimension)
+        out.append((bucket, 0.25 * sign))
+    return tuple(out)
 
 
 class WordLlamaEmbedder:
