@@ -41,7 +41,7 @@ venv: $(STAMP)
 # Bytecode written up front: the command line starts once per sandboxed
 # command, and some environments set PYTHONDONTWRITEBYTECODE.
 bytecode: venv
-	$(BIN)/python -m compileall -q catalog writer vfs sandbox scopefs
+	$(BIN)/python -m compileall -q scopefs
 
 test: deps venv bytecode
 	$(BIN)/pytest -q

@@ -63,10 +63,10 @@ try:
     import passthrough
     import write_read as wr  # machine facts, fsync probe, percentile: the same as the write/read bench
 
-    from catalog.home import Home
-    from sandbox.mounts import mounted_fstype
-    from vfs.server import MOUNT_OPTIONS
-    from writer.transaction import write_note
+    from scopefs.catalog.home import Home
+    from scopefs.sandbox.mounts import mounted_fstype
+    from scopefs.vfs.server import MOUNT_OPTIONS
+    from scopefs.writer.transaction import write_note
 except ImportError as exc:  # pragma: no cover - a usage error, not a result
     sys.exit(f"cannot import scopefs ({exc}); run with the project venv: .venv/bin/python bench/fuse_bench.py")
 
@@ -467,7 +467,7 @@ def profile_server(out_prefix: str, home: str, session_id: str, mountpoint: str)
 
     import trio
 
-    from vfs.server import serve
+    from scopefs.vfs.server import serve
 
     workers: list[cProfile.Profile] = []
     original = trio.to_thread.run_sync

@@ -50,9 +50,9 @@ NEEDLE = "zyzzogeton"
 def patch(variant: str) -> None:
     import pyfuse3
 
-    from catalog import artifacts
-    from vfs import content
-    from vfs import fs as vfs_fs
+    from scopefs.catalog import artifacts
+    from scopefs.vfs import content
+    from scopefs.vfs import fs as vfs_fs
 
     parts = {"audit-once", "noflush", "fdcache"} if variant == "all" else set(variant.split("+")) - {"stock"}
     if "audit-off" in parts:
@@ -94,8 +94,8 @@ def patch(variant: str) -> None:
 
 def serve(variant: str, home: str, session_id: str, mountpoint: str) -> None:
     patch(variant)
-    from catalog.home import Home
-    from vfs.server import serve as serve_view
+    from scopefs.catalog.home import Home
+    from scopefs.vfs.server import serve as serve_view
 
     serve_view(Home.open(Path(home)), session_id, mountpoint, on_ready=lambda: print("ready", flush=True))
 
@@ -214,11 +214,11 @@ def cold(rounds: int, work: Path, variants: list[str]) -> None:
 
 def save(work: Path) -> None:
     """One save's commit, then the view update the server does after it, timed in process."""
-    from catalog.home import Home
-    from catalog.visible import build, refresh
-    from vfs.names import skeleton
-    from vfs.namespace import Namespace
-    from writer.transaction import write_note
+    from scopefs.catalog.home import Home
+    from scopefs.catalog.visible import build, refresh
+    from scopefs.vfs.names import skeleton
+    from scopefs.vfs.namespace import Namespace
+    from scopefs.writer.transaction import write_note
 
     session_id = json.loads((work / "manifest.json").read_text())["session_id"]
     home = Home.open(work / "home")

@@ -6,7 +6,7 @@ request is answered by the same system call on a real directory, on the
 trio thread, with no policy, no catalog and no verification. It sets the
 cache knobs the way a reasonable implementation does (entry and attribute
 timeouts of 1 s, ``keep_cache`` on every open) and is mounted with the
-options scopefs uses (``vfs.server.MOUNT_OPTIONS``, with its own fsname and
+options scopefs uses (``scopefs.vfs.server.MOUNT_OPTIONS``, with its own fsname and
 subtype), so that the difference between it and scopefs is what scopefs
 does per request, not how the kernel was told to cache.
 
@@ -32,7 +32,7 @@ import trio
 TIMEOUT_S = 1.0
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-# The same as vfs.server.MOUNT_OPTIONS, but naming this filesystem. Kept as a
+# The same as scopefs.vfs.server.MOUNT_OPTIONS, but naming this filesystem. Kept as a
 # literal so this file runs without the project on sys.path; fuse_bench.py
 # checks it against the real set before mounting.
 MOUNT_OPTIONS = frozenset({"fsname=passthrough", "subtype=passthrough", "default_permissions", "nosuid",

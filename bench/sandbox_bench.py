@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from catalog.home import Home
-from sandbox import bwrap, launch, sessions
+from scopefs.catalog.home import Home
+from scopefs.sandbox import bwrap, launch, sessions
 
 SCOPEFS = str(Path(sys.executable).with_name("scopefs"))
 

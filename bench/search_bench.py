@@ -77,24 +77,24 @@ sys.path.insert(0, str(ROOT))
 
 import apsw
 
-import catalog.search as search_mod
-from catalog import ids, vectors
-from catalog.access import authorize_session
-from catalog.agents import add_agent
-from catalog.artifacts import open_store_dir
-from catalog.chunks import snippet
-from catalog.clock import now_us
-from catalog.db import immediate
-from catalog.embedding import embedder_for
-from catalog.groups import add_member, add_role
-from catalog.home import Home
-from catalog.identity import add_principal, bind
-from catalog.index import PreparedIndex, current_model, insert, prepare
-from catalog.policies import add_entry
-from catalog.policy import AudienceKind, Effect, Mount, Op
-from catalog.sessions import DirectMessage, open_session
-from catalog.view import READ_ONLY, READ_WRITE
-from writer.stores import ensure_store
+import scopefs.catalog.search as search_mod
+from scopefs.catalog import ids, vectors
+from scopefs.catalog.access import authorize_session
+from scopefs.catalog.agents import add_agent
+from scopefs.catalog.artifacts import open_store_dir
+from scopefs.catalog.chunks import snippet
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate
+from scopefs.catalog.embedding import embedder_for
+from scopefs.catalog.groups import add_member, add_role
+from scopefs.catalog.home import Home
+from scopefs.catalog.identity import add_principal, bind
+from scopefs.catalog.index import PreparedIndex, current_model, insert, prepare
+from scopefs.catalog.policies import add_entry
+from scopefs.catalog.policy import AudienceKind, Effect, Mount, Op
+from scopefs.catalog.sessions import DirectMessage, open_session
+from scopefs.catalog.view import READ_ONLY, READ_WRITE
+from scopefs.writer.stores import ensure_store
 
 AGENT = "main"
 CORPUS_VERSION = 3  # bump when the corpus or its schema changes; invalidates the cache (2: search_fts.store_id, 3: search_indexed)
@@ -747,7 +747,7 @@ def timed_run(homes: dict[str, Home], manifest: dict[str, Any], queries: list[st
 
 def write_note_reference(workdir: Path, notes: int, text: Text, log: Callable[[str], None]) -> dict[str, Any]:
     """write_note of ``notes`` new notes with indexing, and as many with it skipped, alternating."""
-    from writer import transaction
+    from scopefs.writer import transaction
 
     root = workdir / "write-ref" / "home"
     if root.parent.exists():

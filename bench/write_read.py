@@ -48,15 +48,15 @@ from typing import Any
 try:
     import apsw
 
-    from catalog import identity
-    from catalog.agents import add_agent
-    from catalog.db import connect, immediate
-    from catalog.home import Home
-    from catalog.reader import read_note
-    from catalog.sessions import DirectMessage, open_session
-    from catalog.subject import SubjectKind
-    from writer.steps import Step, set_hook
-    from writer.transaction import write_note
+    from scopefs.catalog import identity
+    from scopefs.catalog.agents import add_agent
+    from scopefs.catalog.db import connect, immediate
+    from scopefs.catalog.home import Home
+    from scopefs.catalog.reader import read_note
+    from scopefs.catalog.sessions import DirectMessage, open_session
+    from scopefs.catalog.subject import SubjectKind
+    from scopefs.writer.steps import Step, set_hook
+    from scopefs.writer.transaction import write_note
 except ImportError as exc:  # pragma: no cover - a usage error, not a result
     sys.exit(f"cannot import scopefs ({exc}); run with the project venv: .venv/bin/python bench/write_read.py")
 
@@ -708,9 +708,9 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
         no_cache = cli_env(home_root, None, cached=False)
         group = [
             subprocess_series("python -c pass (interpreter start)", "cli", [sys.executable, "-c", "pass"], env),
-            subprocess_series("python -c 'import scopefs.cli'", "cli", [sys.executable, "-c", "import scopefs.cli"],
+            subprocess_series("python -c 'import scopefs.cli.main'", "cli", [sys.executable, "-c", "import scopefs.cli.main"],
                               env),
-            subprocess_series("import scopefs.cli, no bytecode cache", "cli", [sys.executable, "-c", "import scopefs.cli"],
+            subprocess_series("import scopefs.cli.main, no bytecode cache", "cli", [sys.executable, "-c", "import scopefs.cli.main"],
                               no_cache),
             subprocess_series("scopefs write (subprocess)", "cli", [cli, "write", session_id, CLI_NOTE], env,
                               cli_payload),

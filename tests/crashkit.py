@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
-from writer.steps import Step
+from scopefs.writer.steps import Step
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "main"
@@ -152,9 +152,9 @@ _CHILD = r"""
 import os, sys
 from pathlib import Path
 os.umask(0o077)  # as the CLI does
-from catalog.home import Home
-from writer import steps
-from writer.transaction import write_note
+from scopefs.catalog.home import Home
+from scopefs.writer import steps
+from scopefs.writer.transaction import write_note
 
 home_dir, session_id, path, target, data = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], bytes.fromhex(sys.argv[5])
 

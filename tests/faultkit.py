@@ -26,7 +26,7 @@ from pathlib import Path
 
 import apsw
 
-from catalog.db import connect
+from scopefs.catalog.db import connect
 from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, MIKE1_SENDER, SCOPEFS, Cli, Result, build_scenario
 
 STRACE = shutil.which("strace") or "/usr/bin/strace"

@@ -46,9 +46,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox import uids
-from sandbox.bwrap import Protections
-from sandbox.launch import Target
+from scopefs.sandbox import uids
+from scopefs.sandbox.bwrap import Protections
+from scopefs.sandbox.launch import Target
 from tests.mountkit import wait_until
 from tests.sandboxrun import leftovers
 
@@ -63,8 +63,8 @@ STATE_NAMES = ("catalog.sqlite", "state.sqlite", "hmac.key", "writer.lock")
 # then the real ``launch.run``.
 LAUNCHER = r"""
 import fcntl, json, os, sys, termios
-from sandbox import launch
-from sandbox.bwrap import Protections
+from scopefs.sandbox import launch
+from scopefs.sandbox.bwrap import Protections
 spec = json.loads(sys.argv[1])
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 canary = os.open(spec["canary_file"], os.O_RDONLY)

@@ -6,7 +6,7 @@ capabilities, no_new_privs), then ``bwrap`` gives it fresh namespaces, a
 read-only ``/usr`` (with the usual /bin, /lib, /lib64 symlinks), its own
 /proc, /dev and /tmp, an empty environment except PATH, ``--disable-userns``
 and ``--new-session``, and optionally ``--seccomp FD`` with
-``sandbox.seccomp.filter_fd()``.
+``scopefs.sandbox.seccomp.filter_fd()``.
 
 Switches exist only to build negative controls: ``seccomp=False`` (no
 filter), ``new_session=False`` (the caller's terminal stays the controlling
@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from sandbox.seccomp import filter_fd
+from scopefs.sandbox.seccomp import filter_fd
 
 SANDBOX_UID = 3999999
 BWRAP = "/usr/bin/bwrap"

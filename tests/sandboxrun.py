@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from sandbox import uids
+from scopefs.sandbox import uids
 
 MOUNTS = uids.RUN_ROOT / "mounts"
 UIDS = uids.RUN_ROOT / "uids"
@@ -39,7 +39,7 @@ def server_processes() -> set[int]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if b"sandbox.server" in Path(entry.path, "cmdline").read_bytes():
+                if b"scopefs.sandbox.server" in Path(entry.path, "cmdline").read_bytes():
                     found.add(int(entry.name))
             except OSError:
                 continue

@@ -4,7 +4,7 @@ user chose, a query or a raw provider id."""
 
 from __future__ import annotations
 
-from catalog.reasons import Reason
+from scopefs.catalog.reasons import Reason
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,

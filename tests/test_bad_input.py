@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from catalog.errors import BadInput
-from catalog.paths import split_virtual_path
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.paths import split_virtual_path
 from tests.conftest import SCOPEFS, Scenario, snapshot
 
 WELL_FORMED_UNKNOWN_SESSION = "s_" + "a" * 26

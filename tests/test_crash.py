@@ -50,7 +50,7 @@ from tests.crashkit import (
     verify_recovered,
     writer_stopped_at,
 )
-from writer.steps import Step
+from scopefs.writer.steps import Step
 
 # What each interruption leaves behind, as doctor names it. Derived from what
 # exists on disk at that point: an uncatalogued store directory, a staged file

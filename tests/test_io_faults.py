@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import BadInput, Denied, ScopefsError, StorageError
-from catalog.home import Home
-from catalog.reader import read_note
+from scopefs.catalog.errors import BadInput, Denied, ScopefsError, StorageError
+from scopefs.catalog.home import Home
+from scopefs.catalog.reader import read_note
 from tests.conftest import Cli
 from tests.faultkit import (
     CONTENT_FILES,
@@ -50,9 +50,9 @@ from tests.faultkit import (
     strace_cli,
     tmpfs,
 )
-from writer.recovery import inspect
-from writer.steps import Step, set_hook
-from writer.transaction import WriteResult, write_note
+from scopefs.writer.recovery import inspect
+from scopefs.writer.steps import Step, set_hook
+from scopefs.writer.transaction import WriteResult, write_note
 
 TARGETS = ["replace", "first"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.policy import (
+from scopefs.catalog.policy import (
     WRITE_OPS,
     AudienceKind,
     Decision,
@@ -33,9 +33,9 @@ from catalog.policy import (
     evaluate,
     required,
 )
-from catalog.reasons import Reason
-from catalog.subject import AmbiguousReason, Subject, SubjectKind
-from catalog.view import RoleEvidence, View, memory_view
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
+from scopefs.catalog.view import RoleEvidence, View, memory_view
 
 PROPS = settings(max_examples=300, deadline=None)
 FEW = settings(max_examples=150, deadline=None)

@@ -43,7 +43,7 @@ from tests.crashkit import (
     verify_recovered,
     writer_stopped_at,
 )
-from writer.steps import Step
+from scopefs.writer.steps import Step
 
 pytestmark = pytest.mark.root
 
@@ -124,7 +124,7 @@ def test_control_new_file_needs_fsync(tmp_path: Path, fsync: bool) -> None:
 _SQLITE_CHILD = r"""
 import os, sys
 from pathlib import Path
-from catalog.db import connect
+from scopefs.catalog.db import connect
 path, synchronous = Path(sys.argv[1]), sys.argv[2]
 conn = connect(path, create=True)  # the catalog's own settings: WAL, synchronous=FULL
 if synchronous != "FULL":

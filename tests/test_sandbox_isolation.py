@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.bwrap import FULL, Protections
-from sandbox.launch import Target
+from scopefs.sandbox.bwrap import FULL, Protections
+from scopefs.sandbox.launch import Target
 from tests import sandbox_probe, sandboxkit
 from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Scenario
 from tests.isolationkit import OWN_MOUNTNS_PROBES, SANDBOX_PROBE, Lab, Report
@@ -444,8 +444,8 @@ def _state_evidence(report: Report, *, view_may_hold: set[int], host_paths: tupl
 @pytest.fixture
 def real_mounts(scenario: Scenario, lab: Lab) -> Iterator[Callable[[str], Target]]:
     """sessions.start for scenario sessions; every server stopped at teardown (and checked by the lab)."""
-    from catalog.home import Home
-    from sandbox import sessions
+    from scopefs.catalog.home import Home
+    from scopefs.sandbox import sessions
 
     started: list[tuple[subprocess.Popen[bytes], Target]] = []
 

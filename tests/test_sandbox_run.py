@@ -110,8 +110,8 @@ def test_a_kept_mount_is_reused_and_taken_down(scenario: Scenario) -> None:
 
 
 def _kept_target(scenario: Scenario) -> tuple[int, str]:
-    from catalog.home import Home
-    from sandbox import sessions
+    from scopefs.catalog.home import Home
+    from scopefs.sandbox import sessions
 
     found = sessions.kept(Home.open(scenario.cli.home), scenario.alice_session)
     assert found is not None
@@ -184,8 +184,8 @@ def test_refuses_without_user_namespaces(scenario: Scenario, tmp_path: Path) -> 
 
 def test_a_sandbox_that_fails_to_build_never_runs_the_command(tmp_path: Path) -> None:
     """bwrap failing during setup (here: its bind source is missing) is an error, not exit 1 of the command."""
-    from sandbox import uids
-    from sandbox.launch import SandboxUnavailable, Target, run
+    from scopefs.sandbox import uids
+    from scopefs.sandbox.launch import SandboxUnavailable, Target, run
 
     marker = tmp_path / "ran"
     allocation = uids.allocate()
@@ -217,8 +217,8 @@ def test_a_killed_launcher_leaves_nothing(scenario: Scenario, delay: float) -> N
 
 
 def _session_mount(scenario: Scenario) -> tuple[subprocess.Popen[bytes], object]:
-    from catalog.home import Home
-    from sandbox import sessions
+    from scopefs.catalog.home import Home
+    from scopefs.sandbox import sessions
 
     return sessions.start(Home.open(scenario.cli.home), scenario.alice_session, tied=True)
 
@@ -227,8 +227,8 @@ def test_a_sandbox_that_cannot_be_admitted_never_runs(scenario: Scenario) -> Non
     """The mount's gate cannot be reached: refused, the sandbox killed, nothing ran."""
     import dataclasses
 
-    from sandbox import sessions
-    from sandbox.launch import SandboxUnavailable, run
+    from scopefs.sandbox import sessions
+    from scopefs.sandbox.launch import SandboxUnavailable, run
 
     before = leftovers()
     proc, target = _session_mount(scenario)
@@ -247,8 +247,8 @@ def test_an_unadmitted_sandbox_of_the_session_uid_is_refused(scenario: Scenario,
     sandbox, but started without going through the control socket)."""
     import dataclasses
 
-    from sandbox import sessions
-    from sandbox.launch import run
+    from scopefs.sandbox import sessions
+    from scopefs.sandbox.launch import run
 
     proc, target = _session_mount(scenario)
     out = tmp_path / "out"

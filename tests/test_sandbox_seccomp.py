@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import seccomp
+from scopefs.sandbox import seccomp
 from tests import sandbox_probe, sandboxkit
 
 PROBE = Path(__file__).with_name("sandbox_probe.py").read_bytes()

@@ -17,11 +17,11 @@ from pathlib import Path
 import apsw
 import pytest
 
-from catalog.errors import StorageError
-from catalog.home import Home
-from catalog.schema import SchemaKind, ensure_schema, schema_text
-from catalog.schema.agent import AGENT_SCHEMA
-from catalog.schema.state import STATE_SCHEMA
+from scopefs.catalog.errors import StorageError
+from scopefs.catalog.home import Home
+from scopefs.catalog.schema import SchemaKind, ensure_schema, schema_text
+from scopefs.catalog.schema.agent import AGENT_SCHEMA
+from scopefs.catalog.schema.state import STATE_SCHEMA
 from tests.conftest import ALICE_FACT, Scenario, snapshot
 
 PINNED = json.loads((Path(__file__).parent / "fixtures" / "released_schemas.json").read_text())

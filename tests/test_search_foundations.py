@@ -14,14 +14,14 @@ import sys
 import apsw
 import pytest
 
-from catalog import vectors
-from catalog.embedding import HashingEmbedder, cosine, default_embedder
+from scopefs.catalog import vectors
+from scopefs.catalog.embedding import HashingEmbedder, cosine, default_embedder
 
 
 def test_the_default_embedder_is_local_and_deterministic_across_processes() -> None:
     text = "Alice prefers green tea, never coffee"
     here = default_embedder().embed([text])[0]
-    code = ("from catalog.embedding import default_embedder; import json, sys; "
+    code = ("from scopefs.catalog.embedding import default_embedder; import json, sys; "
             "print(json.dumps(default_embedder().embed([sys.argv[1]])[0]))")
     there = subprocess.run([sys.executable, "-c", code, text], capture_output=True, check=True, text=True,
                            env={"PYTHONHASHSEED": "random", "PATH": "/usr/bin:/bin"}).stdout

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog.home import Home
+from scopefs.catalog.home import Home
 from tests.conftest import (
     ALICE_FACT,
     SCOPEFS,
@@ -44,7 +44,7 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, errno_of, mounts, wait_until  # noqa: F401
-from writer.tombstone import delete_note
+from scopefs.writer.tombstone import delete_note
 
 pytestmark = pytest.mark.slow
 

@@ -85,14 +85,14 @@ import apsw
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from catalog import ids
-from catalog.policy import AudienceKind, Effect, Entry, Mount, Op, ResourceState, evaluate
-from catalog.postfilter import Postfilter
-from catalog.prefilter import candidate_resources, scope_for
-from catalog.schema import ensure_schema
-from catalog.schema.agent import AGENT_SCHEMA
-from catalog.subject import AmbiguousReason, Subject, SubjectKind
-from catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
+from scopefs.catalog import ids
+from scopefs.catalog.policy import AudienceKind, Effect, Entry, Mount, Op, ResourceState, evaluate
+from scopefs.catalog.postfilter import Postfilter
+from scopefs.catalog.prefilter import candidate_resources, scope_for
+from scopefs.catalog.schema import ensure_schema
+from scopefs.catalog.schema.agent import AGENT_SCHEMA
+from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
+from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
 
 PROPS = settings(max_examples=400, deadline=None)
 

@@ -13,12 +13,12 @@ import errno
 import os
 import subprocess
 
-from catalog.home import Home
-from catalog.policies import add_entry
-from catalog.policy import AudienceKind, Effect, Op
+from scopefs.catalog.home import Home
+from scopefs.catalog.policies import add_entry
+from scopefs.catalog.policy import AudienceKind, Effect, Op
 from tests.conftest import ALICE_FACT, Scenario
 from tests.mountkit import errno_of, live_notes, mounts, wait_until  # noqa: F401
-from writer.tombstone import delete_note
+from scopefs.writer.tombstone import delete_note
 
 NOTE = "notes/allergy.md"
 

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog.home import Home
+from scopefs.catalog.home import Home
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
@@ -73,7 +73,7 @@ from tests.mountkit import (  # noqa: F401
     pending_rows,
     wait_until,
 )
-from writer.transaction import write_note
+from scopefs.writer.transaction import write_note
 
 TOOL_TIMEOUT_S = 30.0
 

@@ -22,8 +22,8 @@ SERVER = """
 import os, sys
 import apsw
 from pathlib import Path
-from catalog.home import Home
-from vfs.server import serve
+from scopefs.catalog.home import Home
+from scopefs.vfs.server import serve
 
 trigger = sys.argv[3]
 

@@ -17,11 +17,11 @@ import pyfuse3
 import pytest
 import trio
 
-from catalog.home import Home
-from catalog.visible import build
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
 from tests.conftest import ALICE_FACT, Scenario
-from vfs.fs import ScopeFS
-from vfs.gate import Gate, pid_namespace
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.gate import Gate, pid_namespace
 
 SESSION_UID = 1_544_000_001  # any uid: nothing runs as it, only the contexts claim it
 

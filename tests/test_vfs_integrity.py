@@ -51,11 +51,11 @@ import pytest
 import trio
 import trio.testing
 
-from catalog.home import Home
-from catalog.visible import build
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
-from vfs.fs import ScopeFS
+from scopefs.vfs.fs import ScopeFS
 
 NOTE = "notes/allergy.md"
 VIRTUAL = f"private/{NOTE}"

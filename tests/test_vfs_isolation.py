@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from catalog.access import authorize_session
-from catalog.fsafe import open_dir
-from catalog.home import Home
-from catalog.paths import split_virtual_path
-from catalog.policies import add_entry
-from catalog.policy import AudienceKind, Effect, Mount, Op
-from catalog.view import READ_WRITE
+from scopefs.catalog.access import authorize_session
+from scopefs.catalog.fsafe import open_dir
+from scopefs.catalog.home import Home
+from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.policies import add_entry
+from scopefs.catalog.policy import AudienceKind, Effect, Mount, Op
+from scopefs.catalog.view import READ_WRITE
 from tests.conftest import (
     ALICE_FACT,
     BOB_FACT,
@@ -44,9 +44,9 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, live_notes, mounts, wait_until  # noqa: F401
-from writer import lock
-from writer import transaction as tx
-from writer.stores import ensure_store
+from scopefs.writer import lock
+from scopefs.writer import transaction as tx
+from scopefs.writer.stores import ensure_store
 
 NOTE = "private/notes/allergy.md"
 GUIDE = b"Agent-shared guide: how to file an expense (canary G5hd)\n"

@@ -172,7 +172,7 @@ def test_mount_returns_once_the_view_answers_and_umount_ends_it_cleanly(scenario
         assert _fstype(where) == "fuse.scopefs"
         pid = shown["pid"]
         assert isinstance(pid, int) and pid != os.getpid() and _server_running(pid)
-        assert b"vfs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert b"scopefs.vfs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
         assert len(_registry_records(scenario)) == 1
 
         # Work the umount must settle: a removal still in its grace period,

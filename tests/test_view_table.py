@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.policy import WRITE_OPS, AudienceKind, Decision, Effect, Entry, Mount, Op, ResourceState, evaluate
-from catalog.reasons import Reason
-from catalog.subject import AmbiguousReason, Subject, SubjectKind
-from catalog.view import RoleEvidence, View, memory_view
+from scopefs.catalog.policy import WRITE_OPS, AudienceKind, Decision, Effect, Entry, Mount, Op, ResourceState, evaluate
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
+from scopefs.catalog.view import RoleEvidence, View, memory_view
 
 NOW = 1_000_000
 LIVE = ResourceState(live=True, revision_state="active")

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import BadInput, Denied, StorageError
-from catalog.home import Home
-from catalog.policies import add_entry
-from catalog.policy import AudienceKind, Effect, Op
-from catalog.reader import read_note
+from scopefs.catalog.errors import BadInput, Denied, StorageError
+from scopefs.catalog.home import Home
+from scopefs.catalog.policies import add_entry
+from scopefs.catalog.policy import AudienceKind, Effect, Op
+from scopefs.catalog.reader import read_note
 from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, table_dump
-from writer import steps
-from writer.transaction import write_note
+from scopefs.writer import steps
+from scopefs.writer.transaction import write_note
 
 NOTE = "private/notes/allergy.md"
 
@@ -88,9 +88,9 @@ def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: st
 
 _DIE_AFTER_FAILED_ACTIVATION = r"""
 import os, sys
-from catalog.home import Home
+from scopefs.catalog.home import Home
 from tests.faultkit import FaultPlan, faulty_vfs
-from writer import steps, transaction
+from scopefs.writer import steps, transaction
 
 home_dir, session, path = sys.argv[1:4]
 plan = FaultPlan("xSync", 1)  # the first catalog sync after FINALIZED: the activation commit
@@ -237,7 +237,7 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
 
 def test_an_exception_after_the_activation_committed_keeps_the_note(scenario: Scenario, monkeypatch) -> None:
     """Ctrl-C landing as COMMIT returns: the write happened; its file must stay."""
-    import writer.transaction as transaction
+    import scopefs.writer.transaction as transaction
 
     real = transaction.activate
 

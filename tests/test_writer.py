@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from catalog import ids
-from catalog.errors import BadInput, Conflict
-from catalog.home import Home
-from catalog.reader import read_note
+from scopefs.catalog import ids
+from scopefs.catalog.errors import BadInput, Conflict
+from scopefs.catalog.home import Home
+from scopefs.catalog.reader import read_note
 from tests.conftest import ALICE_FACT, Scenario, table_dump
-from writer import steps
-from writer.transaction import write_note
+from scopefs.writer import steps
+from scopefs.writer.transaction import write_note
 
 OPAQUE = re.compile(r"[a-z2-7]{26}")
 
@@ -65,7 +65,7 @@ def test_store_directory_collision_retries_with_a_new_key(scenario: Scenario, mo
     def colliding(nbytes: int = 16) -> str:
         return next(tokens, None) or real(nbytes)
 
-    monkeypatch.setattr("writer.stores.ids.random_token", colliding)
+    monkeypatch.setattr("scopefs.writer.stores.ids.random_token", colliding)
     service = scenario.cli.j("principal", "add", "cron", "--kind", "service")["principal_id"]
     session = scenario.cli.j("session", "open", "--agent", "main", "--service", service)["session_id"]
     write_note(home, session, "agent/state.md", b"ok")

@@ -1,0 +1,230 @@
+"""From a session id to an authorized view, and from a path to a decision.
+
+Every operation, read or write, starts here: the session's write-once
+subject is loaded, its current evidence rechecked (a revoked binding, a
+disabled principal, a stale actor membership deny everything), the view is
+computed, and a virtual path is resolved inside that view only. Refusals are
+audited with the true internal reason and raised with the public one, so a
+hidden note and a missing note look the same to the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scopefs.catalog.audit import AuditEvent, record_quietly
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.errors import Denied
+from scopefs.catalog.groups import membership_expiry, role_memberships
+from scopefs.catalog.home import Home
+from scopefs.catalog.identity import binding_live, get_principal
+from scopefs.catalog.policy import Decision, Entry, Mount, Op, ResourceState, evaluate
+from scopefs.catalog.reasons import Reason, public_reason
+from scopefs.catalog.sessions import SessionRecord, load_session
+from scopefs.catalog.stores import (
+    ResourceRow,
+    RevisionRow,
+    StoreRow,
+    active_revision,
+    find_resource,
+    find_store,
+    policy_entries,
+)
+from scopefs.catalog.subject import SubjectKind
+from scopefs.catalog.view import RoleEvidence, View, memory_view
+
+READ_LIKE = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE, Op.EXPORT})
+
+
+@dataclass(frozen=True)
+class Access:
+    """An authorized session for one operation: subject, actor, view, time."""
+
+    home: Home
+    session: SessionRecord
+    actor_id: str | None
+    view: View
+    now: int
+
+    @property
+    def agent_id(self) -> str:
+        return self.session.agent_id
+
+    def event(self, operation: Op | str, decision: str, reason: Reason | str, *, store_id: str | None = None,
+              revision_id: str | None = None) -> AuditEvent:
+        return AuditEvent(
+            operation=str(operation), decision=decision, reason=str(reason), agent_id=self.agent_id,
+            session_id=self.session.session_id, subject_kind=self.session.subject.kind.value,
+            actor_id=self.actor_id, store_id=store_id, revision_id=revision_id,
+        )
+
+    def refuse(self, operation: Op, reason: Reason, *, store_id: str | None = None,
+               revision_id: str | None = None, hide: bool = False) -> Denied:
+        """Audit a refusal with its true reason; return the public error.
+
+        ``hide`` is for paths outside the view: whatever the internal reason
+        (a stale role, say), the caller learns only ``outside-view``, so it
+        cannot tell which roots exist for others or once existed for it.
+        """
+        record_quietly(self.home.state(), self.event(operation, "deny", reason, store_id=store_id,
+                                                     revision_id=revision_id))
+        return self.denied(operation, reason, hide=hide)
+
+    def denied(self, operation: Op, reason: Reason, *, hide: bool = False) -> Denied:
+        """The public error for a refusal whose audit is recorded elsewhere."""
+        shown = Reason.OUTSIDE_VIEW if hide else public_reason(reason, read_like=operation in READ_LIKE)
+        if shown is Reason.OUTSIDE_VIEW:
+            return Denied(shown, "not available in this view (no such note, or not permitted)")
+        return Denied(shown, f"denied: {shown}")
+
+    def refuse_outside(self, operation: Op, parts: tuple[str, ...]) -> Denied:
+        """Refuse a path under no mount of the view (audited with why)."""
+        return self.refuse(operation, self.view.excluded_reason(parts) or Reason.OUTSIDE_VIEW, hide=True)
+
+
+def _check_actor(home: Home, session: SessionRecord, actor_id: str, now: int) -> Reason | None:
+    actor = get_principal(home.state(), actor_id)  # BadInput if unknown
+    if actor.state != "active":
+        return Reason.IDENTITY_REVOKED
+    subject = session.subject
+    if subject.kind is SubjectKind.AMBIGUOUS:
+        return Reason.INVALID_CONTEXT  # nobody is verified here; a claimed actor proves nothing
+    if subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
+        return None if actor_id == subject.principal_id else Reason.INVALID_CONTEXT
+    if subject.kind is SubjectKind.CONVERSATION:
+        assert subject.principal_id is not None
+        member, expires = membership_expiry(home.state(), subject.principal_id, actor_id)
+        if not member or (expires is not None and now >= expires):
+            return Reason.MEMBERSHIP_STALE
+    return None
+
+
+def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
+    """Recheck the evidence behind the subject; it may have been revoked."""
+    if session.closed_at is not None:
+        return Reason.INVALID_CONTEXT
+    subject = session.subject
+    if subject.kind is SubjectKind.AMBIGUOUS:
+        return None
+    assert subject.principal_id is not None
+    if subject.kind is SubjectKind.USER:
+        assert session.binding_id is not None
+        return None if binding_live(home.state(), session.binding_id, subject.principal_id) else Reason.IDENTITY_REVOKED
+    principal = get_principal(home.state(), subject.principal_id)
+    return None if principal.state == "active" else Reason.IDENTITY_REVOKED
+
+
+def current_access(home: Home, session_id: str, *, actor_id: str | None = None) -> tuple[Access, Reason | None]:
+    """The session's access as of now and what, if anything, is wrong with it.
+
+    Nothing is audited: a mounted view asks this on every catalog change and
+    must not write an audit row each time; callers that refuse audit.
+    """
+    session = load_session(home, session_id)
+    now = now_us()
+    view = memory_view(session.subject, _roles(home, session), now)
+    problem = _evidence_problem(home, session)
+    if problem is None and actor_id is not None:
+        problem = _check_actor(home, session, actor_id, now)
+    if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
+        actor_id = session.subject.principal_id  # a private or service session acts as its subject
+    return Access(home, session, actor_id, view, now), problem
+
+
+def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None) -> Access:
+    """Load the session and recheck its evidence, or raise Denied (audited)."""
+    access, problem = current_access(home, session_id, actor_id=actor_id)
+    if problem is not None:
+        raise access.refuse(operation, problem)
+    return access
+
+
+def revalidate(access: Access, operation: Op) -> None:
+    """Recheck the session's evidence again (before each commit of a write).
+
+    Identity and catalog live in two databases, so a revocation can land
+    between authorization and commit; rechecking right before each commit
+    narrows that window to the commit itself.
+    """
+    problem = _evidence_problem(access.home, access.session)
+    if problem is None and access.actor_id is not None:
+        problem = _check_actor(access.home, access.session, access.actor_id, now_us())
+    if problem is not None:
+        raise access.refuse(operation, problem)
+
+
+def _roles(home: Home, session: SessionRecord) -> tuple[RoleEvidence, ...]:
+    subject = session.subject
+    if subject.kind is not SubjectKind.USER or subject.principal_id is None:
+        return ()
+    return tuple(RoleEvidence(m.role_id, m.role_name, m.expires_at)
+                 for m in role_memberships(home.state(), subject.principal_id))
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a virtual path names inside one view (any part may be absent)."""
+
+    mount: Mount | None
+    inner: tuple[str, ...]
+    store: StoreRow | None
+    resource: ResourceRow | None
+    revision: RevisionRow | None
+    entries: tuple[Entry, ...]
+
+    @property
+    def inner_path(self) -> str:
+        return "/".join(self.inner)
+
+
+def resolve(access: Access, parts: tuple[str, ...]) -> Target:
+    """Resolve validated path components; never leaves the view's stores."""
+    found = access.view.mount_for(parts)
+    if found is None:
+        return Target(None, (), None, None, None, ())
+    mount, inner = found
+    catalog = access.home.catalog(access.agent_id)
+    store = find_store(catalog, access.agent_id, mount.scope_kind, mount.audience_id)
+    if store is None or not inner:
+        return Target(mount, inner, store, None, None, ())
+    resource = find_resource(catalog, access.agent_id, store.store_id, "/".join(inner))
+    revision = None if resource is None else active_revision(catalog, access.agent_id, resource.resource_id)
+    entries = policy_entries(catalog, access.agent_id, store.store_id, resource.resource_id if resource else None)
+    return Target(mount, inner, store, resource, revision, entries)
+
+
+def decide(access: Access, target: Target, op: Op) -> Decision:
+    """The evaluator's decision for ``op`` on ``target``.
+
+    A path outside every mount, a root itself, or a name with no resource
+    is ``outside-view`` for reads; for a write it means "create new".
+    """
+    if target.mount is None:
+        return Decision(False, Reason.OUTSIDE_VIEW)
+    if op in READ_LIKE and (target.resource is None or target.revision is None):
+        return Decision(False, Reason.OUTSIDE_VIEW)
+    state = None
+    if target.resource is not None:
+        state = ResourceState(target.resource.state == "live", target.revision.state if target.revision else None)
+    return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
+
+
+def existing_target(access: Access, parts: tuple[str, ...], op: Op) -> Target:
+    """Resolve a note that must exist and be visible, and decide ``op`` on it.
+
+    A note this subject may not read is refused exactly like a missing one:
+    removing, renaming or annotating it would otherwise confirm that it
+    exists. Shared by the writer (delete, rename) and verified subjects.
+    """
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse_outside(op, parts)
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    visible = decide(access, target, Op.READ)
+    if not visible:
+        raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id, hide=True)
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
+    return target

@@ -1,0 +1,204 @@
+"""The state directory: where everything lives, and who may open it.
+
+Layout (DESIGN.md §3)::
+
+    $SCOPEFS_HOME/                 0700
+      state.sqlite                 principals, bindings, memberships, audit
+      hmac.key                     0600; keys the provider-id lookups
+      agents/<agent>/catalog.sqlite
+      agents/<agent>/memory-scopes/v1/<opaque>/   artifact area
+      agents/<agent>/staging/      staged files before rename
+      agents/<agent>/quarantine/   orphans moved aside by doctor --fix
+      agents/<agent>/writer.lock   shared by writers, exclusive for recovery
+
+A home with loose permissions is refused rather than used: the key and the
+artifacts are only as private as the directory that holds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+from pathlib import Path
+
+import apsw
+
+from scopefs.catalog.db import connect, one
+from scopefs.catalog.errors import BadInput, StorageError
+from scopefs.catalog.fsafe import fsync_dir
+from scopefs.catalog.schema import ensure_schema
+from scopefs.catalog.schema.agent import AGENT_SCHEMA
+from scopefs.catalog.schema.state import STATE_SCHEMA
+
+HMAC_KEY_BYTES = 32
+_AGENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+DEFAULT_HOME = ".scopefs"
+
+
+def resolve_home(arg: str | None) -> Path:
+    """``--home``, else ``$SCOPEFS_HOME``, else ``./.scopefs``."""
+    value = arg or os.environ.get("SCOPEFS_HOME") or DEFAULT_HOME
+    return Path(value).absolute()
+
+
+def validate_agent_name(name: str) -> str:
+    if not isinstance(name, str) or _AGENT_NAME.fullmatch(name) is None:
+        raise BadInput("invalid agent name: use 1-32 characters a-z, 0-9 and '-', starting with a letter")
+    return name
+
+
+def _check_private(path: Path, *, want_dir: bool, mode: int) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StorageError(f"missing {path.name} in the scopefs home") from None
+    kind_ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        raise StorageError(f"{path.name} in the scopefs home is not a {'directory' if want_dir else 'regular file'}")
+    if st.st_uid != os.geteuid():
+        raise StorageError(f"{path.name} in the scopefs home is owned by another user; refusing to use it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise StorageError(f"{path.name} in the scopefs home is accessible to others (mode {stat.S_IMODE(st.st_mode):o}, want {mode:o})")
+
+
+class Home:
+    """An opened, validated state directory and its database connections.
+
+    Connections are opened lazily and kept for the life of the object (one
+    process, one thread). ``vfs`` routes every catalog connection through a
+    named SQLite VFS; the fault-injection tests use it.
+    """
+
+    def __init__(self, root: Path, *, vfs: str | None = None) -> None:
+        self.root = root
+        self.vfs = vfs
+        self._state: apsw.Connection | None = None
+        self._catalogs: dict[str, apsw.Connection] = {}
+        self._key: bytes | None = None
+
+    # -- layout ---------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.root / "state.sqlite"
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / "hmac.key"
+
+    def agent_dir(self, agent_id: str) -> Path:
+        return self.root / "agents" / validate_agent_name(agent_id)
+
+    def catalog_path(self, agent_id: str) -> Path:
+        return self.agent_dir(agent_id) / "catalog.sqlite"
+
+    def scopes_dir(self, agent_id: str) -> Path:
+        return self.agent_dir(agent_id) / "memory-scopes" / "v1"
+
+    def staging_dir(self, agent_id: str) -> Path:
+        return self.agent_dir(agent_id) / "staging"
+
+    def quarantine_dir(self, agent_id: str) -> Path:
+        return self.agent_dir(agent_id) / "quarantine"
+
+    def lock_path(self, agent_id: str) -> Path:
+        return self.agent_dir(agent_id) / "writer.lock"
+
+    # -- lifecycle ------------------------------------------------------
+    @classmethod
+    def init(cls, root: Path) -> tuple[Home, bool]:
+        """Create the home if needed; returns (home, created).
+
+        Idempotent: an existing, valid home is opened unchanged.
+        """
+        created = False
+        try:
+            root.mkdir(mode=0o700, parents=True)
+            created = True
+            fsync_dir(root.parent)
+        except FileExistsError:
+            pass
+        _check_private(root, want_dir=True, mode=0o700)
+        (root / "agents").mkdir(mode=0o700, exist_ok=True)
+        fsync_dir(root)
+        key_path = root / "hmac.key"
+        try:
+            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.write(fd, os.urandom(HMAC_KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(root)
+            created = True
+        home = cls(root)
+        conn = connect(home.state_path, create=True)
+        ensure_schema(conn, STATE_SCHEMA)
+        home._state = conn
+        home.hmac_key()  # validates mode and length
+        return home, created
+
+    @classmethod
+    def open(cls, root: Path, *, vfs: str | None = None) -> Home:
+        """Open an existing home; BadInput if there is none."""
+        if not (root / "state.sqlite").exists():
+            raise BadInput(f"no scopefs home at {root}; run 'scopefs init' first")
+        _check_private(root, want_dir=True, mode=0o700)
+        return cls(root, vfs=vfs)
+
+    def close(self) -> None:
+        for conn in [self._state, *self._catalogs.values()]:
+            if conn is not None:
+                # A failed checkpoint on close loses nothing: committed frames
+                # stay in the WAL and the next open replays them.
+                with contextlib.suppress(apsw.Error):
+                    conn.close()
+        self._state = None
+        self._catalogs.clear()
+
+    # -- resources ------------------------------------------------------
+    def hmac_key(self) -> bytes:
+        if self._key is None:
+            _check_private(self.key_path, want_dir=False, mode=0o600)
+            with open(self.key_path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+                key = fh.read(HMAC_KEY_BYTES + 1)
+            if len(key) != HMAC_KEY_BYTES:
+                raise StorageError("hmac.key has the wrong length; refusing to use it")
+            self._key = key
+        return self._key
+
+    def state(self) -> apsw.Connection:
+        if self._state is None:
+            conn = connect(self.state_path, vfs=self.vfs)
+            ensure_schema(conn, STATE_SCHEMA)
+            self._state = conn
+        return self._state
+
+    def agent_exists(self, agent_id: str) -> bool:
+        validate_agent_name(agent_id)
+        return one(self.state(), "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)) is not None
+
+    def catalog(self, agent_id: str) -> apsw.Connection:
+        """The agent's catalog; BadInput for an agent that was never added."""
+        conn = self._catalogs.get(agent_id)
+        if conn is not None:
+            return conn
+        if not self.agent_exists(agent_id):
+            raise BadInput(f"unknown agent: {agent_id}")
+        path = self.catalog_path(agent_id)
+        if not path.exists():
+            raise StorageError(f"catalog of agent {agent_id} is missing; run 'scopefs doctor'")
+        conn = connect(path, vfs=self.vfs)
+        ensure_schema(conn, AGENT_SCHEMA)
+        cell = one(conn, "SELECT agent_id FROM agent_cell")
+        if cell is None or cell[0] != agent_id:
+            raise StorageError(f"catalog of agent {agent_id} belongs to another agent cell; refusing to use it")
+        self._catalogs[agent_id] = conn
+        return conn
+
+    def agents(self) -> list[str]:
+        return [row[0] for row in self.state().execute("SELECT agent_id FROM agents ORDER BY agent_id")]

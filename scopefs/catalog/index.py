@@ -1,0 +1,219 @@
+"""The search index's rows: made outside transactions, written with activation.
+
+Index rows are content-bearing derived state (the seed's "Catalog rows and
+derived indexes"), so they follow the revision they were cut from exactly:
+
+* ``prepare`` cuts and embeds a revision's text *before* the activation
+  transaction (embedding is slow and touches no catalog row);
+* ``insert`` writes the rows *inside* that transaction, so a revision is
+  never active without its rows nor indexed without being active (a
+  trigger refuses rows of any other revision);
+* retirement needs no code: a trigger deletes a revision's rows when it
+  stops being active (superseded, tombstoned, corrupt), and ``retire``
+  deletes them when a search finds the artifact tampered;
+* ``reindex`` rebuilds from the catalog and verified artifacts only.
+
+Vectors carry the name of the model that made them. The catalog records
+one current model; rows made by another (or by none, when the model could
+not be loaded) are skipped by the vector arm until a reindex, so two
+vector spaces are never compared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import apsw
+
+from scopefs.catalog.artifacts import read_verified_head
+from scopefs.catalog.chunks import MAX_INDEXED_BYTES, Chunk, cut, note_text
+from scopefs.catalog.db import immediate, one
+from scopefs.catalog.embedding import embedder_for
+from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
+from scopefs.catalog.home import Home
+from scopefs.catalog.stores import ACTIVE_WITH_STORE, RevisionRow, StoreRow
+from scopefs.catalog.vectors import pack
+
+log = logging.getLogger("scopefs.search")
+
+EMBED_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    dimension: int
+
+
+@dataclass(frozen=True)
+class PreparedIndex:
+    """One revision's rows, ready to insert; ``vectors`` is None when not embedded."""
+
+    chunks: tuple[Chunk, ...]
+    model: str | None
+    vectors: tuple[bytes, ...] | None
+
+
+def current_model(conn: apsw.Connection) -> Model:
+    row = one(conn, "SELECT name, dimension FROM search_model WHERE singleton = 1")
+    if row is None:
+        raise StorageError("the catalog has no search model; run 'scopefs reindex'")
+    return Model(row[0], row[1])
+
+
+def prepare(data: bytes, model: Model) -> PreparedIndex:
+    """Cut and embed a revision's text; no catalog access, no transaction.
+
+    A model that cannot be loaded leaves the rows unembedded (found by words
+    only) and says so once per process; the write itself never fails for it.
+    """
+    chunks = tuple(cut(note_text(data)))
+    if not chunks:
+        return PreparedIndex((), None, None)
+    try:
+        embedder = embedder_for(model.name)
+    except (ValueError, RuntimeError) as exc:
+        _warn_once(f"search index: the embedding model cannot be loaded ({exc}); "
+                   "new notes are indexed by words only until 'scopefs reindex'")
+        return PreparedIndex(chunks, None, None)
+    vectors: list[bytes] = []
+    for start in range(0, len(chunks), EMBED_BATCH):
+        batch = chunks[start:start + EMBED_BATCH]
+        vectors.extend(pack(v) for v in embedder.embed([c.body for c in batch]))
+    return PreparedIndex(chunks, model.name, tuple(vectors))
+
+
+def prepare_from_fd(fd: int, model: Model) -> PreparedIndex:
+    """``prepare`` for the indexed head of an open artifact (read outside any transaction)."""
+    return prepare(os.pread(fd, MAX_INDEXED_BYTES, 0), model)
+
+
+def insert(conn: apsw.Connection, agent_id: str, *, revision_id: str, resource_id: str, store_id: str,
+           prepared: PreparedIndex) -> None:
+    """Inside the activation transaction: the revision's rows, after it became active.
+
+    Vectors made with a model that is no longer current (a reindex switched
+    models meanwhile) are dropped, never mixed in; the reindex picks the
+    rows up.
+    """
+    model = prepared.model if prepared.model == current_model(conn).name else None
+    conn.execute("DELETE FROM search_indexed WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+    conn.execute("INSERT INTO search_indexed (revision_id, agent_id, model, chunks) VALUES (?, ?, ?, ?)",
+                 (revision_id, agent_id, model if prepared.chunks else None, len(prepared.chunks)))
+    if not prepared.chunks:
+        return
+    rows = [(agent_id, revision_id, resource_id, store_id, c.ordinal, c.start_line, c.end_line, c.body,
+             prepared.vectors[i] if model and prepared.vectors else None, model)
+            for i, c in enumerate(prepared.chunks)]
+    conn.executemany(
+        "INSERT INTO search_chunks (agent_id, revision_id, resource_id, store_id, ordinal, start_line, end_line,"
+        " body, embedding, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def retire(conn: apsw.Connection, agent_id: str, revision_id: str) -> None:
+    """Delete a revision's rows now (its artifact failed verification)."""
+    with immediate(conn):
+        conn.execute("DELETE FROM search_chunks WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+        conn.execute("DELETE FROM search_indexed WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
+
+
+# Active revisions whose rows are missing or were made by another model than the current one.
+_STALE = (" AND (NOT EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id)"
+          "      OR EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id AND i.chunks > 0"
+          "                 AND i.model IS NOT (SELECT name FROM search_model WHERE singleton = 1)))")
+
+
+def stale_count(conn: apsw.Connection, agent_id: str) -> int:
+    """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
+    return one(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+                     " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,))[0]
+
+
+@dataclass
+class ReindexReport:
+    revisions: int = 0
+    chunks: int = 0
+    failed: list[str] = field(default_factory=list)  # revision ids whose artifact failed verification
+    model: str = ""
+
+
+_ORDER = " ORDER BY v.revision_id"
+
+
+def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> ReindexReport:
+    """Rebuild every active revision's rows from its verified artifact.
+
+    With ``model``, the catalog switches to it first (BadInput if no
+    embedder answers to the name, so a typo changes nothing); the vector
+    arm then ignores old rows until each is rebuilt. Rows of revisions that
+    are not active, which the triggers should never leave, are removed.
+    Each revision is rebuilt in its own short transaction, so searches keep
+    working throughout; an artifact that fails verification keeps no rows.
+    ``only_stale`` rebuilds just the revisions never indexed or indexed with
+    another model (what doctor --fix does); a full run ends with that sweep
+    too, for revisions a writer activated with the old model meanwhile.
+    """
+    conn = home.catalog(agent_id)
+    if model is not None:
+        try:
+            embedder = embedder_for(model)
+        except (ValueError, RuntimeError) as exc:
+            raise BadInput(str(exc)) from None
+        with immediate(conn):
+            conn.execute("UPDATE search_model SET name = ?, dimension = ? WHERE singleton = 1",
+                         (embedder.name, embedder.dimension))
+    current = current_model(conn)
+    report = ReindexReport(model=current.name)
+    with immediate(conn):
+        for table in ("search_chunks", "search_indexed"):
+            conn.execute(f"DELETE FROM {table} WHERE agent_id = ? AND revision_id NOT IN"
+                         " (SELECT revision_id FROM revisions WHERE state = 'active')", (agent_id,))
+    rows = conn.execute(ACTIVE_WITH_STORE + (_STALE if only_stale else "") + _ORDER,
+                        (agent_id, agent_id, agent_id)).fetchall()
+    if not only_stale:  # a writer may activate with the old model while the full pass runs: sweep after it
+        _rebuild(home, conn, agent_id, current, rows, report, progress)
+        rows = [row for row in conn.execute(ACTIVE_WITH_STORE + _STALE + _ORDER,
+                                            (agent_id, agent_id, agent_id)) if row[0] not in report.failed]
+    _rebuild(home, conn, agent_id, current, rows, report, progress)
+    return report
+
+
+def _rebuild(home: Home, conn: apsw.Connection, agent_id: str, current: Model, rows: list[tuple],
+             report: ReindexReport, progress: Callable[[int, int], None] | None) -> None:
+    last_report = time.monotonic()
+    for done, row in enumerate(rows, start=1):
+        revision, store = RevisionRow(*row[:7]), StoreRow(*row[7:])
+        try:
+            prepared: PreparedIndex | None = prepare(
+                read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES), current)
+        except IntegrityError:  # no rows, and no "indexed" mark: once repaired, the next reindex finds it
+            report.failed.append(revision.revision_id)
+            prepared = None
+        with immediate(conn):
+            for table in ("search_chunks", "search_indexed"):
+                conn.execute(f"DELETE FROM {table} WHERE agent_id = ? AND revision_id = ?",
+                             (agent_id, revision.revision_id))
+            still = one(conn, "SELECT 1 FROM revisions WHERE revision_id = ? AND state = 'active'",
+                        (revision.revision_id,))
+            if still is not None and prepared is not None:
+                insert(conn, agent_id, revision_id=revision.revision_id, resource_id=revision.resource_id,
+                       store_id=store.store_id, prepared=prepared)
+                report.chunks += len(prepared.chunks)
+        report.revisions += 1
+        if progress is not None and (time.monotonic() - last_report >= 1.0 or done == len(rows)):
+            progress(done, len(rows))
+            last_report = time.monotonic()
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)

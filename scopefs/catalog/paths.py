@@ -1,0 +1,73 @@
+"""Virtual paths: the only names a session may use, validated before lookup.
+
+A virtual path is ``<root>/<relative path>`` inside a session's view, for
+example ``private/notes/x.md``. Validation is strict and total: a path that
+is not clean is refused with BadInput before anything is looked up, so no
+refusal ever depends on what exists.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from scopefs.catalog.errors import BadInput
+
+MAX_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 4096
+MAX_DEPTH = 32
+
+
+def _reject(why: str) -> BadInput:
+    return BadInput(f"invalid path: {why}")
+
+
+def validate_component(name: str) -> str:
+    """Check one path component; returns it unchanged when it is clean."""
+    if not isinstance(name, str):
+        raise _reject("not text")
+    try:
+        encoded = name.encode("utf-8", errors="strict")
+    except UnicodeEncodeError:
+        raise _reject("not valid UTF-8") from None
+    if not name:
+        raise _reject("empty component")
+    if len(encoded) > MAX_COMPONENT_BYTES:
+        raise _reject(f"a component is longer than {MAX_COMPONENT_BYTES} bytes")
+    if name in (".", ".."):
+        raise _reject("'.' and '..' are not allowed")
+    if "/" in name or "\x00" in name:
+        raise _reject("'/' or NUL inside a name")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") for ch in name):
+        raise _reject("control, format or unassigned characters are not allowed")
+    if unicodedata.normalize("NFC", name) != name:
+        raise _reject("names must be in Unicode NFC form")
+    return name
+
+
+def split_virtual_path(path: str) -> tuple[str, ...]:
+    """Components of a relative virtual path, refusing anything unclean.
+
+    Refused: absolute paths, ``.`` and ``..``, empty components (``a//b``),
+    NUL and control characters, non-UTF-8 (surrogate-escaped) text, names
+    over 255 bytes, paths over 4096 bytes, non-NFC names.
+    """
+    if not isinstance(path, str):
+        raise _reject("not text")
+    if "\x00" in path:
+        raise _reject("NUL byte")
+    try:
+        encoded = path.encode("utf-8", errors="strict")
+    except UnicodeEncodeError:
+        raise _reject("not valid UTF-8") from None
+    if len(encoded) > MAX_PATH_BYTES:
+        raise _reject(f"longer than {MAX_PATH_BYTES} bytes")
+    if not path:
+        raise _reject("empty")
+    if path.startswith("/"):
+        raise _reject("absolute paths are not allowed; use a path inside the view, e.g. private/notes/x.md")
+    parts = tuple(path.split("/"))
+    if len(parts) > MAX_DEPTH:
+        raise _reject(f"deeper than {MAX_DEPTH} levels")
+    for part in parts:
+        validate_component(part)
+    return parts

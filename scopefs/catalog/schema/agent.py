@@ -1,0 +1,351 @@
+"""Schema of one agent's ``catalog.sqlite``: stores, revisions, policy, sessions.
+
+The agent id is a hard cell boundary: the database holds exactly one
+``agent_cell`` row, every store-, resource- and session-bearing row carries
+``agent_id`` with a foreign key to it, and every query also constrains it.
+Revisions are immutable apart from their lifecycle state, which may only
+move forward; session subjects are write-once. Both rules are enforced by
+triggers, so no code path, including a buggy one, can break them.
+"""
+
+from __future__ import annotations
+
+from scopefs.catalog.schema import SchemaKind
+
+V1 = """
+CREATE TABLE agent_cell (
+    agent_id   TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER agent_cell_single BEFORE INSERT ON agent_cell
+WHEN (SELECT count(*) FROM agent_cell) > 0
+BEGIN SELECT RAISE(ABORT, 'a catalog belongs to exactly one agent'); END;
+CREATE TRIGGER agent_cell_fixed BEFORE UPDATE ON agent_cell
+BEGIN SELECT RAISE(ABORT, 'the agent cell is fixed'); END;
+
+-- Physical namespaces. path_key is the opaque directory name; it is distinct
+-- from store_id so that a path key can be rotated without changing identity.
+CREATE TABLE storage_roots (
+    storage_root_id  TEXT PRIMARY KEY,
+    agent_id         TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    backend_kind     TEXT NOT NULL CHECK (backend_kind = 'fs'),
+    path_key         TEXT NOT NULL,
+    path_key_version INTEGER NOT NULL DEFAULT 1,
+    authority_kind   TEXT NOT NULL,
+    authority_owner  TEXT,
+    state            TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_at       INTEGER NOT NULL,
+    UNIQUE (agent_id, path_key)
+) STRICT;
+
+CREATE TABLE stores (
+    store_id        TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    storage_root_id TEXT NOT NULL UNIQUE REFERENCES storage_roots (storage_root_id),
+    scope_kind      TEXT NOT NULL CHECK (scope_kind IN
+                        ('user', 'channel', 'role', 'agent-shared', 'agent', 'projection', 'quarantine')),
+    audience_id     TEXT NOT NULL,           -- principal id; '' for agent-shared
+    state           TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_at      INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX stores_one_per_audience ON stores (agent_id, scope_kind, audience_id) WHERE state = 'active';
+-- INSERT OR REPLACE deletes conflicting rows without firing delete triggers
+-- (unless recursive_triggers is on), so every table with write-once rows
+-- refuses an insert that would replace one.
+CREATE TRIGGER stores_no_replace BEFORE INSERT ON stores
+WHEN EXISTS (SELECT 1 FROM stores WHERE store_id = NEW.store_id OR storage_root_id = NEW.storage_root_id
+             OR (agent_id = NEW.agent_id AND scope_kind = NEW.scope_kind AND audience_id = NEW.audience_id
+                 AND state = 'active' AND NEW.state = 'active'))
+BEGIN SELECT RAISE(ABORT, 'stores are never replaced'); END;
+CREATE TRIGGER stores_identity_fixed
+BEFORE UPDATE OF store_id, agent_id, storage_root_id, scope_kind, audience_id, created_at ON stores
+BEGIN SELECT RAISE(ABORT, 'a store keeps its scope and audience'); END;
+
+-- Stable resource identity; the logical path may change (rename), the id not.
+CREATE TABLE resources (
+    resource_id TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    store_id    TEXT NOT NULL REFERENCES stores (store_id),
+    path        TEXT NOT NULL,
+    state       TEXT NOT NULL DEFAULT 'live' CHECK (state IN ('live', 'tombstoned')),
+    created_at  INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX resources_live_path ON resources (agent_id, store_id, path) WHERE state = 'live';
+CREATE TRIGGER resources_no_replace BEFORE INSERT ON resources
+WHEN EXISTS (SELECT 1 FROM resources WHERE resource_id = NEW.resource_id
+             OR (agent_id = NEW.agent_id AND store_id = NEW.store_id AND path = NEW.path AND state = 'live'
+                 AND NEW.state = 'live'))
+BEGIN SELECT RAISE(ABORT, 'resources are never replaced'); END;
+CREATE TRIGGER resources_identity_fixed
+BEFORE UPDATE OF resource_id, agent_id, store_id, created_at ON resources
+BEGIN SELECT RAISE(ABORT, 'a resource keeps its identity and store'); END;
+
+-- Immutable revisions. At most one is active per resource; readers resolve
+-- only active ones. locator is the broker-generated artifact file name.
+CREATE TABLE revisions (
+    revision_id      TEXT PRIMARY KEY,
+    agent_id         TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    resource_id      TEXT NOT NULL REFERENCES resources (resource_id),
+    revision_no      INTEGER NOT NULL,
+    base_revision_id TEXT REFERENCES revisions (revision_id),
+    content_sha256   TEXT NOT NULL CHECK (length(content_sha256) = 64),
+    size             INTEGER NOT NULL CHECK (size >= 0),
+    locator          TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN
+                         ('pending', 'active', 'superseded', 'rolled-back', 'tombstoned', 'corrupt')),
+    session_id       TEXT,
+    actor_id         TEXT,                   -- NULL when unattributed
+    trust_origin     TEXT NOT NULL,
+    created_at       INTEGER NOT NULL,
+    activated_at     INTEGER,
+    UNIQUE (resource_id, revision_no),
+    UNIQUE (agent_id, locator)
+) STRICT;
+CREATE UNIQUE INDEX revisions_one_active ON revisions (resource_id) WHERE state = 'active';
+CREATE INDEX revisions_by_state ON revisions (state) WHERE state IN ('pending', 'active');
+CREATE TRIGGER revisions_born_pending BEFORE INSERT ON revisions
+WHEN NEW.state != 'pending' OR NEW.activated_at IS NOT NULL
+  OR EXISTS (SELECT 1 FROM revisions WHERE revision_id = NEW.revision_id
+             OR (resource_id = NEW.resource_id AND revision_no = NEW.revision_no)
+             OR (agent_id = NEW.agent_id AND locator = NEW.locator))
+BEGIN SELECT RAISE(ABORT, 'a revision is born pending and never replaced'); END;
+CREATE TRIGGER revisions_immutable
+BEFORE UPDATE OF revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,
+                 size, locator, session_id, actor_id, trust_origin, created_at ON revisions
+BEGIN SELECT RAISE(ABORT, 'revisions are immutable'); END;
+CREATE TRIGGER revisions_forward_only
+BEFORE UPDATE OF state ON revisions
+WHEN NOT ((OLD.state = 'pending' AND NEW.state IN ('active', 'rolled-back'))
+       OR (OLD.state = 'active' AND NEW.state IN ('superseded', 'tombstoned', 'corrupt'))
+       OR (OLD.state = 'superseded' AND NEW.state IN ('tombstoned', 'corrupt')))
+BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
+CREATE TRIGGER revisions_activated_once
+BEFORE UPDATE OF activated_at ON revisions WHEN OLD.activated_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'activation time is fixed'); END;
+CREATE TRIGGER revisions_no_delete BEFORE DELETE ON revisions
+BEGIN SELECT RAISE(ABORT, 'revisions are never deleted'); END;
+
+-- Policy: stable ids, a revision counter, and immutable entries (deny rows,
+-- exceptional allows, expiry). Placement in a store supplies the common allow.
+CREATE TABLE policies (
+    policy_id   TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    target_kind TEXT NOT NULL CHECK (target_kind IN ('store', 'resource')),
+    target_id   TEXT NOT NULL,
+    revision    INTEGER NOT NULL DEFAULT 1,
+    state       TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'retired')),
+    created_by  TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    UNIQUE (agent_id, target_kind, target_id)
+) STRICT;
+
+CREATE TABLE policy_entries (
+    entry_id        TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    policy_id       TEXT NOT NULL REFERENCES policies (policy_id),
+    policy_revision INTEGER NOT NULL,
+    effect          TEXT NOT NULL CHECK (effect IN ('allow', 'deny')),
+    capability      TEXT NOT NULL,
+    audience_kind   TEXT NOT NULL CHECK (audience_kind IN ('any', 'principal', 'subject-kind')),
+    audience_id     TEXT NOT NULL DEFAULT '',
+    grantor         TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    expires_at      INTEGER,
+    revoked_at      INTEGER
+) STRICT;
+CREATE INDEX policy_entries_by_policy ON policy_entries (policy_id) WHERE revoked_at IS NULL;
+CREATE TRIGGER policy_entries_no_replace BEFORE INSERT ON policy_entries
+WHEN EXISTS (SELECT 1 FROM policy_entries WHERE entry_id = NEW.entry_id)
+BEGIN SELECT RAISE(ABORT, 'policy entries are never replaced'); END;
+-- A deny of retrieve or read that matches the subject writing a store by
+-- placement (its user, conversation or service) would hide names that its
+-- own writes then collide with, revealing them: such a row cannot exist.
+CREATE TRIGGER policy_entries_never_hide_from_writer BEFORE INSERT ON policy_entries
+WHEN NEW.effect = 'deny' AND NEW.capability IN ('retrieve', 'read') AND EXISTS (
+    SELECT 1 FROM policies p JOIN stores s
+      ON s.store_id = CASE p.target_kind WHEN 'store' THEN p.target_id
+                     ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END
+    WHERE p.policy_id = NEW.policy_id AND s.scope_kind IN ('user', 'channel', 'agent')
+      AND (NEW.audience_kind = 'any'
+           OR (NEW.audience_kind = 'principal' AND NEW.audience_id = s.audience_id)
+           OR (NEW.audience_kind = 'subject-kind' AND NEW.audience_id =
+               CASE s.scope_kind WHEN 'user' THEN 'user' WHEN 'channel' THEN 'conversation' ELSE 'service' END)))
+BEGIN SELECT RAISE(ABORT, 'a deny cannot hide notes from the subject that writes their store'); END;
+CREATE TRIGGER policy_entries_immutable
+BEFORE UPDATE OF entry_id, agent_id, policy_id, policy_revision, effect, capability, audience_kind,
+                 audience_id, grantor, created_at, expires_at ON policy_entries
+BEGIN SELECT RAISE(ABORT, 'policy entries are immutable; revoke and add'); END;
+
+-- Sessions: the subject is stamped once. Closing a session is the only change.
+CREATE TABLE sessions (
+    session_id           TEXT PRIMARY KEY,
+    agent_id             TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    subject_kind         TEXT NOT NULL CHECK (subject_kind IN ('user', 'conversation', 'service', 'ambiguous')),
+    subject_principal_id TEXT,
+    subject_reason       TEXT CHECK (subject_reason IN ('shared-main', 'unbound')),
+    binding_id           TEXT,               -- the evidence a user subject was opened through
+    subject_revision     INTEGER NOT NULL DEFAULT 1,
+    created_at           INTEGER NOT NULL,
+    closed_at            INTEGER,
+    CHECK ((subject_kind = 'ambiguous') = (subject_principal_id IS NULL)),
+    CHECK ((subject_kind = 'ambiguous') = (subject_reason IS NOT NULL)),
+    CHECK ((subject_kind = 'user') = (binding_id IS NOT NULL))
+) STRICT;
+CREATE TRIGGER sessions_no_replace BEFORE INSERT ON sessions
+WHEN EXISTS (SELECT 1 FROM sessions WHERE session_id = NEW.session_id)
+BEGIN SELECT RAISE(ABORT, 'session subject is write-once'); END;
+CREATE TRIGGER sessions_subject_write_once
+BEFORE UPDATE OF session_id, agent_id, subject_kind, subject_principal_id, subject_reason,
+                 binding_id, subject_revision, created_at ON sessions
+BEGIN SELECT RAISE(ABORT, 'session subject is write-once'); END;
+CREATE TRIGGER sessions_close_once
+BEFORE UPDATE OF closed_at ON sessions WHEN OLD.closed_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'session already closed'); END;
+CREATE TRIGGER sessions_no_delete BEFORE DELETE ON sessions
+BEGIN SELECT RAISE(ABORT, 'sessions are never deleted'); END;
+
+-- Crash-recovery state machine for the staged-rename write transaction.
+CREATE TABLE write_intents (
+    intent_id       TEXT PRIMARY KEY,
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    revision_id     TEXT NOT NULL UNIQUE REFERENCES revisions (revision_id),
+    store_id        TEXT NOT NULL REFERENCES stores (store_id),
+    staged_name     TEXT NOT NULL,
+    final_locator   TEXT NOT NULL,
+    expected_sha256 TEXT NOT NULL,
+    event_id        TEXT,                    -- its audit outbox row
+    state           TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done', 'rolled-back')),
+    created_at      INTEGER NOT NULL,
+    finished_at     INTEGER
+) STRICT;
+CREATE INDEX write_intents_pending ON write_intents (state) WHERE state = 'pending';
+
+-- Audit rows committed with catalog state, drained idempotently to state.sqlite.
+CREATE TABLE audit_outbox (
+    event_id   TEXT PRIMARY KEY,
+    agent_id   TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    payload    TEXT NOT NULL,                -- JSON of ids, decision and reason only
+    state      TEXT NOT NULL CHECK (state IN ('pending', 'ready', 'drained')),
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX audit_outbox_ready ON audit_outbox (state) WHERE state = 'ready';
+"""
+
+# V2: a change log the mounted views follow. Every change that can alter
+# what a view shows (a revision's state, a resource's path or state, a
+# policy entry or policy) appends one row naming its store and resource, so
+# a mount updates exactly those notes and invalidates exactly their kernel
+# caches instead of rescanning the catalog.
+V2 = """
+CREATE TABLE change_log (
+    seq         INTEGER PRIMARY KEY,
+    store_id    TEXT NOT NULL,
+    resource_id TEXT                         -- NULL: the whole store (a store-level policy changed)
+) STRICT;
+CREATE TRIGGER change_log_revision AFTER UPDATE OF state ON revisions
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT store_id, resource_id FROM resources WHERE resource_id = NEW.resource_id; END;
+CREATE TRIGGER change_log_resource AFTER UPDATE OF path, state ON resources
+BEGIN INSERT INTO change_log (store_id, resource_id) VALUES (NEW.store_id, NEW.resource_id); END;
+CREATE TRIGGER change_log_entry_added AFTER INSERT ON policy_entries
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE p.target_kind WHEN 'store' THEN p.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END,
+             CASE p.target_kind WHEN 'resource' THEN p.target_id END
+      FROM policies p WHERE p.policy_id = NEW.policy_id; END;
+CREATE TRIGGER change_log_entry_revoked AFTER UPDATE OF revoked_at ON policy_entries
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE p.target_kind WHEN 'store' THEN p.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = p.target_id) END,
+             CASE p.target_kind WHEN 'resource' THEN p.target_id END
+      FROM policies p WHERE p.policy_id = NEW.policy_id; END;
+CREATE TRIGGER change_log_policy AFTER UPDATE OF state ON policies
+BEGIN INSERT INTO change_log (store_id, resource_id)
+      SELECT CASE NEW.target_kind WHEN 'store' THEN NEW.target_id
+                  ELSE (SELECT r.store_id FROM resources r WHERE r.resource_id = NEW.target_id) END,
+             CASE NEW.target_kind WHEN 'resource' THEN NEW.target_id END; END;
+"""
+
+# V3: the scoped search index (issue 5). Chunks are content-bearing derived
+# state: each row names the immutable revision it was cut from, is written
+# in the transaction that activates that revision, and is deleted by
+# trigger the moment the revision stops being active (superseded,
+# tombstoned, corrupt), so no lagging row outlives its revision. The FTS5
+# table holds no copy of its own (external content); vectors sit in the
+# chunk row, tagged with the model that made them, so a changed model can
+# never be mixed with the old space. Subjects are verified principals a
+# trusted caller attached to a resource; nothing infers them from text.
+V3 = """
+CREATE TABLE search_model (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    name      TEXT NOT NULL,
+    dimension INTEGER NOT NULL CHECK (dimension > 0)
+) STRICT;
+INSERT INTO search_model (singleton, name, dimension) VALUES (1, 'scopefs-hashing-v2-256', 256);
+
+CREATE TABLE search_chunks (
+    chunk_id    INTEGER PRIMARY KEY,
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    resource_id TEXT NOT NULL REFERENCES resources (resource_id),
+    store_id    TEXT NOT NULL REFERENCES stores (store_id),
+    ordinal     INTEGER NOT NULL CHECK (ordinal >= 0),
+    start_line  INTEGER NOT NULL CHECK (start_line >= 1),
+    end_line    INTEGER NOT NULL CHECK (end_line >= start_line),
+    body        TEXT NOT NULL,
+    embedding   BLOB,                        -- float32 vector; NULL when not embedded
+    model       TEXT,                        -- the search_model name that made it
+    CHECK ((embedding IS NULL) = (model IS NULL)),
+    UNIQUE (revision_id, ordinal)
+) STRICT;
+CREATE INDEX search_chunks_by_store ON search_chunks (store_id, model);
+CREATE INDEX search_chunks_by_resource ON search_chunks (resource_id);
+CREATE TRIGGER search_chunks_of_active BEFORE INSERT ON search_chunks
+WHEN NOT EXISTS (SELECT 1 FROM revisions v JOIN resources r ON r.resource_id = v.resource_id
+                 WHERE v.revision_id = NEW.revision_id AND v.state = 'active' AND r.state = 'live'
+                   AND v.agent_id = NEW.agent_id AND v.resource_id = NEW.resource_id
+                   AND r.store_id = NEW.store_id)
+BEGIN SELECT RAISE(ABORT, 'index rows are cut from an active revision of a live resource'); END;
+CREATE TRIGGER search_chunks_immutable BEFORE UPDATE ON search_chunks
+BEGIN SELECT RAISE(ABORT, 'index rows are replaced, never edited'); END;
+-- store_id is indexed too, so a query can AND the view's stores into the
+-- match itself and walk only their rows, never every match in the agent.
+CREATE VIRTUAL TABLE search_fts USING fts5 (
+    body, store_id, content = 'search_chunks', content_rowid = 'chunk_id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER search_chunks_fts_add AFTER INSERT ON search_chunks
+BEGIN INSERT INTO search_fts (rowid, body, store_id) VALUES (NEW.chunk_id, NEW.body, NEW.store_id); END;
+CREATE TRIGGER search_chunks_fts_drop AFTER DELETE ON search_chunks
+BEGIN INSERT INTO search_fts (search_fts, rowid, body, store_id)
+      VALUES ('delete', OLD.chunk_id, OLD.body, OLD.store_id); END;
+-- One row per indexed revision, even one with no text (no chunks): what
+-- tells "indexed, nothing to find" from "never indexed" (a revision
+-- activated before V3, or while a model switch was under way), which
+-- doctor reports and reindex completes.
+CREATE TABLE search_indexed (
+    revision_id TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    model       TEXT,                        -- the model of its vectors; NULL when not embedded
+    chunks      INTEGER NOT NULL CHECK (chunks >= 0)
+) STRICT;
+CREATE TRIGGER search_indexed_of_active BEFORE INSERT ON search_indexed
+WHEN NOT EXISTS (SELECT 1 FROM revisions WHERE revision_id = NEW.revision_id AND state = 'active'
+                 AND agent_id = NEW.agent_id)
+BEGIN SELECT RAISE(ABORT, 'only an active revision is indexed'); END;
+CREATE TRIGGER search_chunks_retire AFTER UPDATE OF state ON revisions WHEN NEW.state != 'active'
+BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id;
+      DELETE FROM search_indexed WHERE revision_id = NEW.revision_id; END;
+
+CREATE TABLE resource_subjects (
+    resource_id  TEXT NOT NULL REFERENCES resources (resource_id),
+    principal_id TEXT NOT NULL,
+    agent_id     TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    session_id   TEXT NOT NULL,               -- the session the trusted caller attached it through
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (resource_id, principal_id)
+) STRICT;
+CREATE INDEX resource_subjects_by_principal ON resource_subjects (principal_id);
+"""
+
+AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1, V2, V3))  # 'SCAG'

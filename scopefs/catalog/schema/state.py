@@ -1,0 +1,101 @@
+"""Schema of the shared ``state.sqlite``: who is who, and what happened.
+
+Principals, identity bindings, conversations, memberships and the redacted
+audit. No raw provider identifier is ever stored: bindings and conversations
+are found by a keyed HMAC of their provider tuple. Times are integer
+microseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+from scopefs.catalog.schema import SchemaKind
+
+V1 = """
+CREATE TABLE agents (
+    agent_id    TEXT PRIMARY KEY,            -- operator-chosen, validated name
+    created_at  INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE principals (
+    principal_id TEXT PRIMARY KEY,           -- opaque, random
+    kind         TEXT NOT NULL CHECK (kind IN ('human', 'service', 'role', 'conversation')),
+    label        TEXT,                       -- display label only, never identity
+    state        TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'disabled')),
+    created_at   INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX principals_role_label ON principals (label) WHERE kind = 'role';
+
+CREATE TABLE identity_bindings (
+    binding_id        TEXT PRIMARY KEY,
+    lookup_key        BLOB NOT NULL,         -- HMAC-SHA256 of (channel, account, sender)
+    principal_id      TEXT NOT NULL REFERENCES principals (principal_id),
+    adapter           TEXT NOT NULL,
+    assurance         TEXT NOT NULL,
+    verification      TEXT NOT NULL,
+    evidence_revision INTEGER NOT NULL DEFAULT 1,
+    created_by        TEXT NOT NULL,
+    created_at        INTEGER NOT NULL,
+    revoked_at        INTEGER
+) STRICT;
+-- One live binding per provider tuple: rebinding needs a revocation first.
+CREATE UNIQUE INDEX identity_bindings_live ON identity_bindings (lookup_key) WHERE revoked_at IS NULL;
+-- INSERT OR REPLACE would silently delete the live binding it conflicts with.
+CREATE TRIGGER identity_bindings_no_replace BEFORE INSERT ON identity_bindings
+WHEN EXISTS (SELECT 1 FROM identity_bindings WHERE binding_id = NEW.binding_id
+             OR (lookup_key = NEW.lookup_key AND revoked_at IS NULL AND NEW.revoked_at IS NULL))
+BEGIN SELECT RAISE(ABORT, 'this sender is already bound; revoke that binding first'); END;
+CREATE TRIGGER identity_bindings_immutable
+BEFORE UPDATE OF binding_id, lookup_key, principal_id, adapter, assurance, verification,
+                 evidence_revision, created_by, created_at ON identity_bindings
+BEGIN SELECT RAISE(ABORT, 'identity bindings are immutable; revoke and bind again'); END;
+CREATE TRIGGER identity_bindings_revoke_once
+BEFORE UPDATE OF revoked_at ON identity_bindings WHEN OLD.revoked_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'binding already revoked'); END;
+CREATE TRIGGER identity_bindings_no_delete BEFORE DELETE ON identity_bindings
+BEGIN SELECT RAISE(ABORT, 'identity bindings are never deleted'); END;
+
+CREATE TABLE conversations (
+    conversation_id TEXT PRIMARY KEY REFERENCES principals (principal_id),
+    agent_id        TEXT NOT NULL REFERENCES agents (agent_id),
+    lookup_key      BLOB NOT NULL,           -- HMAC of (channel, account, conversation)
+    created_at      INTEGER NOT NULL,
+    UNIQUE (agent_id, lookup_key)
+) STRICT;
+
+CREATE TABLE memberships (
+    membership_id     TEXT PRIMARY KEY,
+    group_id          TEXT NOT NULL REFERENCES principals (principal_id),  -- conversation or role
+    principal_id      TEXT NOT NULL REFERENCES principals (principal_id),
+    evidence_revision INTEGER NOT NULL DEFAULT 1,
+    added_at          INTEGER NOT NULL,
+    expires_at        INTEGER,               -- evidence freshness bound; NULL = until removed
+    removed_at        INTEGER
+) STRICT;
+CREATE UNIQUE INDEX memberships_live ON memberships (group_id, principal_id) WHERE removed_at IS NULL;
+CREATE INDEX memberships_by_member ON memberships (principal_id) WHERE removed_at IS NULL;
+
+-- Which agent's catalog holds a session (the subject itself lives there).
+CREATE TABLE session_index (
+    session_id TEXT PRIMARY KEY,
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id)
+) STRICT;
+
+-- Redacted decision history: ids, revisions, decisions and reason codes only.
+CREATE TABLE audit (
+    audit_id     INTEGER PRIMARY KEY,
+    event_id     TEXT UNIQUE,                -- set when drained from an agent outbox
+    at           INTEGER NOT NULL,
+    agent_id     TEXT,
+    session_id   TEXT,
+    operation    TEXT NOT NULL,
+    subject_kind TEXT,
+    actor_id     TEXT,
+    store_id     TEXT,
+    revision_id  TEXT,
+    decision     TEXT NOT NULL CHECK (decision IN ('allow', 'deny', 'error')),
+    reason       TEXT NOT NULL
+) STRICT;
+CREATE INDEX audit_by_time ON audit (at);
+"""
+
+STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1,))  # 'SCST'

@@ -1,0 +1,123 @@
+"""Opening sessions and stamping their write-once subject.
+
+How a session is opened decides its subject, once (DESIGN.md §4):
+
+* ``dm``: a live binding for (channel, account, sender) gives a user
+  subject, recorded with the binding it came through; anything else is
+  ambiguous (``unbound``). The raw sender is hashed for the lookup and then
+  forgotten.
+* ``group``: a conversation registered for this agent gives a conversation
+  subject.
+* ``service``: an explicit service principal gives a service subject.
+* ``shared-main``: a shared main DM has no coherent person: ambiguous.
+
+The catalog refuses any later change to the subject (a trigger), so neither
+this module nor any other can rewrite it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scopefs.catalog import ids
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate, one
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.groups import conversation_agent
+from scopefs.catalog.home import Home, validate_agent_name
+from scopefs.catalog.identity import get_principal, resolve_binding
+from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    session_id: str
+    agent_id: str
+    subject: Subject
+    binding_id: str | None
+    created_at: int
+    closed_at: int | None
+
+
+@dataclass(frozen=True)
+class DirectMessage:
+    channel: str
+    account: str
+    sender: str
+
+
+@dataclass(frozen=True)
+class Group:
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class Service:
+    principal_id: str
+
+
+@dataclass(frozen=True)
+class SharedMain:
+    pass
+
+
+Opening = DirectMessage | Group | Service | SharedMain
+
+
+def _subject_for(home: Home, agent_id: str, opening: Opening) -> tuple[Subject, str | None]:
+    state = home.state()
+    if isinstance(opening, DirectMessage):
+        found = resolve_binding(state, home.hmac_key(), opening.channel, opening.account, opening.sender)
+        if found is None:
+            return Subject(SubjectKind.AMBIGUOUS, reason=AmbiguousReason.UNBOUND), None
+        binding_id, principal_id = found
+        return Subject(SubjectKind.USER, principal_id), binding_id
+    if isinstance(opening, Group):
+        if conversation_agent(state, opening.conversation_id) != agent_id:
+            raise BadInput("unknown conversation for this agent")
+        return Subject(SubjectKind.CONVERSATION, opening.conversation_id), None
+    if isinstance(opening, Service):
+        principal = get_principal(state, opening.principal_id)
+        if principal.kind != "service" or principal.state != "active":
+            raise BadInput("--service needs an active service principal")
+        return Subject(SubjectKind.SERVICE, principal.principal_id), None
+    return Subject(SubjectKind.AMBIGUOUS, reason=AmbiguousReason.SHARED_MAIN), None
+
+
+def open_session(home: Home, agent_id: str, opening: Opening) -> SessionRecord:
+    validate_agent_name(agent_id)
+    catalog = home.catalog(agent_id)  # BadInput for an unknown agent
+    subject, binding_id = _subject_for(home, agent_id, opening)
+    session_id = ids.new_id("session")
+    now = now_us()
+    with immediate(catalog):
+        catalog.execute(
+            "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
+            " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (session_id, agent_id, subject.kind.value, subject.principal_id,
+             subject.reason.value if subject.reason else None, binding_id, now),
+        )
+    with immediate(home.state()):
+        home.state().execute("INSERT INTO session_index (session_id, agent_id) VALUES (?, ?)", (session_id, agent_id))
+    return SessionRecord(session_id, agent_id, subject, binding_id, now, None)
+
+
+def load_session(home: Home, session_id: str) -> SessionRecord:
+    """The session's record; BadInput for an unknown or malformed id."""
+    if not ids.looks_like("session", session_id):
+        raise BadInput("unknown session: (malformed id)")
+    row = one(home.state(), "SELECT agent_id FROM session_index WHERE session_id = ?", (session_id,))
+    if row is None:
+        raise BadInput(f"unknown session: {session_id}")
+    agent_id = row[0]
+    rec = one(
+        home.catalog(agent_id),
+        "SELECT subject_kind, subject_principal_id, subject_reason, binding_id, created_at, closed_at"
+        " FROM sessions WHERE session_id = ? AND agent_id = ?",
+        (session_id, agent_id),
+    )
+    if rec is None:
+        raise BadInput(f"unknown session: {session_id}")
+    kind = SubjectKind(rec[0])
+    subject = Subject(kind, rec[1], AmbiguousReason(rec[2]) if rec[2] else None)
+    return SessionRecord(session_id, agent_id, subject, rec[3], rec[4], rec[5])

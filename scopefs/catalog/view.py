@@ -1,0 +1,117 @@
+"""Memory views: which virtual roots a session subject sees (DESIGN.md §4).
+
+A pure function of the subject, the subject's current role evidence and the
+time. Stores are named here by (scope kind, audience), never by store id:
+a view can only ever point at the stores its subject owns or shares, and
+which physical store that is gets resolved later, inside the agent's cell.
+
+    subject       roots (rw = writable)
+    user          private/ rw, agent-shared/ ro, roles/<role>/ ro while the
+                  membership is fresh, postbox/ owner review
+    conversation  channel/ rw, agent-shared/ ro, projections/ ro,
+                  postbox/ deposit-only
+    service       agent/ rw, agent-shared/ ro
+    ambiguous     agent-shared/: nothing by placement; only resources with
+                  an explicit allow for anonymous use; never a write
+
+A conversation view never contains a user's private store or any role
+store, whoever is speaking: other participants share the model context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scopefs.catalog.policy import Mount, Op
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.subject import Subject, SubjectKind
+
+READ_ONLY = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE})
+READ_WRITE = READ_ONLY | {Op.APPEND, Op.REPLACE, Op.DELETE}
+OWNER_REVIEW = frozenset({Op.RETRIEVE, Op.READ})
+DEPOSIT_ONLY = frozenset({Op.DEPOSIT})
+ANONYMOUS_CEILING = frozenset({Op.RETRIEVE, Op.READ})
+NOTHING = frozenset()
+
+AGENT_SHARED_AUDIENCE = ""  # the agent-shared store has no principal audience
+
+
+@dataclass(frozen=True)
+class RoleEvidence:
+    role_id: str
+    role_name: str
+    expires_at: int | None
+
+    def fresh(self, now: int) -> bool:
+        return self.expires_at is None or now < self.expires_at
+
+
+@dataclass(frozen=True)
+class View:
+    subject: Subject
+    mounts: tuple[Mount, ...]
+    excluded: tuple[tuple[str, Reason], ...] = ()  # roots withheld, with why (for audit only)
+
+    def roots(self) -> tuple[str, ...]:
+        return tuple(m.root for m in self.mounts)
+
+    def mount_for(self, parts: tuple[str, ...]) -> tuple[Mount, tuple[str, ...]] | None:
+        """The mount a path falls under and the path inside it, or None."""
+        for mount in self.mounts:
+            root = tuple(mount.root.split("/"))
+            if parts[: len(root)] == root:
+                return mount, parts[len(root):]
+        return None
+
+    def excluded_reason(self, parts: tuple[str, ...]) -> Reason | None:
+        for root, reason in self.excluded:
+            root_parts = tuple(root.split("/"))
+            if parts[: len(root_parts)] == root_parts:
+                return reason
+        return None
+
+
+def _shared(placement: frozenset[Op] = READ_ONLY, ceiling: frozenset[Op] = READ_ONLY) -> Mount:
+    return Mount("agent-shared", "agent-shared", AGENT_SHARED_AUDIENCE, placement, ceiling)
+
+
+def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int) -> View:
+    """The view for ``subject``; ``roles`` only counts for user subjects."""
+    pid = subject.principal_id
+    if subject.kind is SubjectKind.USER:
+        assert pid is not None
+        mounts = [
+            Mount("private", "user", pid, READ_WRITE, READ_WRITE),
+            _shared(),
+        ]
+        excluded: list[tuple[str, Reason]] = []
+        roles = tuple(roles)
+        names = [r.role_name for r in roles]
+        for role in sorted(roles, key=lambda r: r.role_name):
+            root = f"roles/{role.role_name}"
+            if names.count(role.role_name) > 1:  # ambiguous folder: mount neither (fail closed)
+                excluded.append((root, Reason.OUTSIDE_VIEW))
+            elif role.fresh(now):
+                mounts.append(Mount(root, "role", role.role_id, READ_ONLY, READ_ONLY))
+            else:
+                excluded.append((root, Reason.MEMBERSHIP_STALE))
+        mounts.append(Mount("postbox", "quarantine", pid, OWNER_REVIEW, OWNER_REVIEW))
+        return View(subject, tuple(mounts), tuple(excluded))
+    if subject.kind is SubjectKind.CONVERSATION:
+        assert pid is not None
+        return View(subject, (
+            Mount("channel", "channel", pid, READ_WRITE, READ_WRITE),
+            _shared(),
+            Mount("projections", "projection", pid, READ_ONLY, READ_ONLY),
+            # Deposits are routed per message to a participant's quarantine;
+            # the mount itself has no store, so it lists and reads nothing.
+            Mount("postbox", "postbox", "", DEPOSIT_ONLY, DEPOSIT_ONLY),
+        ))
+    if subject.kind is SubjectKind.SERVICE:
+        assert pid is not None
+        return View(subject, (
+            Mount("agent", "agent", pid, READ_WRITE, READ_WRITE),
+            _shared(),
+        ))
+    return View(subject, (_shared(NOTHING, ANONYMOUS_CEILING),))

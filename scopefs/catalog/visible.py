@@ -1,0 +1,230 @@
+"""Everything a session's view may read, as one immutable picture.
+
+A mounted view answers ``lookup``, ``readdir`` and ``getattr`` from memory:
+asking the catalog per request would cost a query per file of ``grep -r``.
+This module builds that picture with the same evaluator a single read
+uses (``read`` on each live resource with an active revision), and keeps
+it current by following the change log: a changed resource is decided
+again alone, a store-wide policy change re-decides its store, and any
+change of evidence (a revoked binding, a role that went stale, a closed
+session) rebuilds the whole picture. A picture whose evidence is gone
+holds no notes at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import apsw
+
+from scopefs.catalog.access import Access, current_access
+from scopefs.catalog.changes import changes_since, latest_seq
+from scopefs.catalog.home import Home
+from scopefs.catalog.policy import Effect, Entry, Mount, Op, ResourceState, evaluate
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.stores import find_store, policy_entries
+
+_NOTE_COLS = ("r.resource_id, r.path, v.revision_id, v.content_sha256, v.size, v.locator,"
+              " coalesce(v.activated_at, v.created_at)")
+_NOTES = (f"SELECT {_NOTE_COLS} FROM resources r"
+          " JOIN revisions v ON v.resource_id = r.resource_id AND v.state = 'active' AND v.agent_id = r.agent_id"
+          " WHERE r.agent_id = ? AND r.store_id = ? AND r.state = 'live'")
+_ENTRIES = ("SELECT p.target_kind, p.target_id, e.effect, e.capability, e.audience_kind, e.audience_id, e.expires_at"
+            " FROM policy_entries e JOIN policies p USING (policy_id)"
+            " WHERE e.agent_id = ? AND p.agent_id = ? AND p.state = 'active' AND e.revoked_at IS NULL"
+            " AND ((p.target_kind = 'store' AND p.target_id = ?) OR (p.target_kind = 'resource' AND p.target_id IN"
+            "      (SELECT resource_id FROM resources WHERE agent_id = ? AND store_id = ? AND state = 'live')))")
+
+
+@dataclass(frozen=True)
+class VisibleNote:
+    """One readable note: where it shows, and the revision it shows."""
+
+    parts: tuple[str, ...]  # full virtual path, root included
+    mount_root: str
+    resource_id: str
+    store_id: str
+    path_key: str
+    revision_id: str
+    sha256: str
+    size: int
+    locator: str
+    mtime_us: int
+
+
+@dataclass(frozen=True)
+class VisibleStore:
+    mount: Mount
+    store_id: str
+    path_key: str
+
+
+@dataclass(frozen=True)
+class VisibleView:
+    access: Access
+    problem: Reason | None  # set when the session's evidence is gone: nothing is visible
+    stores: tuple[VisibleStore, ...]
+    notes: dict[tuple[str, ...], VisibleNote]
+    by_resource: dict[str, tuple[str, ...]]
+    seq: int  # the change-log position this picture reflects
+    valid_until: int | None  # earliest policy expiry that can change a decision
+    base_seq: int | None = None  # set by refresh(): the picture this one was derived from...
+    delta: frozenset[tuple[str, ...]] = frozenset()  # ...and every path whose entry may differ from it
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+    def store(self, store_id: str) -> VisibleStore | None:
+        return next((s for s in self.stores if s.store_id == store_id), None)
+
+
+def _decide(access: Access, mount: Mount, entries: tuple[Entry, ...]) -> bool:
+    return bool(evaluate(Op.READ, access.session.subject, mount, ResourceState(True, "active"), entries,
+                         access.now))
+
+
+def _root_parts(mount: Mount) -> tuple[str, ...]:
+    return tuple(mount.root.split("/"))
+
+
+def _note(store: VisibleStore, row: tuple) -> VisibleNote:
+    resource_id, path, revision_id, sha, size, locator, mtime = row
+    return VisibleNote(_root_parts(store.mount) + tuple(path.split("/")), store.mount.root, resource_id,
+                       store.store_id, store.path_key, revision_id, sha, size, locator, mtime)
+
+
+def _expiries(entries: list[Entry], now: int) -> list[int]:
+    return [e.expires_at for e in entries if e.expires_at is not None and e.expires_at > now]
+
+
+def _store_notes(conn: apsw.Connection, access: Access, store: VisibleStore) -> tuple[list[VisibleNote], list[int]]:
+    """Every readable note of one store: two queries, then the evaluator."""
+    agent = access.agent_id
+    store_level: list[Entry] = []
+    per_resource: dict[str, list[Entry]] = {}
+    for kind, target, *entry in conn.execute(_ENTRIES, (agent, agent, store.store_id, agent, store.store_id)):
+        item = Entry(Effect(entry[0]), Op(entry[1]), *entry[2:])
+        (store_level if kind == "store" else per_resource.setdefault(target, [])).append(item)
+    notes = []
+    expiries = _expiries(store_level, access.now)
+    for row in conn.execute(_NOTES, (agent, store.store_id)):
+        own = per_resource.get(row[0], [])
+        expiries += _expiries(own, access.now)
+        if _decide(access, store.mount, (*store_level, *own)):
+            notes.append(_note(store, row))
+    return notes, expiries
+
+
+def _one_note(conn: apsw.Connection, access: Access, store: VisibleStore, resource_id: str) -> VisibleNote | None:
+    row = conn.execute(_NOTES + " AND r.resource_id = ?", (access.agent_id, store.store_id, resource_id)).fetchall()
+    if not row:
+        return None
+    entries = policy_entries(conn, access.agent_id, store.store_id, resource_id)
+    return _note(store, row[0]) if _decide(access, store.mount, entries) else None
+
+
+def build(home: Home, session_id: str) -> VisibleView:
+    """The whole picture, from scratch."""
+    access, problem = current_access(home, session_id)
+    conn = home.catalog(access.agent_id)
+    seq = latest_seq(conn)  # before the notes: a change landing during the build is applied again, never missed
+    stores: list[VisibleStore] = []
+    notes: dict[tuple[str, ...], VisibleNote] = {}
+    expiries: list[int] = []
+    if problem is None:
+        for mount in access.view.mounts:
+            row = find_store(conn, access.agent_id, mount.scope_kind, mount.audience_id)
+            if row is None:
+                continue
+            store = VisibleStore(mount, row.store_id, row.path_key)
+            stores.append(store)
+            found, when = _store_notes(conn, access, store)
+            expiries += when
+            notes.update((n.parts, n) for n in found)
+    return VisibleView(access, problem, tuple(stores), notes, {n.resource_id: p for p, n in notes.items()}, seq,
+                       min(expiries, default=None))
+
+
+def _same_evidence(old: VisibleView, access: Access, problem: Reason | None) -> bool:
+    return problem == old.problem and access.view.mounts == old.access.view.mounts
+
+
+def refresh(home: Home, old: VisibleView) -> VisibleView:
+    """``old`` brought up to date; ``old`` itself if nothing changed.
+
+    Cheap when nothing changed (one evidence check and one change-log
+    query), proportional to the changed notes otherwise.
+    """
+    session_id = old.access.session.session_id
+    access, problem = current_access(home, session_id)
+    if problem is not None:  # evidence gone: empty at once, before anything else can fail
+        if old.problem == problem:
+            return old
+        return VisibleView(access, problem, (), {}, {}, old.seq, None)
+    conn = home.catalog(access.agent_id)
+    changes = changes_since(conn, old.seq)
+    expired = old.valid_until is not None and access.now >= old.valid_until
+    if not _same_evidence(old, access, problem) or changes.overflow or expired:
+        return build(home, session_id)
+    known = {s.store_id for s in old.stores}
+    if any(s not in known for s in changes.store_ids) or _new_store(conn, access, old):
+        return build(home, session_id)
+    if not changes:
+        return old
+    notes = dict(old.notes)
+    by_resource = dict(old.by_resource)
+    delta: set[tuple[str, ...]] = set()
+    expiries = [old.valid_until] if old.valid_until is not None else []
+
+    def put(note: VisibleNote) -> None:
+        notes[note.parts] = note
+        by_resource[note.resource_id] = note.parts
+        delta.add(note.parts)
+
+    def drop(parts: tuple[str, ...]) -> None:
+        gone = notes.pop(parts, None)
+        if gone is not None:
+            by_resource.pop(gone.resource_id, None)
+            delta.add(parts)
+
+    for store in old.stores:
+        if store.store_id in changes.store_ids:
+            for parts in [p for p, n in notes.items() if n.store_id == store.store_id]:
+                drop(parts)
+            found, when = _store_notes(conn, access, store)
+            for note in found:
+                put(note)
+            expiries += when
+    for resource_id in changes.resource_ids:
+        parts = by_resource.get(resource_id)
+        if parts is not None and notes[parts].resource_id == resource_id:
+            drop(parts)
+        store_id = _store_of(conn, access.agent_id, resource_id)
+        store = old.store(store_id) if store_id else None
+        if store is None:
+            continue
+        note = _one_note(conn, access, store, resource_id)
+        if note is not None:
+            if note.parts in notes:  # another resource moved away from this path in the same batch
+                drop(note.parts)
+            put(note)
+            expiries += _expiries(list(policy_entries(conn, access.agent_id, store.store_id, resource_id)),
+                                  access.now)
+    return dataclasses.replace(old, access=access, notes=notes, by_resource=by_resource, seq=changes.last_seq,
+                               valid_until=min(expiries, default=None), base_seq=old.seq,
+                               delta=frozenset(delta))
+
+
+def _store_of(conn: apsw.Connection, agent_id: str, resource_id: str) -> str | None:
+    row = conn.execute("SELECT store_id FROM resources WHERE agent_id = ? AND resource_id = ?",
+                       (agent_id, resource_id)).fetchall()
+    return row[0][0] if row else None
+
+
+def _new_store(conn: apsw.Connection, access: Access, old: VisibleView) -> bool:
+    """A mount without a store may have gained one (the first write to it)."""
+    have = {s.mount.root for s in old.stores}
+    return any(find_store(conn, access.agent_id, m.scope_kind, m.audience_id) is not None
+               for m in access.view.mounts if m.root not in have)

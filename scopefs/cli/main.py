@@ -1,0 +1,541 @@
+"""``scopefs``: the operator's and the tests' entry point (DESIGN.md §7).
+
+Every command takes ``--home`` and ``--json``; exit codes are 0 ok, 2 bad
+input, 3 denied by policy, 4 integrity failure, 1 anything else. This module
+parses, calls one function of ``catalog`` or ``writer``, and prints; it
+decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from scopefs.catalog.durations import parse_duration_us
+from scopefs.catalog.errors import BadInput, Denied, ScopefsError
+from scopefs.catalog.home import Home, resolve_home, validate_agent_name
+from scopefs.cli.output import emit, fail
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes stray values back ("unrecognized arguments: X");
+        # a value may be a raw provider id, so only the kind of error is kept.
+        if message.startswith("unrecognized arguments"):
+            message = "unrecognized arguments"
+        raise BadInput(f"{message} (see '{self.prog} --help')")
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    default: Any = None if top else argparse.SUPPRESS
+    parser.add_argument("--home", default=default, help="state directory (default: $SCOPEFS_HOME or ./.scopefs)")
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="print exactly one JSON object on stdout")
+
+
+def _home(args: argparse.Namespace) -> Home:
+    return Home.open(resolve_home(args.home))
+
+
+def _agents(args: argparse.Namespace, home: Home) -> list[str]:
+    """``--agent`` (which must exist) or every agent of the home."""
+    if not args.agent:
+        return home.agents()
+    if not home.agent_exists(validate_agent_name(args.agent)):
+        raise BadInput(f"unknown agent: {args.agent}")
+    return [args.agent]
+
+
+# -- commands ---------------------------------------------------------------
+
+def cmd_init(args: argparse.Namespace) -> int:
+    home, created = Home.init(resolve_home(args.home))
+    emit(args.json, {"home": str(home.root), "created": created},
+         [f"{'created' if created else 'exists'}: {home.root}"])
+    return 0
+
+
+def cmd_agent_add(args: argparse.Namespace) -> int:
+    from scopefs.catalog.agents import add_agent
+
+    home = _home(args)
+    created = add_agent(home, validate_agent_name(args.agent))
+    emit(args.json, {"agent_id": args.agent, "created": created}, [args.agent])
+    return 0
+
+
+def cmd_principal_add(args: argparse.Namespace) -> int:
+    from scopefs.catalog import identity
+
+    home = _home(args)
+    principal_id = identity.add_principal(home.state(), args.name, args.kind)
+    emit(args.json, {"principal_id": principal_id, "kind": args.kind}, [principal_id])
+    return 0
+
+
+def cmd_role_add(args: argparse.Namespace) -> int:
+    from scopefs.catalog import groups
+
+    home = _home(args)
+    role_id, created = groups.add_role(home.state(), args.name)
+    emit(args.json, {"role_id": role_id, "created": created}, [role_id])
+    return 0
+
+
+def cmd_bind(args: argparse.Namespace) -> int:
+    from scopefs.catalog import identity
+
+    home = _home(args)
+    binding_id, created = identity.bind(home.state(), home.hmac_key(), args.principal, args.channel, args.account,
+                                        args.sender)
+    emit(args.json, {"binding_id": binding_id, "created": created}, [binding_id])
+    return 0
+
+
+def cmd_binding_revoke(args: argparse.Namespace) -> int:
+    from scopefs.catalog import identity
+
+    home = _home(args)
+    revoked = identity.revoke_binding(home.state(), args.binding)
+    emit(args.json, {"binding_id": args.binding, "revoked": revoked},
+         [f"revoked: {args.binding}" if revoked else f"already revoked: {args.binding}"])
+    return 0
+
+
+def cmd_conversation_add(args: argparse.Namespace) -> int:
+    from scopefs.catalog import groups
+
+    home = _home(args)
+    validate_agent_name(args.agent)
+    conversation_id, created = groups.add_conversation(home.state(), home.hmac_key(), args.agent, args.channel,
+                                                       args.account, args.conversation)
+    emit(args.json, {"conversation_id": conversation_id, "created": created}, [conversation_id])
+    return 0
+
+
+def cmd_member_add(args: argparse.Namespace) -> int:
+    from scopefs.catalog import groups
+
+    expires = parse_duration_us(args.expires) if args.expires is not None else None
+    home = _home(args)
+    membership_id = groups.add_member(home.state(), args.group, args.principal, expires)
+    emit(args.json, {"membership_id": membership_id}, [membership_id])
+    return 0
+
+
+def cmd_member_remove(args: argparse.Namespace) -> int:
+    from scopefs.catalog import groups
+
+    home = _home(args)
+    removed = groups.remove_member(home.state(), args.group, args.principal)
+    emit(args.json, {"removed": removed}, ["removed" if removed else "not a member"])
+    return 0
+
+
+def cmd_session_open(args: argparse.Namespace) -> int:
+    from scopefs.catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
+
+    modes = [args.dm, args.group, args.service is not None, args.shared_main]
+    if sum(modes) != 1:
+        raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main")
+    opening: DirectMessage | Group | Service | SharedMain
+    if args.dm:
+        if None in (args.channel, args.account, args.sender):
+            raise BadInput("--dm needs --channel, --account and --sender")
+        opening = DirectMessage(args.channel, args.account, args.sender)
+    elif args.group:
+        if args.conversation is None:
+            raise BadInput("--group needs --conversation")
+        opening = Group(args.conversation)
+    elif args.service is not None:
+        opening = Service(args.service)
+    else:
+        opening = SharedMain()
+    if not args.dm and any(v is not None for v in (args.channel, args.account, args.sender)):
+        raise BadInput("--channel, --account and --sender belong to --dm")
+    home = _home(args)
+    session = open_session(home, validate_agent_name(args.agent), opening)
+    subject = session.subject
+    payload = {"session_id": session.session_id, "subject": subject.kind.value,
+               "subject_principal_id": subject.principal_id,
+               "subject_reason": subject.reason.value if subject.reason else None}
+    emit(args.json, payload, [session.session_id, f"subject: {subject.kind.value}"
+                              + (f" ({subject.reason.value})" if subject.reason else "")])
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    from scopefs.catalog.reader import read_note
+
+    home = _home(args)
+    data = read_note(home, args.session, args.path, actor_id=args.actor)
+    if args.json:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ScopefsError("note is not UTF-8 text; read it without --json") from None
+        emit(True, {"content": text, "size": len(data)})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from scopefs.writer.transaction import write_note
+
+    if sys.stdin is None:
+        raise BadInput("write reads the note from stdin, which is closed")
+    home = _home(args)
+    result = write_note(home, args.session, args.path, sys.stdin.buffer, actor_id=args.actor)
+    emit(args.json, {"resource_id": result.resource_id, "revision_id": result.revision_id,
+                     "revision": result.revision_no, "sha256": result.sha256, "size": result.size,
+                     "created": result.created},
+         [f"{args.path}: revision {result.revision_no} ({result.size} bytes)"])
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from scopefs.catalog.search import search
+
+    home = _home(args)
+    outcome = search(home, args.session, args.query, limit=args.limit, about=args.about, actor_id=args.actor,
+                     mode=args.mode)
+    lines = []
+    for hit in outcome.hits:
+        lines.append(f"{hit.citation}  score {hit.score:.4f}")
+        lines.extend("    " + line for line in hit.snippet.split("\n"))
+    emit(args.json, {"results": [hit.as_dict() for hit in outcome.hits], "arms": list(outcome.arms)},
+         lines or ["no results"])
+    return 0
+
+
+def cmd_subject(args: argparse.Namespace) -> int:
+    from scopefs.catalog.about import attach, subjects_of
+
+    home = _home(args)
+    if args.verb == "list":
+        found = subjects_of(home, args.session, args.path)
+        emit(args.json, {"subjects": [{"principal_id": p} for p in found]}, found or ["no verified subjects"])
+        return 0
+    changed = attach(home, args.session, args.path, args.principal, remove=args.verb == "remove")
+    emit(args.json, {"changed": changed}, [("changed" if changed else "unchanged")])
+    return 0
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    from scopefs.catalog.index import reindex
+
+    home = _home(args)
+    agents = _agents(args, home)
+    reports = {}
+    for agent_id in agents:
+        def progress(done: int, total: int, agent_id: str = agent_id) -> None:
+            sys.stderr.write(f"scopefs: reindex {agent_id}: {done}/{total} revisions\n")
+        reports[agent_id] = reindex(home, agent_id, model=args.model, progress=progress)
+    failed = [r for report in reports.values() for r in report.failed]
+    emit(args.json, {"agents": [{"agent_id": a, "revisions": r.revisions, "chunks": r.chunks, "model": r.model,
+                                 "failed_revision_ids": r.failed} for a, r in reports.items()],
+                     "exit_code": 4 if failed else 0},
+         [f"{a}: {r.revisions} revisions, {r.chunks} chunks, model {r.model}"
+          + (f"; {len(r.failed)} failed verification and stay unsearchable" if r.failed else "")
+          for a, r in reports.items()])
+    return 4 if failed else 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from scopefs.catalog.listing import list_folder
+
+    home = _home(args)
+    entries = list_folder(home, args.session, args.path or "", actor_id=args.actor)
+    emit(args.json, {"entries": [{"name": e.name, "type": "folder" if e.is_dir else "note", "size": e.size}
+                                 for e in entries]},
+         [e.name + "/" if e.is_dir else e.name for e in entries])
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from scopefs.writer.recovery import exit_code as doctor_exit_code
+    from scopefs.writer.recovery import inspect
+
+    home = _home(args)
+    agents = _agents(args, home)
+    findings = []
+    for agent_id in agents:
+        findings.extend(inspect(home, agent_id, fix=args.fix))
+    code = doctor_exit_code(findings)
+    lines = [f"{f.agent_id}: {f.kind}" + (f" {f.ref}" if f.ref else "") + (f": {f.action}" if f.action else "")
+             for f in findings] or ["ok: the artifact area matches the catalog"]
+    emit(args.json, {"findings": [{"kind": f.kind, "agent_id": f.agent_id, "ref_id": f.ref, "action": f.action,
+                                   "integrity": f.integrity} for f in findings], "exit_code": code}, lines)
+    return code
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from scopefs.catalog.sessions import load_session
+    from scopefs.sandbox import mounts
+
+    home = _home(args)
+    if args.foreground:
+        from scopefs.vfs.server import serve
+
+        load_session(home, args.session)  # unknown sessions: exit 2 before anything is mounted
+        where = mounts.absolute(args.mountpoint)
+        mounts.check_mountpoint(where)
+        serve(home, args.session, where,
+              on_ready=lambda: emit(args.json, {"mountpoint": where, "session_id": args.session,
+                                                "pid": os.getpid()}, [f"mounted at {where} (foreground)"]))
+        return 0
+    load_session(home, args.session)
+    record = mounts.start(home, args.session, args.mountpoint)
+    emit(args.json, {"mountpoint": record.mountpoint, "session_id": record.session_id, "pid": record.pid},
+         [f"mounted at {record.mountpoint}"])
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from scopefs.sandbox import mounts
+
+    home = _home(args)
+    record = mounts.stop(home, args.mountpoint)
+    where = os.path.realpath(args.mountpoint)
+    emit(args.json, {"mountpoint": where, "session_id": record.session_id if record else None},
+         [f"unmounted {where}"])
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from scopefs.catalog.sessions import load_session
+    from scopefs.sandbox import launch, sessions
+
+    argv, args.timeout = _run_options(list(args.command), args.timeout)
+    if not argv:
+        raise BadInput("run needs a COMMAND to run in the sandbox")
+    timeout = parse_duration_us(args.timeout) / 1e6 if args.timeout else None
+    home = _home(args)
+    load_session(home, args.session)  # unknown sessions: exit 2 before anything is started
+    launch.preflight()  # refuse before mounting anything if no safe sandbox can be built
+    found = sessions.kept(home, args.session)
+    if found is not None:
+        return launch.run(found[1], argv, timeout=timeout)
+    proc, target = sessions.start(home, args.session, tied=True)
+    try:
+        return launch.run(target, argv, timeout=timeout)
+    finally:
+        sessions.stop_server(proc.pid, target.mountpoint)
+        proc.wait()
+
+
+def _run_options(words: list[str], timeout: str | None) -> tuple[list[str], str | None]:
+    """Split ``[--timeout D] [--] COMMAND...``: options before the command are ours."""
+    while words and words[0].startswith("--"):
+        word = words.pop(0)
+        if word == "--":
+            break
+        if word == "--timeout" and words:
+            timeout = words.pop(0)
+        elif word.startswith("--timeout="):
+            timeout = word.split("=", 1)[1]
+        else:
+            raise BadInput("run: unknown option before the command (put the command after --)")
+    return words, timeout
+
+
+def cmd_session_up(args: argparse.Namespace) -> int:
+    from scopefs.catalog.sessions import load_session
+    from scopefs.sandbox import launch, sessions
+
+    home = _home(args)
+    load_session(home, args.session)
+    launch.preflight()
+    pid, target = sessions.keep(home, args.session)
+    emit(args.json, {"session_id": args.session, "pid": pid, "writable": target.writable},
+         ["the session's sandbox mount is up; 'scopefs run' reuses it until 'scopefs session down'"])
+    return 0
+
+
+def cmd_session_down(args: argparse.Namespace) -> int:
+    from scopefs.sandbox import sessions
+
+    home = _home(args)
+    sessions.release(home, args.session)
+    emit(args.json, {"session_id": args.session}, ["the session's sandbox mount is down"])
+    return 0
+
+
+# -- parser -----------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="scopefs", description="Identity-aware memory views for multi-user agents.")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], helptext: str,
+                where: Any = sub) -> argparse.ArgumentParser:
+        p = where.add_parser(name, help=helptext, description=helptext)
+        _common(p, top=False)
+        p.set_defaults(func=func)
+        return p
+
+    command("init", cmd_init, "create the state directory (idempotent)")
+
+    agent = sub.add_parser("agent", help="manage agents").add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    command("add", cmd_agent_add, "add an agent cell", agent).add_argument("agent")
+
+    principal = sub.add_parser("principal", help="manage principals").add_subparsers(dest="verb", required=True,
+                                                                                     parser_class=_Parser)
+    p = command("add", cmd_principal_add, "add a principal; NAME is a display label only", principal)
+    p.add_argument("name")
+    p.add_argument("--kind", choices=("human", "service"), required=True)
+
+    role = sub.add_parser("role", help="manage roles").add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    command("add", cmd_role_add, "add a role (its name is its folder under roles/)", role).add_argument("name")
+
+    p = command("bind", cmd_bind, "bind a channel sender to a human principal")
+    p.add_argument("principal")
+    p.add_argument("--channel", required=True)
+    p.add_argument("--account", required=True)
+    p.add_argument("--sender", required=True)
+
+    binding = sub.add_parser("binding", help="manage bindings").add_subparsers(dest="verb", required=True,
+                                                                               parser_class=_Parser)
+    command("revoke", cmd_binding_revoke, "revoke a binding; its sessions are denied from now on",
+            binding).add_argument("binding")
+
+    conversation = sub.add_parser("conversation", help="manage conversations").add_subparsers(
+        dest="verb", required=True, parser_class=_Parser)
+    p = command("add", cmd_conversation_add, "register a group conversation for an agent", conversation)
+    for flag in ("--agent", "--channel", "--account", "--conversation"):
+        p.add_argument(flag, required=True)
+
+    member = sub.add_parser("member", help="manage memberships").add_subparsers(dest="verb", required=True,
+                                                                                parser_class=_Parser)
+    p = command("add", cmd_member_add, "add a principal to a conversation or role", member)
+    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("principal")
+    p.add_argument("--expires", metavar="DURATION", help="evidence freshness bound, e.g. 12h or 7d")
+    p = command("remove", cmd_member_remove, "remove a principal from a conversation or role", member)
+    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("principal")
+
+    session = sub.add_parser("session", help="manage sessions").add_subparsers(dest="verb", required=True,
+                                                                               parser_class=_Parser)
+    p = command("open", cmd_session_open, "open a session; its subject is fixed for life", session)
+    p.add_argument("--agent", required=True)
+    p.add_argument("--dm", action="store_true")
+    p.add_argument("--group", action="store_true")
+    p.add_argument("--service", metavar="PRINCIPAL")
+    p.add_argument("--shared-main", action="store_true")
+    p.add_argument("--channel")
+    p.add_argument("--account")
+    p.add_argument("--sender")
+    p.add_argument("--conversation")
+    p = command("up", cmd_session_up, "keep the session's sandbox mount up so that each run reuses it", session)
+    p.add_argument("session")
+    p = command("down", cmd_session_down, "stop the session's kept sandbox mount", session)
+    p.add_argument("session")
+
+    for name, func, helptext in (
+        ("read", cmd_read, "print a note of the session's view (verified against its hash)"),
+        ("write", cmd_write, "write stdin as a new revision of a note; missing folders are created"),
+    ):
+        p = command(name, func, helptext)
+        p.add_argument("session")
+        p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
+        p.add_argument("--actor", metavar="PRINCIPAL", help="the principal causing this operation")
+    p = command("ls", cmd_ls, "list a folder of the session's view")
+    p.add_argument("session")
+    p.add_argument("path", nargs="?", default="")
+    p.add_argument("--actor", metavar="PRINCIPAL")
+
+    p = command("search", cmd_search, "search the session's view by words and meaning; results name virtual paths")
+    p.add_argument("session")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=10, help="how many results (1-100, default 10)")
+    p.add_argument("--about", metavar="PRINCIPAL", help="only notes carrying this verified subject (a principal id)")
+    p.add_argument("--mode", choices=("hybrid", "words", "vectors"), default="hybrid",
+                   help="both arms (default; each degrades to the other, saying so) or exactly one")
+    p.add_argument("--actor", metavar="PRINCIPAL")
+
+    subject = sub.add_parser("subject", help="verified subjects of notes").add_subparsers(
+        dest="verb", required=True, parser_class=_Parser)
+    for verb, helptext in (("add", "attach a verified subject (a principal id) to a note"),
+                           ("remove", "detach a verified subject from a note")):
+        p = command(verb, cmd_subject, helptext, subject)
+        p.add_argument("session")
+        p.add_argument("path")
+        p.add_argument("principal")
+    p = command("list", cmd_subject, "list a note's verified subjects", subject)
+    p.add_argument("session")
+    p.add_argument("path")
+
+    p = command("reindex", cmd_reindex, "rebuild the search index from verified artifacts; --model switches models")
+    p.add_argument("--agent")
+    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (the default, 256) or wordllama:l2_supercat-256 (the [embeddings] extra)")
+
+    p = command("mount", cmd_mount, "mount the session's view at MOUNTPOINT; returns once it answers")
+    p.add_argument("session")
+    p.add_argument("mountpoint")
+    p.add_argument("--foreground", action="store_true", help="stay attached until unmounted")
+    p = command("umount", cmd_umount, "unmount a view (also clears a mount whose server died)")
+    p.add_argument("mountpoint")
+    p = command("run", cmd_run, "run COMMAND in a sandbox whose only memory is the session's view, at /memory")
+    p.add_argument("session")
+    p.add_argument("--timeout", metavar="DURATION", help="kill the sandbox after this long (exit 124)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
+
+    p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
+    p.add_argument("--fix", action="store_true")
+    p.add_argument("--agent")
+    return parser
+
+
+def _log_to_stderr() -> None:
+    """Library warnings (a search arm that degraded, say) as one ``scopefs:`` line each."""
+    import logging
+
+    logger = logging.getLogger("scopefs")
+    if any(getattr(h, "scopefs_cli", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("scopefs: %(message)s"))
+    handler.scopefs_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.umask(0o077)
+    _log_to_stderr()
+    if sys.stdout is None:  # started with stdout closed: nowhere to report anything
+        return 1
+    raw = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in (raw[:raw.index("--")] if "--" in raw else raw)
+    try:
+        args = build_parser().parse_args(raw)
+        as_json = bool(getattr(args, "json", as_json))
+        return args.func(args)
+    except Denied as exc:
+        return fail(as_json, exc.exit_code, str(exc), exc.reason)
+    except ScopefsError as exc:
+        return fail(as_json, exc.exit_code, str(exc))
+    except KeyboardInterrupt:
+        return fail(as_json, 1, "interrupted")
+    except BrokenPipeError:
+        return 1
+    except Exception as exc:  # noqa: BLE001 - sorted below: storage trouble or a bug
+        if not isinstance(exc, OSError) and type(exc).__module__ != "apsw":  # a bug: one line, no values
+            return fail(as_json, 1, f"internal error: {exc.__class__.__name__}")
+        # Unexpected storage trouble: one line naming the class of failure,
+        # never a path or a value that might carry content.
+        return fail(as_json, 1, f"storage failure: {exc.__class__.__name__}"
+                    + (f" ({os.strerror(exc.errno)})" if isinstance(exc, OSError) and exc.errno else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

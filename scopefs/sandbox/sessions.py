@@ -1,0 +1,141 @@
+"""A session's sandbox mount: started for one command, or kept up for many.
+
+``scopefs run`` needs a mount that only sandboxes can use (see
+``scopefs.sandbox.server``). Starting one costs a mount server and a view build,
+so a session that runs many commands keeps one up (``scopefs session up``)
+and every ``run`` reuses it: only the sandbox is per command. Without a
+kept mount, ``run`` starts one for its command and stops it afterwards;
+that server is tied to the launcher (the kernel sends it SIGTERM if the
+launcher dies), so nothing outlives a killed launcher.
+
+Kept mounts are recorded in ``$SCOPEFS_HOME/mounts/`` under a hash of the
+session id, never the id itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from scopefs.catalog.errors import BadInput, StorageError
+from scopefs.catalog.home import Home
+from scopefs.sandbox import mounts, uids
+from scopefs.sandbox.launch import Target
+from scopefs.sandbox.places import control_dir, mounts_dir
+
+FRESH_S = 60.0
+SERVER_MODULE = "scopefs.sandbox.server"
+
+
+def _record_path(home: Home, session_id: str) -> Path:
+    digest = hashlib.sha256(b"sandbox\0" + session_id.encode()).hexdigest()[:32]
+    registry = home.root / "mounts"
+    registry.mkdir(mode=0o700, exist_ok=True)
+    return registry / f"sandbox-{digest}"
+
+
+def _target(details: dict[str, object]) -> Target:
+    try:
+        return Target(int(details["uid"]), str(details["mountpoint"]), str(details["control"]),  # type: ignore[arg-type]
+                      bool(details["writable"]))
+    except (KeyError, TypeError, ValueError):
+        raise StorageError("the sandbox mount server reported nothing usable") from None
+
+
+def start(home: Home, session_id: str, *, tied: bool) -> tuple[subprocess.Popen[bytes], Target]:
+    """Start a sandbox mount server; ``tied`` makes it end with this process."""
+    sweep()
+    log = _record_path(home, session_id).with_suffix(".log")
+    tie = ["--die-with-parent", str(os.getpid())] if tied else []
+    proc, details = mounts.spawn_server(SERVER_MODULE, ["--home", str(home.root), *tie, session_id], log)
+    return proc, _target(details)
+
+
+def stop_server(pid: int, mountpoint: str | None = None) -> None:
+    """SIGTERM a sandbox mount server and wait; SIGKILL and lazy-unmount if it will not go."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    mounts.await_exit(pid, SERVER_MODULE)
+    if mountpoint is not None:
+        _clear(Path(mountpoint).parent)
+
+
+def _clear(place: Path) -> None:
+    """Detach whatever a dead server left at ``place/memory``; remove the directories and its socket."""
+    mountpoint = place / "memory"
+    if mounts.mounted_fstype(str(mountpoint)) is not None:
+        subprocess.run(["umount", "--lazy", str(mountpoint)], capture_output=True, check=False)
+    with contextlib.suppress(OSError):
+        mountpoint.rmdir()
+    with contextlib.suppress(OSError):
+        place.rmdir()
+    with contextlib.suppress(OSError):
+        (control_dir() / f"{place.name}.sock").unlink()
+
+
+def sweep() -> None:
+    """Remove places under /run/scopefs/mounts whose server is gone (its uid lock is free),
+    their control sockets, and the lock files of uids nobody holds."""
+    root = mounts_dir()
+    with os.scandir(root) as entries:
+        places = [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+    for place in places:
+        try:
+            st = place.lstat()
+        except OSError:
+            continue
+        if st.st_uid == 0 and time.time() - st.st_mtime < FRESH_S:
+            continue  # a server is still making it (it is chowned to the session uid next)
+        if not uids.held(st.st_uid):
+            _clear(place)
+    _sweep_control(root)
+    uids.kill_orphans()
+    uids.sweep()
+
+
+def _sweep_control(places_root: Path) -> None:
+    """Remove control sockets whose place is gone (their server was killed)."""
+    with os.scandir(control_dir()) as entries:
+        sockets = [Path(entry.path) for entry in entries if entry.name.endswith(".sock")]
+    for path in sockets:
+        with contextlib.suppress(OSError):
+            if not (places_root / path.stem).exists():  # a server makes its place before its socket
+                path.unlink()
+
+
+def kept(home: Home, session_id: str) -> tuple[int, Target] | None:
+    """The session's kept mount, if its server is still serving."""
+    path = _record_path(home, session_id)
+    try:
+        record = json.loads(path.read_text())
+        pid, target = int(record["pid"]), _target(record)
+    except (OSError, ValueError, KeyError, TypeError, StorageError):
+        return None
+    if not mounts.server_alive(pid, SERVER_MODULE) or mounts.mounted_fstype(target.mountpoint) != mounts.FSTYPE:
+        return None
+    return pid, target
+
+
+def keep(home: Home, session_id: str) -> tuple[int, Target]:
+    """Start a kept mount for the session (BadInput if one is already up)."""
+    if kept(home, session_id) is not None:
+        raise BadInput("this session's sandbox mount is already up")
+    proc, target = start(home, session_id, tied=False)
+    mounts.write_record(_record_path(home, session_id), {"pid": proc.pid, **target.__dict__})
+    return proc.pid, target
+
+
+def release(home: Home, session_id: str) -> None:
+    """Stop the session's kept mount (BadInput if none is up)."""
+    path = _record_path(home, session_id)
+    found = kept(home, session_id)
+    path.unlink(missing_ok=True)
+    if found is None:
+        raise BadInput("this session has no sandbox mount up")
+    stop_server(found[0], found[1].mountpoint)

@@ -1,0 +1,260 @@
+"""Serving a revision's bytes only after they matched the catalog's hash.
+
+Every open resolves the artifact again (``openat2``, no symlinks, one
+link, a regular file on the store's device) and compares it with what was
+verified before. Hashing is skipped only when the file is provably the one
+already verified: same device, inode, size, mtime and ctime. Any write,
+truncate, chmod or replacement changes ctime or the inode, and ctime
+cannot be set back from user space, so a tampered artifact is hashed
+again and refused. A verification is remembered only for files whose
+ctime is older than the verification by more than the timestamp
+granularity; a change in the same clock tick as the hash is never
+trusted (git's "racy clean" problem).
+
+Reads from an open handle re-check the stamp before every ``pread``, so
+bytes written into the artifact after the open are refused too.
+
+A large file is hashed in chunks, and the caller may ask for each chunk
+(``sink``) as it is hashed, to hand it on (the mount stores it in the
+kernel's page cache). Those chunks are not verified yet: the verdict comes
+only when the open returns, and the caller must keep them from every reader
+until then (see ``ScopeFS._claim_stream``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scopefs.catalog.artifacts import HASH_CHUNK, hash_fd, open_artifact_stat, open_store_dir
+from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import VisibleNote
+
+RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
+KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
+WHOLE_BYTES = 256 << 10  # files up to this size are hashed from one read whose bytes are kept
+READ_AHEAD = 2  # chunks waiting between two threads of a streamed hash: a few MiB in all
+
+Sink = Callable[[int, bytes], None]  # (offset, chunk) of a file being hashed, not verified yet
+
+
+@dataclass(frozen=True)
+class Stamp:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, fd: int) -> Stamp:
+        st = os.fstat(fd)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Artifacts:
+    """Verified access to one agent's artifacts, with a memory of what was verified.
+
+    Verified files stay open (up to ``KEEP_OPEN``): a later open of the same
+    revision is one ``fstat`` of the kept descriptor, which must still be the
+    only link (an unlink or a replacement drops it to zero) with an unchanged
+    stamp, and a ``dup`` for the caller. Anything else opens and checks the
+    file afresh.
+    """
+
+    def __init__(self, home: Home, agent_id: str) -> None:
+        self._home = home
+        self._agent_id = agent_id
+        self._store_fds: dict[str, int] = {}
+        self._verified: dict[str, Stamp] = {}  # revision id -> stamp of the file that hashed right
+        self._kept: OrderedDict[str, int] = OrderedDict()  # revision id -> open fd of that file
+
+    def close(self) -> None:
+        for fd in [*self._store_fds.values(), *self._kept.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._store_fds.clear()
+        self._kept.clear()
+
+    def _store_fd(self, path_key: str) -> int:
+        fd = self._store_fds.get(path_key)
+        if fd is None:
+            fd = self._store_fds[path_key] = open_store_dir(self._home, self._agent_id, path_key)
+        return fd
+
+    def needs_hash(self, note: VisibleNote) -> bool:
+        """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""
+        return note.revision_id not in self._verified
+
+    def _from_kept(self, note: VisibleNote) -> tuple[int, Stamp] | None:
+        fd = self._kept.get(note.revision_id)
+        if fd is None:
+            return None
+        st = os.fstat(fd)
+        stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if st.st_nlink == 1 and self._verified.get(note.revision_id) == stamp:
+            self._kept.move_to_end(note.revision_id)
+            return os.dup(fd), stamp
+        self._drop(note.revision_id)
+        return None
+
+    def _drop(self, revision_id: str) -> None:
+        fd = self._kept.pop(revision_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def open(self, note: VisibleNote, *, keep: bool = True,
+             sink: Sink | None = None) -> tuple[int, Stamp, bytes | None]:
+        """An fd (the caller's to close) whose content matches the catalog, its stamp,
+        and, when this open hashed a small file, the verified bytes themselves
+        (so the mount can hand them to the kernel's page cache at once).
+
+        ``keep=False`` leaves the kept descriptors alone: worker threads
+        (hashing large files) pass it, so only the trio thread ever touches
+        them and no descriptor is closed under another thread's feet.
+
+        ``sink``, if given, receives each chunk of a large file as it is
+        hashed (never a byte past the catalog's size). It is called only if
+        this open hashes; the chunks are verified only if the open returns.
+        """
+        kept = self._from_kept(note) if keep else None
+        if kept is not None:
+            return (*kept, None)
+        verified: bytes | None = None
+        fd, st = open_artifact_stat(self._store_fd(note.path_key), note.locator)
+        try:
+            stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if self._verified.get(note.revision_id) != stamp:
+                self._verified.pop(note.revision_id, None)
+                if stamp.size != note.size:
+                    raise IntegrityError("artifact does not match its catalog hash")
+                started = time.time_ns()
+                if note.size <= WHOLE_BYTES:
+                    verified = os.pread(fd, note.size + 1, 0)
+                    sha, size = hashlib.sha256(verified).hexdigest(), len(verified)
+                elif sink is not None:
+                    sha, size = hash_streamed(fd, note.size, sink)
+                else:
+                    sha, size = hash_fd(fd)
+                if size != note.size or sha != note.sha256 or Stamp.of(fd) != stamp:
+                    raise IntegrityError("artifact does not match its catalog hash")
+                if started - stamp.ctime_ns > RACY_NS:
+                    self._verified[note.revision_id] = stamp
+            if keep and note.revision_id in self._verified and note.revision_id not in self._kept:
+                self._kept[note.revision_id] = os.dup(fd)
+                while len(self._kept) > KEEP_OPEN:
+                    os.close(self._kept.popitem(last=False)[1])
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, stamp, verified
+
+    def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, refused if the file changed since it was verified."""
+        data = os.pread(fd, size, offset)
+        if Stamp.of(fd) != stamp:  # checked after the read: a rewrite during it is caught too
+            self._verified.clear()  # the trio thread drops the kept descriptors when it next opens
+            raise IntegrityError("artifact changed after it was verified")
+        return data
+
+    def read_all(self, note: VisibleNote, *, keep: bool = True) -> bytes:
+        fd, stamp, _ = self.open(note, keep=keep)
+        try:
+            data = self.read(fd, stamp, 0, note.size + 1)
+        finally:
+            os.close(fd)
+        if len(data) != note.size:
+            raise IntegrityError("artifact does not match its catalog hash")
+        return data
+
+
+def hash_streamed(fd: int, limit: int, sink: Sink) -> tuple[str, int]:
+    """SHA-256 hex and size of what ``fd`` holds from its start, each chunk
+    also handed to ``sink`` in order; reading stops one byte past ``limit``
+    (the size is wrong by then) and ``sink`` never sees a byte past it.
+
+    Three threads, each releasing the GIL for its part: a reader
+    (``pread``), this one (the hash) and a storer (``sink``, which copies
+    the chunk into the kernel). A store runs while the same chunk is
+    hashed. On this 2-core VM, the cold open of a 256 MiB note took 0.34 s
+    with one thread or with reader and hasher alone, 0.29 s with all three
+    (medians of 12 interleaved rounds; bench/RESULTS.md, run E).
+    At most ``READ_AHEAD`` chunks wait in each queue, so a stream holds a
+    few MiB whatever the file's size. Both helpers are joined before this
+    returns or raises: ``fd`` is the caller's to close, and no chunk reaches
+    ``sink`` once this returned.
+    """
+    chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=READ_AHEAD)
+    stores: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=READ_AHEAD)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    reader = threading.Thread(target=_read_ahead, args=(fd, limit + 1, chunks, stop), daemon=True)
+    storer = threading.Thread(target=_hand_on, args=(stores, sink, failures), daemon=True)
+    reader.start()
+    storer.start()
+    try:
+        sha, size = _hash_chunks(chunks, stores, limit)
+    finally:
+        stores.put(None)
+        storer.join()
+        stop.set()
+        while reader.is_alive():  # it may wait to put a chunk nobody will take
+            with contextlib.suppress(queue.Empty):
+                chunks.get(timeout=0.01)
+        reader.join()
+    if failures:
+        raise failures[0]
+    return sha, size
+
+
+def _hash_chunks(chunks: queue.Queue[bytes | BaseException], stores: queue.Queue[tuple[int, bytes] | None],
+                 limit: int) -> tuple[str, int]:
+    """Hash the reader's chunks until its empty one, queueing each for the storer first."""
+    digest = hashlib.sha256()
+    size = 0
+    while True:
+        chunk = chunks.get()
+        if isinstance(chunk, BaseException):
+            raise chunk
+        if not chunk:
+            return digest.hexdigest(), size
+        if size < limit:
+            stores.put((size, chunk if size + len(chunk) <= limit else chunk[:limit - size]))
+        digest.update(chunk)
+        size += len(chunk)
+
+
+def _read_ahead(fd: int, limit: int, chunks: queue.Queue[bytes | BaseException], stop: threading.Event) -> None:
+    """Read ``fd`` in order up to ``limit`` bytes into ``chunks``; an empty chunk ends it."""
+    offset = 0
+    try:
+        while not stop.is_set():
+            chunk = os.pread(fd, min(HASH_CHUNK, limit - offset), offset) if offset < limit else b""
+            chunks.put(chunk)
+            if not chunk:
+                return
+            offset += len(chunk)
+    except BaseException as exc:  # noqa: BLE001 - handed to the hasher, which raises it
+        chunks.put(exc)
+
+
+def _hand_on(stores: queue.Queue[tuple[int, bytes] | None], sink: Sink, failures: list[BaseException]) -> None:
+    """Give each queued chunk to ``sink`` until the ``None`` that ends the stream.
+
+    After a failure of ``sink`` the rest is taken and dropped, so the
+    hasher never waits on a full queue; the failure is raised by it.
+    """
+    while (item := stores.get()) is not None:
+        if not failures:
+            try:
+                sink(*item)
+            except BaseException as exc:  # noqa: BLE001 - raised by hash_streamed
+                failures.append(exc)

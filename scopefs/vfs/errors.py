@@ -1,0 +1,69 @@
+"""From scopefs errors to the errno a file tool understands.
+
+A refusal of something outside the view or hidden from it is ``ENOENT``,
+exactly like a missing name; every other policy refusal is ``EACCES``; an
+integrity failure is ``EIO``; read-only places are ``EROFS``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pyfuse3
+
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError, StorageError
+from scopefs.catalog.reasons import Reason
+
+log = logging.getLogger("scopefs.vfs")
+T = TypeVar("T")
+
+
+def errno_for(exc: BaseException) -> int:
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc.errno
+    if isinstance(exc, Denied):
+        return errno.ENOENT if exc.reason == Reason.OUTSIDE_VIEW else errno.EACCES
+    if isinstance(exc, IntegrityError):
+        return errno.EIO
+    if isinstance(exc, BadInput):
+        return errno.EFBIG if "larger than" in str(exc) else errno.EINVAL
+    if isinstance(exc, Conflict):
+        return errno.EAGAIN
+    if isinstance(exc, StorageError):
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return cause.errno
+        return errno.EIO
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+def fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(errno_for(exc))
+
+
+def guarded(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Turn every failure of a request handler into an errno reply.
+
+    pyfuse3 replies only to FUSEError; any other exception would escape into
+    its main loop and take the whole mount down. Unexpected failures are
+    logged by type only: messages and tracebacks can carry note names.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(*args: object, **kwargs: object) -> T:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure must become an errno
+            if not isinstance(exc, (ScopefsError, OSError)):
+                log.error("unexpected %s in %s", type(exc).__name__, handler.__name__)
+            raise fuse_error(exc) from None
+
+    return wrapper

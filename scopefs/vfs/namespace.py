@@ -1,0 +1,234 @@
+"""What one mount shows: the catalog's view plus this mount's own overlay.
+
+Three layers, looked up in this order:
+
+1. the overlay of this mount: scratch files, notes created here and not yet
+   committed, folders made with ``mkdir`` and not yet holding a note;
+2. pending removals: notes unlinked or renamed away here, hidden at once and
+   tombstoned in the catalog after a short grace period (so that an editor's
+   unlink-then-create, or ``mv``'s copy over a note, becomes one new
+   revision of the same note instead of a delete and a stranger);
+3. the view: every note the session may read, and the folders they imply.
+
+Nothing here touches the catalog; the filesystem calls it with new views
+and applies the answers. All of it runs on the trio thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from scopefs.catalog.policy import Mount, Op
+from scopefs.catalog.visible import VisibleNote, VisibleView
+from scopefs.vfs.inodes import Inodes, Kind, Node, Parts
+from scopefs.vfs.tree import Tree
+
+REMOVAL_GRACE_S = 1.0
+
+
+@dataclass
+class Removal:
+    resource_id: str
+    due: float  # monotonic time at which the tombstone is committed
+    in_flight: bool = False  # being committed right now: too late to cancel
+
+
+@dataclass(frozen=True)
+class Invalidation:
+    ino: int
+    parent_ino: int | None = None  # with name: forget this directory entry too
+    name: str | None = None
+
+
+class Namespace:
+    def __init__(self, view: VisibleView) -> None:
+        self.inodes = Inodes()
+        self.root = self.inodes.new(Kind.DIR, ())
+        self.view = view
+        self.tree = self._tree(view)
+        self.by_resource: dict[str, Node] = {}
+        self.dirs: dict[Parts, Node] = {(): self.root}
+        self.local: dict[Parts, Node] = {}
+        self.local_children: dict[Parts, set[str]] = {}
+        self.removed: dict[Parts, Removal] = {}
+
+    @staticmethod
+    def _tree(view: VisibleView) -> Tree:
+        if not view.usable:
+            return Tree()
+        tree = Tree(tuple(m.root.split("/")) for m in view.access.view.mounts)
+        for parts in view.notes:
+            tree.add(parts)
+        return tree
+
+    # -- lookups -----------------------------------------------------------
+
+    def lookup(self, parts: Parts) -> Node | None:
+        if parts and not self.view.usable:
+            return None  # evidence gone: not even this mount's own scratch files remain
+        node = self.local.get(parts)
+        if node is not None:
+            return node
+        if parts in self.removed:
+            return None
+        note = self.view.notes.get(parts)
+        if note is not None:
+            return self._note_node(note)
+        if self.tree.is_dir(parts):
+            return self._dir_node(parts)
+        return None
+
+    def _note_node(self, note: VisibleNote) -> Node:
+        node = self.by_resource.get(note.resource_id)
+        if node is None or not node.attached or node.kind is not Kind.NOTE:
+            node = self.inodes.new(Kind.NOTE, note.parts, resource_id=note.resource_id)
+            self.by_resource[note.resource_id] = node
+        node.parts = note.parts
+        node.shown = note
+        return node
+
+    def _dir_node(self, parts: Parts) -> Node:
+        node = self.dirs.get(parts)
+        if node is None:
+            node = self.dirs[parts] = self.inodes.new(Kind.DIR, parts)
+        return node
+
+    def names(self, parts: Parts) -> list[str]:
+        names = set(self.tree.names(parts)) | self.local_children.get(parts, set())
+        return [n for n in sorted(names) if self.lookup(parts + (n,)) is not None]
+
+    def note_of(self, node: Node) -> VisibleNote | None:
+        """The committed revision a note node shows, if the view still has it."""
+        if node.resource_id is None:
+            return None
+        parts = self.view.by_resource.get(node.resource_id)
+        return self.view.notes.get(parts) if parts is not None else None
+
+    def mount_for(self, parts: Parts) -> tuple[Mount, Parts] | None:
+        if not self.view.usable:
+            return None
+        return self.view.access.view.mount_for(parts)
+
+    def writable(self, parts: Parts) -> bool:
+        """Whether a note or scratch file may be made or changed at ``parts``."""
+        found = self.mount_for(parts)
+        return found is not None and bool(found[1]) and Op.APPEND in found[0].placement
+
+    # -- the overlay -------------------------------------------------------
+
+    def add_local(self, node: Node) -> None:
+        self.local[node.parts] = node
+        self.local_children.setdefault(node.parts[:-1], set()).add(node.name)
+
+    def drop_local(self, parts: Parts) -> Node | None:
+        node = self.local.pop(parts, None)
+        if node is not None:
+            names = self.local_children.get(parts[:-1])
+            if names is not None:
+                names.discard(parts[-1])
+                if not names:
+                    del self.local_children[parts[:-1]]
+        return node
+
+    def detach(self, node: Node) -> None:
+        """``node`` no longer has a name here (unlinked, renamed over, removed)."""
+        node.attached = False
+        if node.resource_id is not None and self.by_resource.get(node.resource_id) is node:
+            del self.by_resource[node.resource_id]
+
+    def schedule_removal(self, parts: Parts, resource_id: str) -> None:
+        self.keep_folders(parts[:-1])
+        self.removed[parts] = Removal(resource_id, time.monotonic() + REMOVAL_GRACE_S)
+        node = self.by_resource.get(resource_id)
+        if node is not None:
+            self.detach(node)
+
+    def keep_folders(self, parts: Parts) -> None:
+        """Keep ``parts`` and its folders up to the root in this mount, even once empty.
+
+        Folders exist in the catalog only through their notes, so removing
+        or moving away a folder's last note would make it vanish, under a
+        shell whose working directory it is. As on any filesystem, a folder
+        this mount emptied stays (until it is removed or the mount ends).
+        """
+        found = self.mount_for(parts)
+        if found is None:
+            return
+        root_length = len(parts) - len(found[1])
+        for length in range(len(parts), root_length, -1):
+            folder = self.dirs.get(parts[:length])
+            if folder is not None and parts[:length] not in self.local:
+                self.add_local(folder)
+
+    def cancel_removal(self, parts: Parts) -> Removal | None:
+        return self.removed.pop(parts, None)
+
+    def due_removals(self, everything: bool = False) -> list[tuple[Parts, Removal]]:
+        now = time.monotonic()
+        return [(p, r) for p, r in self.removed.items() if everything or r.due <= now]
+
+    # -- following the catalog ---------------------------------------------
+
+    def apply(self, new: VisibleView) -> list[Invalidation]:
+        """Switch to ``new``; returns what the kernel must forget.
+
+        Only notes whose entry differs between the two views are looked at,
+        so a change costs in proportion to what changed. A note this mount
+        has just committed itself needs no invalidation: the kernel's pages
+        were written through this mount.
+        """
+        old = self.view
+        if new is old or new.seq < old.seq:
+            return []
+        rebuild = new.usable != old.usable or new.access.view.mounts != old.access.view.mounts
+        self.view = new
+        out: list[Invalidation | None] = []
+        if rebuild:
+            self.tree = self._tree(new)
+            changed = list(old.notes.values())
+        else:
+            if new.base_seq == old.seq:  # derived from this very picture: only its delta can differ
+                changed = [old.notes[p] for p in new.delta if p in old.notes and new.notes.get(p) is not old.notes[p]]
+                appeared = [p for p in new.delta if p in new.notes and p not in old.notes]
+            else:
+                changed = [n for p, n in old.notes.items() if new.notes.get(p) is not n]
+                appeared = list(new.notes.keys() - old.notes.keys())
+            # The tree changes only for paths that appear or disappear, and
+            # additions go first: a folder whose only note got a new revision
+            # must never look empty, even for a moment (its node would die).
+            for parts in appeared:
+                self.tree.add(parts)
+            for note in changed:
+                if note.parts not in new.notes:
+                    out.extend(self._forget_dir(folder) for folder in self.tree.remove(note.parts))
+        for note in changed:
+            node = self.by_resource.get(note.resource_id)
+            if node is None:
+                continue
+            current = self.note_of(node)
+            if current is not None and current.revision_id == node.committed_revision \
+                    and current.parts == node.parts:
+                continue
+            parent = self.dirs.get(note.parts[:-1])
+            out.append(Invalidation(node.ino, parent.ino if parent else None, note.parts[-1]))
+            node.forget_pages()
+            if current is None:
+                self.detach(node)
+            else:
+                node.parts = current.parts
+        if rebuild:
+            for parts in list(self.dirs):
+                if parts and not self.tree.is_dir(parts) and parts not in self.local:
+                    out.append(self._forget_dir(parts))
+        return [i for i in out if i is not None]
+
+    def _forget_dir(self, parts: Parts) -> Invalidation | None:
+        if parts in self.local:
+            return None  # a folder this mount emptied itself: see keep_folders
+        node = self.dirs.pop(parts, None)
+        if node is None:
+            return None
+        node.attached = False
+        parent = self.dirs.get(parts[:-1])
+        return Invalidation(node.ino, parent.ino if parent else None, parts[-1])

@@ -1,0 +1,139 @@
+"""Running one session's filesystem: mount, serve, and let go cleanly.
+
+``serve`` mounts the view at a directory and answers requests until the
+kernel unmounts it (``scopefs umount``) or the process is told to stop
+(SIGTERM, SIGINT, SIGHUP: it then unmounts itself). Either way, removals
+still in their grace period are committed and the read-audit batch is
+written before the process exits. A SIGKILL skips that; everything a
+``close`` or ``fsync`` already reported is committed regardless.
+
+``python -m scopefs.vfs.server`` is how ``scopefs mount`` starts it in the
+background: readiness (or the one-line reason it failed) is reported on
+the file descriptor given with ``--ready-fd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import pyfuse3
+import trio
+
+from scopefs.catalog.access import authorize_session
+from scopefs.catalog.errors import ScopefsError
+from scopefs.catalog.home import Home
+from scopefs.catalog.policy import Op
+from scopefs.catalog.visible import build
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.gate import Gate
+
+MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
+                           "noexec"})
+
+
+async def _stop_on_signal(fs: ScopeFS) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for _ in signals:
+            fs.terminated = True
+            pyfuse3.terminate()
+            return
+
+
+def _probe(mountpoint: str) -> None:
+    try:
+        os.stat(mountpoint)
+    except PermissionError:
+        pass  # a gated mount refuses this process: still an answer from our own loop
+
+
+async def _announce(mountpoint: str, on_ready: Callable[[], None]) -> None:
+    await trio.to_thread.run_sync(_probe, mountpoint)  # answered by our own loop: the mount is live
+    on_ready()
+
+
+async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None,
+               tasks: Sequence[Callable[..., Awaitable[None]]]) -> None:
+    async with trio.open_nursery() as nursery:
+        await fs.background(nursery)
+        nursery.start_soon(_stop_on_signal, fs)
+        for task in tasks:
+            await nursery.start(task)  # each is ready (listening, say) before the mount is announced
+        if on_ready is not None:
+            nursery.start_soon(_announce, mountpoint, on_ready)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+    await fs.shutdown()
+
+
+def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[], None] | None = None,
+          extra_options: frozenset[str] = frozenset(), gate: Gate | None = None,
+          owner: tuple[int, int] | None = None, tasks: Sequence[Callable[..., Awaitable[None]]] = ()) -> None:
+    """Mount ``session_id``'s view at ``mountpoint`` and serve it until unmounted.
+
+    A sandbox's mount passes a ``gate`` (only admitted sandboxes of the
+    session uid get answers), the ``owner`` its inodes show, and ``tasks``
+    that run beside the filesystem for as long as it is mounted (the
+    launcher's control socket); each is started with ``nursery.start`` and
+    must report ``task_status.started()`` once it serves.
+    """
+    authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
+    fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
+    pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
+    try:
+        trio.run(_run, fs, mountpoint, on_ready, tasks)
+    finally:
+        pyfuse3.close(unmount=fs.terminated)
+
+
+def _report(ready: TextIO, code: int, message: str, reason: str | None) -> None:
+    if not ready.closed:
+        ready.write("error " + json.dumps({"code": code, "message": message, "reason": reason}) + "\n")
+        ready.close()
+
+
+def run_reporting(ready_fd: int, body: Callable[[Callable[[dict[str, object] | None], None]], None]) -> int:
+    """Run ``body`` and report on ``ready_fd``: ``ready [json]`` once it says so,
+    else ``error {json}`` with the exit code and a one-line reason.
+
+    ``body`` receives the function that reports readiness (with optional
+    details for the starter); its return ends the server with status 0.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s scopefs-mount[%(process)d] %(message)s")
+    ready = os.fdopen(ready_fd, "w", buffering=1)
+
+    def report_ready(details: dict[str, object] | None = None) -> None:
+        ready.write("ready" + (" " + json.dumps(details) if details else "") + "\n")
+        ready.close()
+
+    try:
+        body(report_ready)
+    except ScopefsError as exc:
+        _report(ready, exc.exit_code, str(exc), getattr(exc, "reason", None))
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - reported as one line, by type
+        _report(ready, 1, f"the mount server failed: {type(exc).__name__}: {exc}", None)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scopefs.vfs.server")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    parser.add_argument("session")
+    parser.add_argument("mountpoint")
+    args = parser.parse_args(argv)
+    return run_reporting(args.ready_fd, lambda report_ready: serve(
+        Home.open(Path(args.home)), args.session, args.mountpoint, on_ready=report_ready))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The two short catalog transactions that settle a pending revision.
+
+Both run without any file I/O inside the transaction: the final hash is
+computed before ``activate`` is called, and the files of a rolled-back
+revision are handled by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import apsw
+
+from scopefs.catalog.audit import settle
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate, one
+from scopefs.catalog.errors import Conflict, IntegrityError
+from scopefs.catalog.index import PreparedIndex, insert
+from scopefs.catalog.policy import Decision
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.stores import active_revision
+
+
+class PolicyChanged(Exception):
+    """The policy no longer allows the write at commit time (nothing changed)."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        super().__init__(str(decision.reason))
+
+
+def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
+             base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
+             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex) -> None:
+    """Step 4: activate a pending revision whose final hash is already known.
+
+    ``index`` (prepared from the final file before this transaction) is
+    written in the same transaction, so a revision is searchable exactly
+    when it is active; superseding the base retires the base's rows by
+    trigger.
+
+    ``recheck`` re-evaluates the policy inside the transaction (catalog reads
+    only), so a deny added while the content was being written wins.
+    Raises Conflict if the base revision is no longer the active one,
+    IntegrityError if the final file does not hash to the pending row, and
+    PolicyChanged if the write is no longer allowed; each changes nothing.
+    """
+    now = now_us()
+    with immediate(catalog):
+        state = one(catalog, "SELECT state FROM revisions WHERE agent_id = ? AND revision_id = ?",
+                    (agent_id, revision_id))
+        if state is None or state[0] != "pending":
+            raise Conflict("the pending revision was already settled by recovery")
+        current = active_revision(catalog, agent_id, resource_id)
+        if (current.revision_id if current else None) != base_revision_id:
+            raise Conflict("the note changed while it was being written; nothing was written, try again")
+        if final_sha256 != expected_sha256:
+            raise IntegrityError("the final file does not match what was staged; nothing was activated")
+        decision = recheck()
+        if not decision:
+            raise PolicyChanged(decision)
+        if base_revision_id is not None:
+            catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
+        catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
+                        (now, revision_id))
+        insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
+               prepared=index)
+        catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",
+                        (now, intent_id))
+        if event_id is not None:
+            settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
+
+
+def roll_back(catalog: apsw.Connection, agent_id: str, *, revision_id: str, intent_id: str, event_id: str | None,
+              reason: Reason, decision: str = "error") -> bool:
+    """Mark a pending revision and its intent rolled back; True if it was pending.
+
+    Returns False, changing nothing, when the revision is no longer pending:
+    an activation that committed just before an exception (a signal
+    arriving as COMMIT returns, say) must keep its rows and its file. Only
+    a real rollback tombstones a resource the failed write had created and
+    that has no other revision, so a write that never happened leaves no
+    name behind to collide with later writes.
+    """
+    now = now_us()
+    with immediate(catalog):
+        catalog.execute("UPDATE revisions SET state = 'rolled-back' WHERE agent_id = ? AND revision_id = ?"
+                        " AND state = 'pending'", (agent_id, revision_id))
+        if catalog.changes() == 0:
+            return False
+        catalog.execute("UPDATE write_intents SET state = 'rolled-back', finished_at = ? WHERE intent_id = ?"
+                        " AND state = 'pending'", (now, intent_id))
+        catalog.execute(
+            "UPDATE resources SET state = 'tombstoned' WHERE agent_id = ? AND state = 'live'"
+            " AND resource_id = (SELECT resource_id FROM revisions WHERE revision_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM revisions v WHERE v.resource_id = resources.resource_id"
+            "                 AND v.state != 'rolled-back')",
+            (agent_id, revision_id),
+        )
+        if event_id is not None:
+            settle(catalog, event_id, decision=decision, reason=reason)
+    return True

@@ -1,0 +1,329 @@
+"""Recovery and inspection: make the artifact area agree with the catalog.
+
+``recover_pending_if_idle`` runs before writes: if no writer holds the lock,
+every pending intent was abandoned by a crash and is settled now. ``inspect``
+is ``scopefs doctor``: it reports, and with ``fix`` repairs, everything that
+does not match the catalog:
+
+* pending intents of writers that died: rolled back, their files removed.
+  A pending write was never acknowledged, and once its writer is gone
+  nothing can prove its file's fsync succeeded (Linux reports a writeback
+  error once, to the descriptors open at the time; a fresh fsync may return
+  success over lost data). Completing it would retry and trust an fsync;
+  rolling it back loses nothing anyone was promised;
+* staging leftovers (never committed content) of writers that died:
+  removed. A staging file whose writer is alive holds an flock and is left
+  alone, so doctor never disturbs a write that is still reading its input;
+* files and directories in the artifact area that no revision or store
+  names, and entries that are not plain single-link files: moved to the
+  agent's quarantine, never into a readable place;
+* undrained audit outbox rows: drained;
+* active revisions the search index does not cover (written before it
+  existed, or embedded by a model that is no longer current): reindexed;
+* committed revisions whose artifact is missing, unsafe or does not hash to
+  the catalog: reported as integrity failures. They cannot be repaired from
+  here and stay unreadable.
+
+Without ``fix`` nothing is changed. Findings carry our own ids only, never
+content or user-chosen paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from scopefs.catalog import ids
+from scopefs.catalog.artifacts import (
+    check_locator,
+    hash_fd,
+    open_artifact,
+    open_scopes_dir,
+    open_store_dir,
+)
+from scopefs.catalog.audit import drain
+from scopefs.catalog.db import one
+from scopefs.catalog.errors import IntegrityError, StorageError
+from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
+from scopefs.catalog.home import Home
+from scopefs.catalog.index import reindex, stale_count
+from scopefs.catalog.reasons import Reason
+from scopefs.writer import lock
+from scopefs.writer.commit import roll_back
+
+INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    agent_id: str
+    ref: str | None  # one of our ids (revision, store) or None
+    action: str | None = None  # what --fix did; None when nothing was done
+
+    @property
+    def integrity(self) -> bool:
+        return self.kind in INTEGRITY_KINDS
+
+
+@dataclass(frozen=True)
+class _Intent:
+    intent_id: str
+    revision_id: str
+    resource_id: str
+    base_revision_id: str | None
+    staged_name: str
+    final_locator: str
+    expected_sha256: str
+    event_id: str | None
+    path_key: str
+
+
+def _pending_intents(home: Home, agent_id: str) -> list[_Intent]:
+    rows = home.catalog(agent_id).execute(
+        "SELECT i.intent_id, i.revision_id, v.resource_id, v.base_revision_id, i.staged_name, i.final_locator,"
+        " i.expected_sha256, i.event_id, r.path_key"
+        " FROM write_intents i JOIN revisions v ON v.revision_id = i.revision_id"
+        " JOIN stores s ON s.store_id = i.store_id JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+        " WHERE i.agent_id = ? AND v.agent_id = ? AND s.agent_id = ? AND i.state = 'pending' ORDER BY i.created_at",
+        (agent_id, agent_id, agent_id),
+    )
+    return [_Intent(*row) for row in rows]
+
+
+def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str) -> None:
+    qfd = open_dir(home.quarantine_dir(agent_id))
+    try:
+        renameat2_noreplace(dirfd, name, qfd, ids.random_token())
+        os.fsync(qfd)
+        os.fsync(dirfd)
+    finally:
+        os.close(qfd)
+
+
+def _settle(home: Home, agent_id: str, intent: _Intent) -> str:
+    """Roll back one abandoned intent and remove its files; returns what was done.
+
+    Rows first, then files: if we die in between, the files are orphans that
+    the next doctor removes, never a revision without its artifact.
+    """
+    check_locator(intent.staged_name)
+    check_locator(intent.final_locator)
+    if not roll_back(home.catalog(agent_id), agent_id, revision_id=intent.revision_id, intent_id=intent.intent_id,
+                     event_id=intent.event_id, reason=Reason.REVISION_STALE):
+        return "already settled"  # its revision left pending meanwhile: keep its file
+    _remove_durably(open_dir(home.staging_dir(agent_id)), intent.staged_name)
+    with contextlib.suppress(IntegrityError):  # no store directory: no final file either
+        _remove_durably(open_store_dir(home, agent_id, intent.path_key), intent.final_locator)
+    return "rolled back"
+
+
+def _remove_durably(dirfd: int, name: str) -> None:
+    """Unlink ``name`` if present and sync its directory; closes ``dirfd``."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dirfd)
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
+
+
+def _in_flight(dirfd: int, name: str) -> bool:
+    """Whether a live writer holds this staging file (its flock)."""
+    return lock_held(name, dir_fd=dirfd)
+
+
+def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Intent) -> bool:
+    """A live writer keeps its staged file flocked, before and after the rename."""
+    if _in_flight(staging_fd, intent.staged_name):
+        return True
+    try:
+        store_fd = open_store_dir(home, agent_id, intent.path_key)
+    except IntegrityError:
+        return False
+    try:
+        return _in_flight(store_fd, intent.final_locator)
+    finally:
+        os.close(store_fd)
+
+
+def recover_pending_if_idle(home: Home, agent_id: str) -> int:
+    """Settle abandoned intents when no writer is active; returns how many."""
+    catalog = home.catalog(agent_id)
+    if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,)) is None:
+        return 0
+    with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
+        if not held:
+            return 0
+        intents = _pending_intents(home, agent_id)
+        for intent in intents:
+            _settle(home, agent_id, intent)
+        return len(intents)
+
+
+def _names(dirfd: int) -> Iterator[os.DirEntry[str]]:
+    with os.scandir(dirfd) as entries:
+        yield from sorted(entries, key=lambda e: e.name)
+
+
+def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix: bool) -> list[Finding]:
+    catalog = home.catalog(agent_id)
+    findings: list[Finding] = []
+    revisions = {
+        row[0]: (row[1], row[2], row[3], row[4])
+        for row in catalog.execute(
+            "SELECT v.locator, v.revision_id, v.state, v.content_sha256, v.size FROM revisions v"
+            " JOIN resources r ON r.resource_id = v.resource_id"
+            " WHERE v.agent_id = ? AND r.agent_id = ? AND r.store_id = ? AND v.state != 'rolled-back'",
+            (agent_id, agent_id, store_id),
+        )
+    }
+    try:
+        store_fd = open_store_dir(home, agent_id, path_key)
+    except IntegrityError:
+        committed = any(state in ("active", "superseded") for _, state, _, _ in revisions.values())
+        if committed:
+            return [Finding("missing-store-dir", agent_id, store_id)]
+        action = None
+        if fix:  # nothing was ever committed there: an empty directory is the whole repair
+            scopes_fd = open_scopes_dir(home, agent_id)
+            try:
+                os.mkdir(path_key, 0o700, dir_fd=scopes_fd)
+                os.fsync(scopes_fd)
+            finally:
+                os.close(scopes_fd)
+            action = "recreated"
+        return [Finding("empty-store-dir-missing", agent_id, store_id, action)]
+    try:
+        for entry in _names(store_fd):
+            known = revisions.get(entry.name)
+            if known is None:
+                moved = None
+                if fix:
+                    _to_quarantine(home, agent_id, store_fd, entry.name)
+                    moved = "quarantined"
+                kind = "orphan-file" if entry.is_file(follow_symlinks=False) else "unexpected-entry"
+                findings.append(Finding(kind, agent_id, store_id, moved))
+        for locator, (revision_id, state, sha256, size) in revisions.items():
+            if state not in ("active", "superseded"):
+                continue
+            check_locator(locator)
+            try:
+                fd = open_artifact(store_fd, locator)
+            except IntegrityError as exc:
+                missing = isinstance(exc.__cause__, FileNotFoundError)
+                findings.append(Finding("missing-artifact" if missing else "unsafe-artifact", agent_id, revision_id))
+                continue
+            try:
+                actual, actual_size = hash_fd(fd)
+            finally:
+                os.close(fd)
+            if actual != sha256 or actual_size != size:
+                findings.append(Finding("tampered-artifact", agent_id, revision_id))
+    finally:
+        os.close(store_fd)
+    return findings
+
+
+def inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
+    """Doctor for one agent. With ``fix`` it holds the writer lock throughout."""
+    if fix:
+        with lock.exclusive(home.lock_path(agent_id), wait=True):
+            return _inspect(home, agent_id, fix=True)
+    return _inspect(home, agent_id, fix=False)
+
+
+def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
+    catalog = home.catalog(agent_id)
+    findings: list[Finding] = []
+    pending = _pending_intents(home, agent_id)
+    staging_fd = open_dir(home.staging_dir(agent_id))
+    try:
+        for intent in pending:
+            if not fix and _intent_in_flight(home, agent_id, staging_fd, intent):
+                continue  # a live writer is between its two commits
+            findings.append(Finding("pending-intent", agent_id, intent.revision_id,
+                                    _settle(home, agent_id, intent) if fix else None))
+        part_of_intents = {i.staged_name for i in pending}
+        for entry in _names(staging_fd):
+            if entry.name in part_of_intents and not fix:
+                continue  # reported with its intent
+            if entry.is_file(follow_symlinks=False) and _in_flight(staging_fd, entry.name):
+                continue  # a live writer is still staging it
+            action = None
+            if fix:
+                if entry.is_dir(follow_symlinks=False):
+                    _to_quarantine(home, agent_id, staging_fd, entry.name)
+                    action = "quarantined"
+                else:
+                    try:
+                        os.unlink(entry.name, dir_fd=staging_fd)
+                    except FileNotFoundError:
+                        continue  # its writer removed it meanwhile: nothing left to report
+                    action = "removed"
+            findings.append(Finding("staging-leftover", agent_id, None, action))
+    finally:
+        os.close(staging_fd)
+    stores = {
+        row[0]: row[1]
+        for row in catalog.execute(
+            "SELECT r.path_key, s.store_id FROM stores s JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+            " WHERE s.agent_id = ? AND r.agent_id = ?",
+            (agent_id, agent_id),
+        )
+    }
+    scopes_fd = open_scopes_dir(home, agent_id)
+    try:
+        present = set()
+        for entry in _names(scopes_fd):
+            if entry.name in stores and entry.is_dir(follow_symlinks=False):
+                present.add(entry.name)
+                continue
+            action = None
+            if fix:
+                if entry.is_dir(follow_symlinks=False) and not any(True for _ in _names_of(scopes_fd, entry.name)):
+                    os.rmdir(entry.name, dir_fd=scopes_fd)
+                    action = "removed"
+                else:
+                    _to_quarantine(home, agent_id, scopes_fd, entry.name)
+                    action = "quarantined"
+            findings.append(Finding("orphan-store-dir" if entry.is_dir(follow_symlinks=False) else "unexpected-entry",
+                                    agent_id, None, action))
+    finally:
+        os.close(scopes_fd)
+    for path_key, store_id in stores.items():
+        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix))
+    if stale_count(catalog, agent_id):  # e.g. notes written before the index existed (schema V2)
+        action = None
+        if fix:
+            failed = reindex(home, agent_id, only_stale=True).failed
+            action = "reindexed" + (f" ({len(failed)} failed verification and stay unsearchable)" if failed else "")
+        findings.append(Finding("unindexed-revisions", agent_id, None, action))
+    ready = one(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))[0]
+    if ready:
+        action = None
+        if fix:
+            drain(home.state(), catalog, agent_id)
+            action = "drained"
+        findings.append(Finding("undrained-audit", agent_id, None, action))
+    return findings
+
+
+def _names_of(dirfd: int, name: str) -> list[str]:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0 clean; 4 an integrity failure remains; 1 other findings left unfixed."""
+    if any(f.integrity for f in findings):
+        return IntegrityError.exit_code
+    if any(f.action is None for f in findings):
+        return StorageError.exit_code
+    return 0
+

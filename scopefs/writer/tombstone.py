@@ -1,0 +1,49 @@
+"""Removing a note: one short transaction that tombstones it.
+
+No file is touched: revisions are immutable and stay on disk for audit and
+repair; a tombstoned resource simply has no active revision, so every
+reader (the command line, every mounted view through the change log)
+stops serving it at once. Physical cleanup is a later, separate step.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from scopefs.catalog.access import authorize_session, existing_target
+from scopefs.catalog.audit import drain_quietly, enqueue, settle
+from scopefs.catalog.home import Home
+from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.db import immediate
+from scopefs.catalog.policy import Op
+from scopefs.catalog.reasons import Reason
+from scopefs.writer import lock
+
+
+def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str) -> None:
+    """Inside the caller's transaction: the resource and its active revision."""
+    catalog.execute("UPDATE revisions SET state = 'tombstoned' WHERE revision_id = ? AND state = 'active'",
+                    (revision_id,))
+    catalog.execute("UPDATE resources SET state = 'tombstoned' WHERE resource_id = ? AND state = 'live'",
+                    (resource_id,))
+
+
+def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> str:
+    """Tombstone the note at virtual ``path``; returns its resource id."""
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
+    catalog = home.catalog(access.agent_id)
+    with lock.shared(home.lock_path(access.agent_id)):
+        with immediate(catalog):  # decided and applied in one transaction: nothing can change in between
+            target = existing_target(access, parts, Op.DELETE)
+            assert target.resource is not None and target.revision is not None and target.store is not None
+            event_id = enqueue(catalog, access.agent_id, access.event(
+                Op.DELETE, "allow", Reason.ALLOWED, store_id=target.store.store_id,
+                revision_id=target.revision.revision_id))
+            tombstone_rows(catalog, target.resource.resource_id, target.revision.revision_id)
+            settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
+    drain_quietly(home.state(), catalog, access.agent_id)
+    return target.resource.resource_id
+
+
+__all__ = ["delete_note", "existing_target", "tombstone_rows"]

@@ -1,0 +1,397 @@
+"""The staged-rename write transaction (DESIGN.md §6).
+
+1. Validate the expected active revision and policy; write the content to a
+   0600 staging file and fsync it.
+2. One short SQLite transaction: re-read the resource and re-evaluate the
+   policy, insert the pending revision, the write intent and the audit
+   outbox row. No file I/O inside.
+3. Rename the staged file to its broker-generated final locator (never
+   replacing anything), fsync the file and the store directory, and hash the
+   final file, all outside any transaction.
+4. A second short transaction: check the pending row against the final hash
+   and the base revision, re-evaluate the policy, activate, supersede the
+   old revision, settle the intent and the outbox row. No stat, open or read
+   inside.
+
+Readers only ever resolve active revisions, so a crash at any point exposes
+nothing pending; ``writer.recovery`` rolls back what remains. An fsync
+failure is never retried: the write fails, its files are removed and
+nothing is activated.
+
+The content is staged before the writer lock is taken: a slow or endless
+stdin holds only its own staging file (under its own flock, so doctor can
+tell it is in flight), never the lock recovery needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from scopefs.catalog import ids
+from scopefs.catalog.access import Access, Target, authorize_session, decide, resolve, revalidate
+from scopefs.catalog.artifacts import hash_fd, open_artifact, open_store_dir
+from scopefs.catalog.audit import drain_quietly, enqueue
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import STORAGE_FAILURES, immediate, one
+from scopefs.catalog.errors import BadInput, Conflict, StorageError, storage_error
+from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
+from scopefs.catalog.index import current_model, prepare_from_fd
+from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.policy import Decision, Op
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.stores import ResourceRow, StoreRow, active_revision, find_resource, path_conflict, policy_entries
+from scopefs.catalog.subject import SubjectKind
+from scopefs.writer import lock
+from scopefs.writer.commit import PolicyChanged, activate, roll_back
+from scopefs.writer.recovery import recover_pending_if_idle
+from scopefs.writer.steps import Step, checkpoint
+from scopefs.writer.stores import ensure_store
+
+MAX_NOTE_BYTES = 1 << 30  # 1 GiB: far above any note, bounds what stdin can make us stage
+CHUNK = 1 << 20
+
+_TRUST_ORIGIN = {
+    SubjectKind.USER: "verified-user",
+    SubjectKind.CONVERSATION: "conversation",
+    SubjectKind.SERVICE: "service",
+}
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    resource_id: str
+    revision_id: str
+    revision_no: int
+    sha256: str
+    size: int
+    created: bool  # a new resource, not a new revision of an existing one
+
+
+def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        view = memoryview(source)
+        for start in range(0, len(view), CHUNK):
+            yield bytes(view[start:start + CHUNK])
+        return
+    while True:
+        chunk = source.read(CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _unlink_quietly(dirfd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dirfd)
+
+
+@dataclass
+class _Staged:
+    """A staged file: written, fsynced, flocked while this write holds it."""
+
+    name: str
+    fd: int
+    sha256: str
+    size: int
+    consumed: bool = False  # renamed away; no longer ours to remove
+
+
+@contextlib.contextmanager
+def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
+    """Step 1: stage and fsync ``source``; removed on exit unless renamed."""
+    name = ids.random_token()
+    try:
+        # Unnamed until it is locked: doctor can never see this file without
+        # its flock, and a crash before the link leaves nothing behind.
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=staging_fd)
+    except OSError as exc:
+        raise storage_error("cannot create the staging file", exc) from exc
+    staged = _Staged(name, fd, "", 0, consumed=True)  # nothing to remove until it has a name
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # "in flight" for doctor, released by the kernel if we die
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=staging_fd, follow_symlinks=True)
+        except OSError as exc:
+            raise storage_error("cannot name the staging file", exc) from exc
+        staged.consumed = False
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            for chunk in _chunks(source):
+                size += len(chunk)
+                if size > MAX_NOTE_BYTES:
+                    raise BadInput(f"note is larger than {MAX_NOTE_BYTES} bytes")
+                digest.update(chunk)
+                _write_all(fd, chunk)
+            os.fsync(fd)  # an error here is final: never retried, never trusted
+        except OSError as exc:
+            raise storage_error("cannot stage the note", exc) from exc
+        staged.sha256, staged.size = digest.hexdigest(), size
+        checkpoint(Step.STAGED)
+        yield staged
+    finally:
+        if not staged.consumed:
+            _unlink_quietly(staging_fd, name)
+        os.close(fd)
+
+
+def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
+    """Resolve, validate and decide a write; raises before anything changes.
+
+    Replacing a note requires being able to read it: a writer never
+    overwrites content it may not see.
+    """
+    target = resolve(access, parts)
+    if target.mount is None:
+        raise access.refuse_outside(Op.APPEND, parts)
+    if not target.inner:
+        raise BadInput("invalid path: name a note inside the root, e.g. private/notes/x.md")
+    store_id = target.store.store_id if target.store else None
+    revision_id = target.revision.revision_id if target.revision else None
+    op = Op.REPLACE if target.revision is not None else Op.APPEND
+    if op is Op.REPLACE:
+        visible = decide(access, target, Op.READ)
+        if not visible:
+            raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id)
+    decision = decide(access, target, op)
+    if not decision:
+        raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
+    if target.store is not None and target.resource is None:
+        why = path_conflict(access.home.catalog(access.agent_id), access.agent_id, target.store.store_id,
+                            target.inner_path)
+        if why is not None:
+            raise BadInput(f"invalid path: {why}")
+    return target, op
+
+
+def _recheck(access: Access, target: Target, op: Op) -> Decision:
+    """The policy decision again, with the policy rows as they are now.
+
+    Called inside the commit transactions, right after the base revision
+    was verified unchanged, so only the policy (and the time, for expiry)
+    can differ from the plan: one query for the entries, then the pure
+    evaluator. No file I/O.
+    """
+    assert target.store is not None
+    fresh = Access(access.home, access.session, access.actor_id, access.view, now_us())
+    entries = policy_entries(access.home.catalog(access.agent_id), access.agent_id, target.store.store_id,
+                             target.resource.resource_id if target.resource else None)
+    current = dataclasses.replace(target, entries=entries)
+    if op is Op.REPLACE:
+        visible = decide(fresh, current, Op.READ)
+        if not visible:
+            return visible
+    return decide(fresh, current, op)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    resource_id: str
+    revision_id: str
+    revision_no: int
+    base_revision_id: str | None
+    intent_id: str
+    event_id: str
+    created: bool
+
+
+def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
+                    staged: _Staged, locator: str) -> _Pending:
+    """Step 2: one short transaction, no file I/O."""
+    agent_id = access.agent_id
+    catalog = access.home.catalog(agent_id)
+    path = target.inner_path
+    expected_base = target.revision.revision_id if target.revision else None
+    now = now_us()
+    with immediate(catalog):
+        resource = find_resource(catalog, agent_id, store.store_id, path)
+        current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
+        if (current.revision_id if current else None) != expected_base:
+            raise Conflict("the note changed while it was being written; nothing was written, try again")
+        decision = _recheck(access, dataclasses.replace(target, store=store), op)
+        if not decision:
+            raise PolicyChanged(decision)
+        created = resource is None
+        if created:
+            why = path_conflict(catalog, agent_id, store.store_id, path)
+            if why is not None:
+                raise BadInput(f"invalid path: {why}")
+            resource_id = ids.new_id("resource")
+            catalog.execute(
+                "INSERT INTO resources (resource_id, agent_id, store_id, path, created_at) VALUES (?, ?, ?, ?, ?)",
+                (resource_id, agent_id, store.store_id, path, now),
+            )
+        else:
+            assert resource is not None
+            resource_id = resource.resource_id
+        revision_no = one(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
+                          (resource_id,))[0]
+        revision_id, intent_id = ids.new_id("revision"), ids.new_id("intent")
+        event = access.event(op, "allow", Reason.ALLOWED, store_id=store.store_id, revision_id=revision_id)
+        event_id = enqueue(catalog, agent_id, event)
+        subject_kind = access.session.subject.kind
+        catalog.execute(
+            "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
+            " size, locator, state, session_id, actor_id, trust_origin, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+            (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
+             access.session.session_id, access.actor_id, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
+        )
+        catalog.execute(
+            "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"
+            " expected_sha256, event_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id, now),
+        )
+    return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
+
+
+def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, locator: str | None,
+             pending: _Pending, *, content_durable: bool, reason: Reason, decision: str) -> None:
+    """Undo a transaction that failed after step 2, and drain its audit row.
+
+    Which goes first depends on what failed. If the content's own fsyncs
+    failed, the files go first: should the rollback transaction fail too,
+    recovery must find no file rather than bytes whose fsync failed. If the
+    content is durable (the failure came later, e.g. in the activation
+    commit, whose outcome is then unknown), the rows go first and the files
+    only if the rollback really happened: a commit that reached the WAL, or
+    one that succeeded just before an exception, must never point at a file
+    we removed. ``locator`` is None until our rename succeeded: a name we
+    did not create is never removed.
+    """
+    catalog = access.home.catalog(access.agent_id)
+
+    def rows() -> bool:
+        try:
+            return roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
+                             event_id=pending.event_id, reason=reason, decision=decision)
+        except (StorageError, *STORAGE_FAILURES):
+            return False
+
+    def files() -> None:
+        if locator is not None:
+            _unlink_quietly(store_fd, locator)
+        if not staged.consumed:
+            _unlink_quietly(staging_fd, staged.name)
+            staged.consumed = True
+        for fd in (store_fd, staging_fd):
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+
+    if content_durable:
+        if rows():
+            files()
+        # else: the rows are active (keep the file) or unknown (recovery settles both)
+    else:
+        files()
+        rows()
+    drain_quietly(access.home.state(), catalog, access.agent_id)
+
+
+def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
+    fd = open_artifact(store_fd, locator)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(access: Access, store: StoreRow, target: Target, op: Op,
+            staging_fd: int, staged: _Staged) -> WriteResult:
+    """Steps 2-4 for an already staged file, under the shared writer lock."""
+    home, agent_id = access.home, access.agent_id
+    locator = ids.random_token()
+    store_fd = open_store_dir(home, agent_id, store.path_key)
+    try:
+        revalidate(access, op)
+        try:
+            pending = _record_pending(access, store, target, op, staged, locator)
+        except PolicyChanged as changed:
+            raise access.refuse(op, changed.decision.reason, store_id=store.store_id) from None
+        checkpoint(Step.PENDING)
+        # What activation re-checks: the same target, now with its resource
+        # (new or not), so entries added to it meanwhile count too.
+        planned = dataclasses.replace(target, store=store, resource=ResourceRow(
+            pending.resource_id, store.store_id, target.inner_path, "live"))
+        renamed = durable = False
+        try:
+            renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
+            renamed = staged.consumed = True
+            checkpoint(Step.RENAMED)
+            os.fsync(staged.fd)
+            os.fsync(store_fd)
+            durable = True
+            final_sha256, _ = _final_hash(store_fd, locator)
+            checkpoint(Step.FINALIZED)
+            index = prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))  # slow part, before the txn
+            revalidate(access, op)
+            activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id, store_id=store.store_id,
+                     revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
+                     intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
+                     final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
+        except BaseException as exc:
+            refused = isinstance(exc, PolicyChanged)
+            _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
+                     content_durable=durable, reason=exc.decision.reason if refused else Reason.REVISION_STALE,
+                     decision="deny" if refused else "error")
+            if refused:  # the outbox row already carries the audit of this refusal
+                raise access.denied(op, exc.decision.reason) from None
+            if isinstance(exc, OSError):
+                raise storage_error("cannot finalize the note", exc) from exc
+            raise
+    finally:
+        os.close(store_fd)
+    checkpoint(Step.ACTIVATED)
+    drain_quietly(home.state(), home.catalog(agent_id), agent_id)
+    checkpoint(Step.AUDITED)
+    return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, staged.sha256, staged.size,
+                       pending.created)
+
+
+def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
+               actor_id: str | None = None) -> WriteResult:
+    """Write ``source`` as the next revision of the note at virtual ``path``.
+
+    Validation, authorization and the policy decision happen before any
+    input is read; the content is then staged, abandoned writes of crashed
+    processes are rolled back, and the write is planned again under the
+    writer lock (the note may have moved on meanwhile) and committed. A
+    refusal changes nothing but the audit.
+    """
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+    recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
+    _plan(access, parts)
+    staging_fd = open_dir(home.staging_dir(access.agent_id))
+    try:
+        with _staged(staging_fd, source) as staged:
+            recover_pending_if_idle(home, access.agent_id)
+            with lock.shared(home.lock_path(access.agent_id)):
+                target, op = _plan(access, parts)
+                store = target.store or ensure_store(access, target.mount)
+                return _commit(access, store, target, op, staging_fd, staged)
+    finally:
+        os.close(staging_fd)
+
+
+def check_write(home, session_id: str, path: str) -> None:
+    """Raise (audited) if writing ``path`` now would be refused; writes nothing."""
+    access = authorize_session(home, session_id, Op.APPEND)
+    _plan(access, split_virtual_path(path))
+
+
+__all__ = ["MAX_NOTE_BYTES", "WriteResult", "check_write", "write_note"]
