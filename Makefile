@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the mount tests and benchmarks run on a mounted view.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
 
-.PHONY: all deps venv bytecode test demo bench bench-fuse bench-fuse-quick bench-sandbox bench-search clean
+.PHONY: all deps venv bytecode lint test coverage lock demo bench bench-fuse bench-fuse-quick bench-sandbox bench-search clean
 
 all: test
 
@@ -30,10 +30,15 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml | deps
+# Every package at the exact version in requirements.lock (pip constraints):
+# a new pyfuse3, apsw, trio or sqlite-vec release changes nothing until the
+# lock is regenerated on purpose (make lock).
+EXTRAS := test,embeddings,lint,coverage
+
+$(STAMP): pyproject.toml requirements.lock | deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,embeddings]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[$(EXTRAS)]'
 	touch $@
 
 venv: $(STAMP)
@@ -43,8 +48,33 @@ venv: $(STAMP)
 bytecode: venv
 	$(BIN)/python -m compileall -q scopefs
 
+# ruff (style, bugs, imports, async hazards) and mypy --strict on the package.
+lint: deps venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 test: deps venv bytecode
 	$(BIN)/pytest -q
+
+# The whole suite under coverage, with branches, including the command line
+# and mount servers that tests start as subprocesses; a report, no threshold.
+coverage: deps venv bytecode
+	rm -rf .coverage-data && mkdir -p .coverage-data
+	$(BIN)/coverage run -m pytest -q
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report --format=total > .coverage-data/total
+	$(BIN)/coverage report | tail -n 40
+	@echo "branch coverage, total: $$(cat .coverage-data/total)%"
+
+# Regenerate requirements.lock from a fresh resolution of pyproject.toml.
+lock: deps
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q --upgrade pip
+	.lock-venv/bin/pip install -q -e '.[$(EXTRAS)]'
+	{ echo "# Exact versions of everything make installs into .venv (pip constraints)."; \
+	  echo "# Regenerate with: make lock  (after changing pyproject.toml's dependencies)"; \
+	  .lock-venv/bin/pip freeze --exclude-editable | grep -v '^scopefs'; } > requirements.lock
+	rm -rf .lock-venv
 
 demo: deps venv bytecode
 	./demo/demo.sh
@@ -65,4 +95,4 @@ bench-search: deps venv
 	$(BIN)/python bench/search_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .coverage-data .mypy_cache .ruff_cache build *.egg-info

@@ -50,7 +50,7 @@ NEEDLE = "zyzzogeton"
 def patch(variant: str) -> None:
     import pyfuse3
 
-    from scopefs.catalog import artifacts
+    from scopefs.catalog import digests
     from scopefs.vfs import content
     from scopefs.vfs import fs as vfs_fs
 
@@ -86,7 +86,7 @@ def patch(variant: str) -> None:
             return fd, stamp
         content.Artifacts.open = cached_open
     if "chunk64k" in parts:
-        artifacts.HASH_CHUNK = 1 << 16
+        digests.HASH_CHUNK = 1 << 16
     unknown = parts - {"audit-off", "audit-once", "noflush", "fdcache", "chunk64k"}
     if unknown:
         sys.exit(f"unknown variant part(s): {sorted(unknown)}")
@@ -102,7 +102,8 @@ def serve(variant: str, home: str, session_id: str, mountpoint: str) -> None:
 
 def sh(cmd: str) -> tuple[float, str]:
     start = time.perf_counter()
-    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}, check=False)
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
+                          check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd!r}: {proc.stderr.decode()[-300:]}")
     return time.perf_counter() - start, proc.stdout.decode().strip()
@@ -244,7 +245,10 @@ def save(work: Path) -> None:
             any(o != ".n0700.md.tmp" and skeleton(o) == mark for o in siblings)
         confusable_ms = (time.perf_counter() - start) / 20 * 1e3
         write_note(home, session_id, rel, data)  # back to the bytes the other two systems hold
-        med = lambda v: statistics.median(v) * 1e3
+
+        def med(v: list[float]) -> float:
+            return statistics.median(v) * 1e3
+
         print(f"notes in view {len(ns.view.notes)}; per save, median ms: write_note {med(t_write):.2f}, "
               f"refresh {med(t_refresh):.2f}, Namespace.apply {med(t_apply):.2f}, "
               f"confusable check over {len(siblings)} siblings {confusable_ms:.2f}")

@@ -211,7 +211,7 @@ class Passthrough(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = os.path.join(self._path(parent_inode_old), os.fsdecode(name_old))
         new = os.path.join(self._path(parent_inode_new), os.fsdecode(name_new))
-        if flags & RENAME_NOREPLACE and os.path.lexists(new):
+        if flags & RENAME_NOREPLACE and os.path.lexists(new):  # noqa: ASYNC240 - a plain passthrough, blocking like its peers
             raise pyfuse3.FUSEError(errno.EEXIST)
         self._call(os.rename, old, new)
         # The source's inode now lives at the new path; a replaced target's

@@ -114,7 +114,7 @@ def main() -> int:
             try:
                 assert launch.run(target, ["true"]) == 0
             finally:
-                for fd, keep in zip((0, 1, 2), saved):
+                for fd, keep in zip((0, 1, 2), saved, strict=True):
                     os.dup2(keep, fd)
 
         def cli_run() -> None:

@@ -97,7 +97,8 @@ from scopefs.catalog.view import READ_ONLY, READ_WRITE
 from scopefs.writer.stores import ensure_store
 
 AGENT = "main"
-CORPUS_VERSION = 3  # bump when the corpus or its schema changes; invalidates the cache (2: search_fts.store_id, 3: search_indexed)
+# Bump when the corpus or its schema changes; invalidates the cache (2: search_fts.store_id, 3: search_indexed).
+CORPUS_VERSION = 3
 LIMIT = 10
 VIEWS = ("2", "5", "10", "20", "20-denied")  # view label -> (user, number of roles) below
 ROLES_OF = {"2": 0, "5": 3, "10": 8, "20": 18, "20-denied": 19}
@@ -125,7 +126,8 @@ class Text:
 
     def __init__(self, seed: int) -> None:
         rng = random.Random(f"{seed}/vocabulary")
-        onsets = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br", "cl", "dr", "fl", "gr", "pl", "pr", "st", "tr"]
+        onsets = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+                  "br", "cl", "dr", "fl", "gr", "pl", "pr", "st", "tr"]
         vowels = ["a", "e", "i", "o", "u", "ai", "ea", "io", "ou"]
         words: list[str] = []
         seen: set[str] = set()
@@ -262,7 +264,7 @@ def fill_store(home: Home, access: Any, text: Text, store_no: int, kind: str, au
     prepared = [prepare(body, model) for body in bodies]
     t1 = time.perf_counter()
     with immediate(conn):
-        for (resource_id, revision_id, *_), index in zip(rows, prepared):
+        for (resource_id, revision_id, *_), index in zip(rows, prepared, strict=True):
             insert(conn, AGENT, revision_id=revision_id, resource_id=resource_id, store_id=store.store_id,
                    prepared=index)
     t2 = time.perf_counter()
@@ -346,7 +348,8 @@ def build(cache: Path, args: argparse.Namespace, log: Callable[[str], None]) -> 
             log(f"build: copied the {number}-store corpus")
         store_ids[(kind, audience)] = fill_store(home, access, text, number, kind, audience, per_store, stats)
         if number % 50 == 49:
-            log(f"build: {number + 1} stores, {stats.notes} notes, index {stats.notes / (stats.prepare_s + stats.insert_s):.0f}"
+            rate = stats.notes / (stats.prepare_s + stats.insert_s)
+            log(f"build: {number + 1} stores, {stats.notes} notes, index {rate:.0f}"
                 f" notes/s, elapsed {time.perf_counter() - started:.0f} s")
     _checkpoint(home)
     home.close()
@@ -732,7 +735,7 @@ def timed_run(homes: dict[str, Home], manifest: dict[str, Any], queries: list[st
     turn = 0
     started = time.perf_counter()
     for rep in range(reps):
-        for qi, query in enumerate(queries):
+        for query in queries:
             k = turn % len(series)
             for s in series[k:] + series[:k]:
                 t0 = time.perf_counter_ns()

@@ -465,7 +465,8 @@ def classify_sync(path: str, home: Path) -> str:
             return "staged file / artifact (one fd)" if len(rest) == 2 else "staging directory"
         if rest[:2] == ("memory-scopes", "v1"):
             depth = len(rest) - 2
-            return {0: "scopes directory", 1: "store directory", 2: "artifact (after rename)"}.get(depth, "artifact area")
+            names = {0: "scopes directory", 1: "store directory", 2: "artifact (after rename)"}
+            return names.get(depth, "artifact area")
     return "/".join(rel)
 
 
@@ -676,7 +677,8 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
         catalog = home.catalog(AGENT)
         report.config["revisions_of_same_note"] = catalog.execute(
             "SELECT count(*) FROM revisions WHERE resource_id = ?", (same_resource,)).fetchall()[0][0]
-        report.config["audit_rows_after_in_process"] = home.state().execute("SELECT count(*) FROM audit").fetchall()[0][0]
+        audit_rows = home.state().execute("SELECT count(*) FROM audit").fetchall()[0][0]
+        report.config["audit_rows_after_in_process"] = audit_rows
     finally:
         os.close(dirfd)
         micro.close()
@@ -708,9 +710,11 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
         no_cache = cli_env(home_root, None, cached=False)
         group = [
             subprocess_series("python -c pass (interpreter start)", "cli", [sys.executable, "-c", "pass"], env),
-            subprocess_series("python -c 'import scopefs.cli.main'", "cli", [sys.executable, "-c", "import scopefs.cli.main"],
+            subprocess_series("python -c 'import scopefs.cli.main'", "cli",
+                              [sys.executable, "-c", "import scopefs.cli.main"],
                               env),
-            subprocess_series("import scopefs.cli.main, no bytecode cache", "cli", [sys.executable, "-c", "import scopefs.cli.main"],
+            subprocess_series("import scopefs.cli.main, no bytecode cache", "cli",
+                              [sys.executable, "-c", "import scopefs.cli.main"],
                               no_cache),
             subprocess_series("scopefs write (subprocess)", "cli", [cli, "write", session_id, CLI_NOTE], env,
                               cli_payload),
@@ -792,7 +796,8 @@ def render(report: Report) -> str:
             lines.append(f"  {r.name}  ->  {r.baseline}")
     if report.breakdown:
         lines += ["", "write_note by phase (mean / p50 µs, share of the mean):"]
-        lines += [f"  {b['mean_us']:>8.0f} / {b['p50_us']:>8.0f}  {b['share']:>5.1%}  {b['phase']}" for b in report.breakdown]
+        lines += [f"  {b['mean_us']:>8.0f} / {b['p50_us']:>8.0f}  {b['share']:>5.1%}  {b['phase']}"
+                  for b in report.breakdown]
     if report.syncs:
         s = report.syncs
         lines += ["", "fsync/fdatasync calls (strace):",
@@ -803,9 +808,11 @@ def render(report: Report) -> str:
         lines.append("  CLI read by target:")
         lines += [f"    {count:>3}  {what}" for what, count in sorted(s["cli_read_by_target"].items())]
         lines.append(f"  in-process, per write_note (mean of {s['k_inproc']}): {s['inproc_per_write']:.2f}")
-        lines += [f"    {count / s['k_inproc']:>6.2f}  {what}" for what, count in sorted(s["inproc_write_total"].items())]
+        lines += [f"    {count / s['k_inproc']:>6.2f}  {what}"
+                  for what, count in sorted(s["inproc_write_total"].items())]
         lines.append(f"  in-process, per read_note (mean of {s['k_inproc']}): {s['inproc_per_read']:.2f}")
-        lines += [f"    {count / s['k_inproc']:>6.2f}  {what}" for what, count in sorted(s["inproc_read_total"].items())]
+        lines += [f"    {count / s['k_inproc']:>6.2f}  {what}"
+                  for what, count in sorted(s["inproc_read_total"].items())]
     lines += ["", f"elapsed: {report.elapsed_s:.1f} s"]
     return "\n".join(lines)
 

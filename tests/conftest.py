@@ -110,7 +110,8 @@ def build_scenario(cli: Cli, agent: str = "main") -> Scenario:
     bob = cli.j("principal", "add", "Bob", "--kind", "human")["principal_id"]
     mike1 = cli.j("principal", "add", "Mike", "--kind", "human")["principal_id"]
     mike2 = cli.j("principal", "add", "Mike", "--kind", "human")["principal_id"]
-    alice_binding = cli.j("bind", alice, "--channel", CHANNEL, "--account", ACCOUNT, "--sender", ALICE_SENDER)["binding_id"]
+    alice_binding = cli.j("bind", alice, "--channel", CHANNEL, "--account", ACCOUNT,
+                          "--sender", ALICE_SENDER)["binding_id"]
     bob_binding = cli.j("bind", bob, "--channel", CHANNEL, "--account", ACCOUNT, "--sender", BOB_SENDER)["binding_id"]
     cli.j("bind", mike1, "--channel", CHANNEL, "--account", ACCOUNT, "--sender", MIKE1_SENDER)
     cli.j("bind", mike2, "--channel", CHANNEL, "--account", ACCOUNT, "--sender", MIKE2_SENDER)

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
 from scopefs.writer.steps import Step
+from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "main"
@@ -156,7 +156,8 @@ from scopefs.catalog.home import Home
 from scopefs.writer import steps
 from scopefs.writer.transaction import write_note
 
-home_dir, session_id, path, target, data = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], bytes.fromhex(sys.argv[5])
+home_dir, session_id, path, target = sys.argv[1:5]
+data = bytes.fromhex(sys.argv[5])
 
 def stop_here(step):
     if step.value == target:

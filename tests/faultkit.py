@@ -26,7 +26,7 @@ from pathlib import Path
 
 import apsw
 
-from scopefs.catalog.db import connect
+from scopefs.catalog.db import connect, scalar
 from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, MIKE1_SENDER, SCOPEFS, Cli, Result, build_scenario
 
 STRACE = shutil.which("strace") or "/usr/bin/strace"
@@ -88,8 +88,8 @@ def catalog_leftovers(home: Path, agent: str) -> dict[str, int]:
     conn = connect(home / "agents" / agent / "catalog.sqlite")
     try:
         return {
-            "pending revisions": conn.execute("SELECT count(*) FROM revisions WHERE state = 'pending'").fetchall()[0][0],
-            "pending intents": conn.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall()[0][0],
+            "pending revisions": scalar(conn, "SELECT count(*) FROM revisions WHERE state = 'pending'"),
+            "pending intents": scalar(conn, "SELECT count(*) FROM write_intents WHERE state = 'pending'"),
             "pending outbox rows": conn.execute(
                 "SELECT count(*) FROM audit_outbox WHERE state = 'pending'").fetchall()[0][0],
         }

@@ -23,7 +23,7 @@ COLUMNS = ("audit_id", "event_id", "at", "agent_id", "session_id", "operation", 
 
 
 def _audit(scenario: Scenario) -> list[dict]:
-    return [dict(zip(COLUMNS, row)) for row in table_dump(scenario.cli.home / "state.sqlite")["audit"]]
+    return [dict(zip(COLUMNS, row, strict=True)) for row in table_dump(scenario.cli.home / "state.sqlite")["audit"]]
 
 
 def test_allows_and_denies_are_recorded_with_ids(scenario: Scenario) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from scopefs.writer.steps import Step
 from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli, diff_snapshots, snapshot
 from tests.crashkit import (
     AFTER,
@@ -50,7 +51,6 @@ from tests.crashkit import (
     verify_recovered,
     writer_stopped_at,
 )
-from scopefs.writer.steps import Step
 
 # What each interruption leaves behind, as doctor names it. Derived from what
 # exists on disk at that point: an uncatalogued store directory, a staged file

@@ -31,6 +31,9 @@ import pytest
 from scopefs.catalog.errors import BadInput, Denied, ScopefsError, StorageError
 from scopefs.catalog.home import Home
 from scopefs.catalog.reader import read_note
+from scopefs.writer.recovery import inspect
+from scopefs.writer.steps import Step, set_hook
+from scopefs.writer.transaction import WriteResult, write_note
 from tests.conftest import Cli
 from tests.faultkit import (
     CONTENT_FILES,
@@ -50,9 +53,6 @@ from tests.faultkit import (
     strace_cli,
     tmpfs,
 )
-from scopefs.writer.recovery import inspect
-from scopefs.writer.steps import Step, set_hook
-from scopefs.writer.transaction import WriteResult, write_note
 
 TARGETS = ["replace", "first"]
 

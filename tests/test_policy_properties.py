@@ -41,6 +41,8 @@ PROPS = settings(max_examples=300, deadline=None)
 FEW = settings(max_examples=150, deadline=None)
 
 OPS: tuple[Op, ...] = tuple(Op)
+ANY_OP = st.sampled_from(OPS)
+ANY_KIND = st.sampled_from(SubjectKind)
 ALL_OPS = frozenset(OPS)
 
 # ---------------------------------------------------------------------------
@@ -135,7 +137,7 @@ op_sets = st.frozensets(st.sampled_from(OPS))
 
 
 @st.composite
-def subjects(draw: st.DrawFn, kinds: st.SearchStrategy[SubjectKind] = st.sampled_from(SubjectKind)) -> Subject:
+def subjects(draw: st.DrawFn, kinds: st.SearchStrategy[SubjectKind] = ANY_KIND) -> Subject:
     kind = draw(kinds)
     if kind is SubjectKind.AMBIGUOUS:
         return Subject(kind, None, draw(st.sampled_from(AmbiguousReason)))
@@ -148,7 +150,7 @@ def audience_ids_for(subject: Subject) -> st.SearchStrategy[str]:
 
 
 @st.composite
-def entries_for(draw: st.DrawFn, subject: Subject, caps: st.SearchStrategy[Op] = st.sampled_from(OPS)) -> Entry:
+def entries_for(draw: st.DrawFn, subject: Subject, caps: st.SearchStrategy[Op] = ANY_OP) -> Entry:
     return Entry(
         effect=draw(st.sampled_from(Effect)),
         capability=draw(caps),

@@ -24,6 +24,7 @@ from pathlib import Path
 import apsw
 import pytest
 
+from scopefs.writer.steps import Step
 from tests.conftest import Cli, diff_snapshots, snapshot
 from tests.crashkit import (
     NEW_STORE,
@@ -43,7 +44,6 @@ from tests.crashkit import (
     verify_recovered,
     writer_stopped_at,
 )
-from scopefs.writer.steps import Step
 
 pytestmark = pytest.mark.root
 

@@ -35,7 +35,7 @@ def _text_cells(db) -> list[tuple[str, str, object]]:
         cursor = conn.execute(f'SELECT * FROM "{table}"')
         columns = [d[0] for d in cursor.getdescription()]
         for row in cursor:
-            cells.extend((table, col, value) for col, value in zip(columns, row))
+            cells.extend((table, col, value) for col, value in zip(columns, row, strict=True))
     conn.close()
     return cells
 

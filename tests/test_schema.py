@@ -45,7 +45,7 @@ def test_every_released_version_is_pinned_and_unchanged(kind: SchemaKind) -> Non
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_upgrade_from_each_version_matches_fresh(kind: SchemaKind) -> None:
     fresh = schema_text(_built(kind, kind.latest))
-    for version in range(0, kind.latest + 1):
+    for version in range(kind.latest + 1):
         conn = _built(kind, version)
         assert ensure_schema(conn, kind) == kind.latest
         assert schema_text(conn) == fresh

@@ -22,10 +22,10 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
 from scopefs.catalog.search import search
-from tests.conftest import Scenario, artifact_path, diff_snapshots, snapshot
-from tests.test_vfs_isolation import publish_shared
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
+from tests.conftest import Scenario, artifact_path, diff_snapshots, snapshot
+from tests.test_vfs_isolation import publish_shared
 
 RESULT_KEYS = {"path", "start_line", "end_line", "score", "snippet", "citation"}
 

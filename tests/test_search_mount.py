@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.catalog.home import Home
+from scopefs.writer.tombstone import delete_note
 from tests.conftest import (
     ALICE_FACT,
     SCOPEFS,
@@ -44,7 +45,6 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, errno_of, mounts, wait_until  # noqa: F401
-from scopefs.writer.tombstone import delete_note
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,7 @@ OFFSITE = "channel/offsite.md"
 BOB_ONLY = "private/bob/peanut-diary.md"
 BOB_ONLY_FACT = b"Private fact: allergic to peanuts, allergic since Lisbon (canary B0b9)\n"
 QUERY = "private fact allergic peanuts Lisbon"
+CAT_TEXT_AND_JSON = 'cat "/memory/.search/$1" && echo "--json--" && python3 -c "$2" "$1"'
 CANARIES = {"alice": b"A1c3", "bob": b"B0b7", "bob_only": b"B0b9", "channel": b"C4an"}
 # Run inside the sandbox: every result must name a file of the view whose
 # cited lines hold the snippet.
@@ -101,7 +102,7 @@ def read_errno(path: Path) -> int:
 
 def test_alice_finds_her_note_and_never_bobs(scenario: Scenario) -> None:
     add_bob_only_note(scenario)
-    out = sandboxed(scenario, scenario.alice_session, 'cat "/memory/.search/$1" && echo "--json--" && python3 -c "$2" "$1"',
+    out = sandboxed(scenario, scenario.alice_session, CAT_TEXT_AND_JSON,
                     QUERY, CHECK_PATHS)
     text, _, checked = out.partition("--json--\n")
     assert text.startswith(f"{ALLERGY}#L1-L1  score ")
@@ -114,7 +115,7 @@ def test_alice_finds_her_note_and_never_bobs(scenario: Scenario) -> None:
 
 def test_the_group_finds_the_channel_fact_and_no_private_note(scenario: Scenario) -> None:
     add_bob_only_note(scenario)
-    out = sandboxed(scenario, scenario.group_session, 'cat "/memory/.search/$1" && echo "--json--" && python3 -c "$2" "$1"',
+    out = sandboxed(scenario, scenario.group_session, CAT_TEXT_AND_JSON,
                     QUERY, CHECK_PATHS)
     text, _, checked = out.partition("--json--\n")
     paths = [hit["path"] for hit in json.loads(checked)["results"]]
@@ -244,7 +245,7 @@ def test_writes_are_refused_exactly_like_a_read_only_root(scenario: Scenario, mo
         "chmod folder": lambda: os.chmod(view / ".search", 0o777),
     }
     refused = {name: errno.errorcode.get(errno_of(call), "ok") for name, call in attempts.items()}
-    assert refused == {name: "EROFS" for name in attempts}
+    assert refused == dict.fromkeys(attempts, "EROFS")
     # Every name in a query folder is a query, so nothing new can be made there either.
     assert errno_of(lambda: os.mkdir(view / ".search" / "d")) == errno.EEXIST
     assert errno_of(lambda: os.symlink("x", view / ".search" / "l")) == errno.EEXIST
@@ -256,7 +257,8 @@ def test_every_cat_searches_again_and_sizes_are_exact(scenario: Scenario, mounts
     view = mounts.mount(scenario.alice_session)
     result = view / ".search" / "Miso cat named"
     assert b"private/pets.md" not in result.read_bytes()
-    scenario.cli.j("write", scenario.alice_session, "private/pets.md", stdin=b"Alice has a cat named Miso (canary M1so)\n")
+    scenario.cli.j("write", scenario.alice_session, "private/pets.md",
+                   stdin=b"Alice has a cat named Miso (canary M1so)\n")
     data = result.read_bytes()  # no wait: nothing of the last answer was cached
     assert data.startswith(b"private/pets.md#L1-L1  score ") and b"M1so" in data
     assert os.stat(result).st_size == len(data)

@@ -167,7 +167,8 @@ class EntrySpec:
         """As the ``allow``/``deny`` call that makes it (a shrunk counterexample reads as test code)."""
         args = [f"Op.{self.capability.name}"]
         if self.expires_at is not None:
-            args.append(f"NOW{self.expires_at - NOW:+d}" if abs(self.expires_at - NOW) < 10**6 else str(self.expires_at))
+            near = abs(self.expires_at - NOW) < 10**6
+            args.append(f"NOW{self.expires_at - NOW:+d}" if near else str(self.expires_at))
         if self.revoked:
             args.append("revoked=True")
         if self.audience_kind is not AudienceKind.ANY or self.audience_id:
@@ -289,7 +290,8 @@ class Expected:
             return False
         mount = self.mount(self.world.resources[i].store)
         assert mount is not None
-        applicable = [e for e in self.entries(i) if spec_live(e, self.world.now) and spec_matches(e, self.world.subject)]
+        applicable = [e for e in self.entries(i)
+                      if spec_live(e, self.world.now) and spec_matches(e, self.world.subject)]
         if any(e.effect is Effect.DENY and e.capability in READ_NEEDS for e in applicable):
             return False
         return READ_NEEDS <= mount.placement or any(
@@ -565,7 +567,8 @@ def test_prefilter_is_a_superset_of_the_evaluator_and_the_postfilter_equals_it(w
         allowed = exp.ids_where(exp.decide)
         seen["allowed"] |= bool(allowed)
         seen["false positive"] |= bool(candidates - allowed)
-        seen["allowed about the asked principal"] |= bool(exp.ids_where(lambda i: exp.decide(i, about=world.about)))
+        about_asked = exp.ids_where(lambda i, exp=exp: exp.decide(i, about=world.about))
+        seen["allowed about the asked principal"] |= bool(about_asked)
         seen["allowed without placement"] |= variant.subject.kind is SubjectKind.AMBIGUOUS and bool(allowed)
     for what, happened in seen.items():
         event(f"{what}: {'some' if happened else 'none'} (any subject)")

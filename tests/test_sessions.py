@@ -18,14 +18,16 @@ def _open(scenario: Scenario, *args: str) -> dict:
 def test_subjects_by_opening(scenario: Scenario) -> None:
     service = scenario.cli.j("principal", "add", "nightly", "--kind", "service")["principal_id"]
     cases = [
-        (("--dm", "--channel", CHANNEL, "--account", ACCOUNT, "--sender", "never-bound-9"), ("ambiguous", None, "unbound")),
+        (("--dm", "--channel", CHANNEL, "--account", ACCOUNT, "--sender", "never-bound-9"),
+         ("ambiguous", None, "unbound")),
         (("--shared-main",), ("ambiguous", None, "shared-main")),
         (("--group", "--conversation", scenario.conversation), ("conversation", scenario.conversation, None)),
         (("--service", service), ("service", service, None)),
     ]
     for args, (kind, principal, reason) in cases:
         opened = _open(scenario, *args)
-        assert (opened["subject"], opened["subject_principal_id"], opened["subject_reason"]) == (kind, principal, reason)
+        shown = (opened["subject"], opened["subject_principal_id"], opened["subject_reason"])
+        assert shown == (kind, principal, reason)
 
 
 def test_service_needs_a_service_principal(scenario: Scenario) -> None:
@@ -85,7 +87,8 @@ def test_roots_of_each_view(scenario: Scenario) -> None:
 def test_read_only_roots_and_ambiguous_sessions_refuse_writes(scenario: Scenario) -> None:
     cli = scenario.cli
     ambiguous = [_open(scenario, "--shared-main")["session_id"],
-                 _open(scenario, "--dm", "--channel", CHANNEL, "--account", ACCOUNT, "--sender", "unbound-77")["session_id"]]
+                 _open(scenario, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
+                       "--sender", "unbound-77")["session_id"]]
     cases = [(scenario.alice_session, "agent-shared/x.md"), (scenario.group_session, "agent-shared/x.md"),
              (scenario.group_session, "projections/x.md"), (scenario.alice_session, "postbox/x.md")]
     cases += [(s, "agent-shared/x.md") for s in ambiguous]

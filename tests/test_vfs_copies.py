@@ -16,9 +16,9 @@ import subprocess
 from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
+from scopefs.writer.tombstone import delete_note
 from tests.conftest import ALICE_FACT, Scenario
 from tests.mountkit import errno_of, live_notes, mounts, wait_until  # noqa: F401
-from scopefs.writer.tombstone import delete_note
 
 NOTE = "notes/allergy.md"
 

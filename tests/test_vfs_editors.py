@@ -55,6 +55,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.catalog.home import Home
+from scopefs.writer.transaction import write_note
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
@@ -73,7 +74,6 @@ from tests.mountkit import (  # noqa: F401
     pending_rows,
     wait_until,
 )
-from scopefs.writer.transaction import write_note
 
 TOOL_TIMEOUT_S = 30.0
 

@@ -19,9 +19,9 @@ import trio
 
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
-from tests.conftest import ALICE_FACT, Scenario
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.gate import Gate, pid_namespace
+from tests.conftest import ALICE_FACT, Scenario
 
 SESSION_UID = 1_544_000_001  # any uid: nothing runs as it, only the contexts claim it
 

@@ -53,9 +53,9 @@ import trio.testing
 
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
+from scopefs.vfs.fs import ScopeFS
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
-from scopefs.vfs.fs import ScopeFS
 
 NOTE = "notes/allergy.md"
 VIRTUAL = f"private/{NOTE}"
@@ -85,7 +85,7 @@ def _error_rows(home: Path, session_id: str) -> list[dict]:
                             " ORDER BY audit_id", (session_id,)).fetchall()
     finally:
         conn.close()
-    return [dict(zip(cols, row)) for row in rows]
+    return [dict(zip(cols, row, strict=True)) for row in rows]
 
 
 def _assert_error_audited(home: Path, session_id: str, revision_id: str, *, secrets: tuple[bytes, ...]) -> None:
@@ -719,7 +719,8 @@ def test_second_open_waits_for_the_stream_in_flight(scenario: Scenario, kernel: 
             await trio.to_thread.run_sync(fake.holding.wait, 30)
             nursery.start_soon(_open, fs, ino, answers, "second")
             try:
-                while hashed != [False]:  # the second open hashed on its own thread, without a stream
+                # the second open hashed on its own thread, without a stream (a list that thread appends to)
+                while hashed != [False]:  # noqa: ASYNC110
                     await trio.sleep(0.005)
                 await trio.testing.wait_all_tasks_blocked()
                 assert answers == [], "an open was answered while another one streamed unverified pages"

@@ -33,6 +33,9 @@ from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Mount, Op
 from scopefs.catalog.view import READ_WRITE
+from scopefs.writer import lock
+from scopefs.writer import transaction as tx
+from scopefs.writer.stores import ensure_store
 from tests.conftest import (
     ALICE_FACT,
     BOB_FACT,
@@ -44,9 +47,6 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, live_notes, mounts, wait_until  # noqa: F401
-from scopefs.writer import lock
-from scopefs.writer import transaction as tx
-from scopefs.writer.stores import ensure_store
 
 NOTE = "private/notes/allergy.md"
 GUIDE = b"Agent-shared guide: how to file an expense (canary G5hd)\n"
@@ -73,9 +73,9 @@ def publish_shared(home_dir: Path, path: str, data: bytes, via_session: str) -> 
     try:
         with tx._staged(staging_fd, data) as staged:
             with lock.shared(home.lock_path(access.agent_id)):
-                target, op = tx._plan(access, parts)
+                target, op = tx._plan(access, parts, None)
                 store = target.store or ensure_store(access, target.mount)
-                return tx._commit(access, store, target, op, staging_fd, staged).resource_id
+                return tx._commit(access, store, target, op, staging_fd, staged, None).resource_id
     finally:
         os.close(staging_fd)
 
@@ -435,7 +435,7 @@ def test_read_only_roots_refuse_every_change_with_erofs(scenario: Scenario, moun
     assert (where / "agent-shared/docs/guide.md").read_bytes() == GUIDE
     before = home_state(scenario.cli.home)
     seen = {name: outcome(op) for name, op in _readonly_ops(where, who).items()}
-    assert seen == {name: "EROFS" for name in seen}
+    assert seen == dict.fromkeys(seen, "EROFS")
     # A shell redirect reports the same.
     shell = subprocess.run(["sh", "-c", f"echo x > '{where}/agent-shared/docs/guide.md'"], capture_output=True,
                            text=True, timeout=30, env={**os.environ, "LC_ALL": "C"})

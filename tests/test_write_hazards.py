@@ -25,9 +25,9 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
 from scopefs.catalog.reader import read_note
-from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, table_dump
 from scopefs.writer import steps
 from scopefs.writer.transaction import write_note
+from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, table_dump
 
 NOTE = "private/notes/allergy.md"
 

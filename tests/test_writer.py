@@ -11,9 +11,9 @@ from scopefs.catalog import ids
 from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.reader import read_note
-from tests.conftest import ALICE_FACT, Scenario, table_dump
 from scopefs.writer import steps
 from scopefs.writer.transaction import write_note
+from tests.conftest import ALICE_FACT, Scenario, table_dump
 
 OPAQUE = re.compile(r"[a-z2-7]{26}")
 

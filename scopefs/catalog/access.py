@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.errors import Denied
+from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.groups import membership_expiry, role_memberships
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import binding_live, get_principal
@@ -209,14 +209,33 @@ def decide(access: Access, target: Target, op: Op) -> Decision:
     return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
 
 
-def existing_target(access: Access, parts: tuple[str, ...], op: Op) -> Target:
+def expect_resource(found: ResourceRow | None, expected_resource_id: str | None) -> None:
+    """Conflict unless ``found`` (what a path holds now) is the resource the caller means (any, if None).
+
+    A caller that acts on a note it looked up earlier (a mount removing the
+    note it unlinked, say) passes that note's id, and the check runs inside
+    the writer's transaction: a rename landing in between makes the call
+    fail instead of acting on whatever note now has the path. A path that
+    is empty now and one that holds another note, visible or not, give the
+    same Conflict, so it tells nothing about other scopes.
+    """
+    if expected_resource_id is None:
+        return
+    if found is None or found.resource_id != expected_resource_id:
+        raise Conflict("the note moved or was replaced meanwhile; nothing was changed")
+
+
+def existing_target(access: Access, parts: tuple[str, ...], op: Op, *,
+                    expected_resource_id: str | None = None) -> Target:
     """Resolve a note that must exist and be visible, and decide ``op`` on it.
 
     A note this subject may not read is refused exactly like a missing one:
     removing, renaming or annotating it would otherwise confirm that it
     exists. Shared by the writer (delete, rename) and verified subjects.
+    ``expected_resource_id``: see ``expect_resource`` (checked first).
     """
     target = resolve(access, parts)
+    expect_resource(target.resource, expected_resource_id)
     if target.mount is None:
         raise access.refuse_outside(op, parts)
     store_id = target.store.store_id if target.store else None

@@ -3,31 +3,26 @@
 A store's directory is opened beneath the agent's ``memory-scopes/v1`` with
 openat2 and held; artifacts are opened beneath it the same way and checked
 (regular, one link, same device). Content leaves this module only after its
-SHA-256 and size matched the catalog's active revision: a missing, swapped
-or tampered artifact raises IntegrityError and no byte of it is returned.
+SHA-256 and size matched the catalog's active revision (``verify``): a
+missing, swapped or tampered artifact raises IntegrityError and no byte of
+it is returned. ``MAX_NOTE_BYTES`` bounds every note, wherever it is written.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 
-from scopefs.catalog.errors import IntegrityError, StorageError
-from scopefs.catalog.fsafe import (
-    UnsafeEntry,
-    open_dir,
-    open_dir_beneath,
-    open_regular,
-    read_all,
-)
+from scopefs.catalog.digests import Sink, hash_head, hash_streamed
+from scopefs.catalog.errors import IntegrityError, StorageError, TooLarge
+from scopefs.catalog.fsafe import UnsafeEntry, open_dir, open_dir_beneath, open_regular
 from scopefs.catalog.home import Home
 from scopefs.catalog.stores import RevisionRow, StoreRow
 
 _PATH_KEY = re.compile(r"[a-z2-7]{26}")
 _LOCATOR = re.compile(r"[a-z2-7]{26}")
-HASH_CHUNK = 1 << 20
+MAX_NOTE_BYTES = 1 << 30  # 1 GiB: far above any note; bounds what a caller can make us stage or hold
 
 
 def check_path_key(path_key: str) -> str:
@@ -67,20 +62,6 @@ def open_store_dir(home: Home, agent_id: str, path_key: str) -> int:
         os.close(scopes_fd)
 
 
-def hash_fd(fd: int) -> tuple[str, int]:
-    """SHA-256 hex and size of everything readable from ``fd``'s start."""
-    digest = hashlib.sha256()
-    size = 0
-    offset = 0
-    while True:
-        chunk = os.pread(fd, HASH_CHUNK, offset)
-        if not chunk:
-            return digest.hexdigest(), size
-        digest.update(chunk)
-        size += len(chunk)
-        offset += len(chunk)
-
-
 def open_artifact(store_fd: int, locator: str) -> int:
     """Open an artifact safely; IntegrityError if it is missing or unsafe."""
     return open_artifact_stat(store_fd, locator)[0]
@@ -100,49 +81,59 @@ def open_artifact_stat(store_fd: int, locator: str) -> tuple[int, os.stat_result
         raise StorageError(f"cannot open artifact: {os.strerror(exc.errno or 0)}") from exc
 
 
-def read_verified_head(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow, keep: int) -> bytes:
-    """The first ``keep`` bytes of the revision, once the whole file's size and SHA-256 matched.
+def mismatch() -> IntegrityError:
+    """The one error for content that is not what the catalog recorded.
 
-    For callers that need only a note's head (a search snippet, the index):
-    the file is hashed in chunks, so memory stays bounded by ``keep`` however
-    large the note, and nothing is returned unless every byte verified.
+    It names no size, hash or path: the caller knows which revision it asked
+    for, and nothing about the file's actual content leaves this module.
+    """
+    return IntegrityError("artifact does not match its catalog hash")
+
+
+def verify(fd: int, size: int, sha256: str, *, keep: int = 0, sink: Sink | None = None) -> bytes:
+    """Check that ``fd`` holds exactly ``size`` bytes hashing to ``sha256``; its first ``keep`` bytes.
+
+    Every verified read of content goes through here: the command line's
+    reader, search snippets and the index, the mount, and doctor. Reading
+    stops one byte past ``size``, so growth is noticed without reading what
+    was appended; memory stays bounded by ``keep`` plus one chunk. With
+    ``sink``, each chunk is also handed on as it is hashed (never a byte past
+    ``size``), on a thread of its own: those chunks are *not* verified until
+    this returns, and the caller must keep them from every reader until then.
+    Raises ``mismatch()`` and returns nothing unless every byte matched.
+    """
+    if sink is not None:
+        if keep:
+            raise ValueError("verify keeps no bytes while it streams them")
+        actual_sha, actual_size = hash_streamed(fd, size, sink)
+        head = b""
+    else:
+        actual_sha, actual_size, head = hash_head(fd, limit=size, keep=keep)
+    if actual_size != size or actual_sha != sha256:
+        raise mismatch()
+    return head
+
+
+def check_size(size: int) -> None:
+    """Refuse content over ``MAX_NOTE_BYTES`` (``TooLarge``; EFBIG through a mount)."""
+    if size > MAX_NOTE_BYTES:
+        raise TooLarge(f"note is larger than {MAX_NOTE_BYTES} bytes")
+
+
+def read_verified(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow,
+                  keep: int | None = None) -> bytes:
+    """The revision's bytes (its first ``keep`` bytes, if given), once the whole file verified.
+
+    A caller that needs only a note's head (a search snippet, the index)
+    passes ``keep``: the file is still hashed whole, in chunks, but memory
+    stays bounded by ``keep`` however large the note.
     """
     store_fd = open_store_dir(home, agent_id, store.path_key)
     try:
         fd = open_artifact(store_fd, revision.locator)
     finally:
         os.close(store_fd)
-    digest = hashlib.sha256()
-    head: list[bytes] = []
-    kept = size = 0
     try:
-        while size <= revision.size:  # one read past the catalog's size notices growth
-            chunk = os.pread(fd, HASH_CHUNK, size)
-            if not chunk:
-                break
-            digest.update(chunk)
-            if kept < keep:
-                head.append(chunk[:keep - kept])
-                kept += len(head[-1])
-            size += len(chunk)
+        return verify(fd, revision.size, revision.content_sha256, keep=revision.size if keep is None else keep)
     finally:
         os.close(fd)
-    if size != revision.size or digest.hexdigest() != revision.content_sha256:
-        raise IntegrityError("artifact does not match its catalog hash")
-    return b"".join(head)
-
-
-def read_verified(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow) -> bytes:
-    """The revision's bytes, only if size and SHA-256 match the catalog."""
-    store_fd = open_store_dir(home, agent_id, store.path_key)
-    try:
-        fd = open_artifact(store_fd, revision.locator)
-    finally:
-        os.close(store_fd)
-    try:
-        data = read_all(fd, revision.size)
-    finally:
-        os.close(fd)
-    if len(data) != revision.size or hashlib.sha256(data).hexdigest() != revision.content_sha256:
-        raise IntegrityError("artifact does not match its catalog hash")
-    return data

@@ -22,8 +22,7 @@ import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import STORAGE_FAILURES, immediate
-from scopefs.catalog.errors import StorageError
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, scalar
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ def record_quietly(state: apsw.Connection, event: AuditEvent) -> bool:
     """
     try:
         record(state, event)
-    except (StorageError, *STORAGE_FAILURES):
+    except CATALOG_FAILURES:
         return False
     return True
 
@@ -85,10 +84,10 @@ def enqueue(catalog: apsw.Connection, agent_id: str, event: AuditEvent) -> str:
 def settle(catalog: apsw.Connection, event_id: str, *, decision: str, reason: str,
            revision_id: str | None = None) -> None:
     """Finalize an outbox row inside the caller's transaction; ready to drain."""
-    row = catalog.execute("SELECT payload FROM audit_outbox WHERE event_id = ?", (event_id,)).fetchall()
-    if not row:
+    stored = scalar(catalog, "SELECT payload FROM audit_outbox WHERE event_id = ?", (event_id,))
+    if stored is None:
         return
-    payload = json.loads(row[0][0])
+    payload = json.loads(stored)
     payload.update(decision=decision, reason=reason)
     if revision_id is not None:
         payload["revision_id"] = revision_id
@@ -113,7 +112,7 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
             return total
         with immediate(state):
             for event_id, payload in rows:
-                values = json.loads(payload)
+                values = json.loads(str(payload))
                 state.execute(_INSERT, (event_id, *(values.get(c) for c in _COLUMNS)))
         # The "drained" mark needs no fsync of its own: if power loss takes
         # it, the rows are delivered again and INSERT OR IGNORE drops them.
@@ -130,5 +129,5 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
 
 def drain_quietly(state: apsw.Connection, catalog: apsw.Connection, agent_id: str) -> None:
     """Drain after a successful write; a failure leaves rows for doctor."""
-    with contextlib.suppress(StorageError, *STORAGE_FAILURES):
+    with contextlib.suppress(*CATALOG_FAILURES):
         drain(state, catalog, agent_id)

@@ -11,8 +11,11 @@ everything" rather than applied one by one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import apsw
+
+from scopefs.catalog.db import scalar
 
 MAX_CHANGES = 5000  # beyond this, a full rebuild is cheaper than per-note updates
 
@@ -29,11 +32,12 @@ class Changes:
 
 
 def latest_seq(conn: apsw.Connection) -> int:
-    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchall()[0][0]
+    return int(scalar(conn, "SELECT coalesce(max(seq), 0) FROM change_log"))
 
 
 def changes_since(conn: apsw.Connection, seq: int) -> Changes:
-    rows = conn.execute("SELECT seq, store_id, resource_id FROM change_log WHERE seq > ? ORDER BY seq LIMIT ?",
+    rows: list[tuple[Any, ...]] = conn.execute(
+        "SELECT seq, store_id, resource_id FROM change_log WHERE seq > ? ORDER BY seq LIMIT ?",
                         (seq, MAX_CHANGES + 1)).fetchall()
     if not rows:
         return Changes(seq)

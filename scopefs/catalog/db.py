@@ -40,6 +40,9 @@ STORAGE_FAILURES: tuple[type[BaseException], ...] = (
     apsw.ReadOnlyError,
     apsw.BusyError,
 )
+# The same, or our own StorageError (a failed commit already cleaned up): what
+# quiet paths (audit delivery, a rollback after a failure) swallow.
+CATALOG_FAILURES: tuple[type[BaseException], ...] = (StorageError, *STORAGE_FAILURES)
 
 
 def connect(path: Path, *, vfs: str | None = None, create: bool = False) -> apsw.Connection:
@@ -106,11 +109,12 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
 def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
     """The first row of a query, or None."""
     for row in conn.execute(sql, params):
-        return row
+        return tuple(row)
     return None
 
 
 def scalar(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
+    """The first column of the first row (None if there is no row): counts, maxima, pragmas."""
     row = one(conn, sql, params)
     return None if row is None else row[0]
 

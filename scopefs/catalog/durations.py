@@ -16,7 +16,8 @@ def parse_duration_us(text: str) -> int:
     """Microseconds in ``text``, or BadInput with a one-line reason."""
     match = _DURATION.fullmatch(text) if isinstance(text, str) and len(text) <= 10 else None
     if match is None:
-        raise BadInput("malformed duration: expected a positive number and a unit s, m, h or d (e.g. 30s, 15m, 12h, 7d)")
+        raise BadInput("malformed duration: expected a positive number and a unit s, m, h or d"
+                       " (e.g. 30s, 15m, 12h, 7d)")
     seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds > MAX_SECONDS:
         raise BadInput("duration too long: at most 3650d")

@@ -119,7 +119,7 @@ class WordLlamaEmbedder:
 
     def __init__(self, dimension: int = 256) -> None:
         try:
-            import wordllama  # type: ignore[import-not-found]
+            import wordllama
         except ImportError:
             raise RuntimeError("the wordllama package is not installed (pip install 'scopefs[embeddings]')") from None
         from pathlib import Path
@@ -129,7 +129,8 @@ class WordLlamaEmbedder:
         try:
             self._fingerprint = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
         except OSError:
-            raise RuntimeError(f"the wordllama package ships no {self.CONFIG} weights of dimension {dimension}") from None
+            raise RuntimeError(f"the wordllama package ships no {self.CONFIG} weights"
+                               f" of dimension {dimension}") from None
         try:
             self._model = wordllama.WordLlama.load(config=self.CONFIG, dim=dimension, cache_dir=package_dir,
                                                    disable_download=True)
@@ -192,6 +193,6 @@ def embedder_for(name: str) -> Embedder:
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     """Cosine similarity of two vectors (1.0 for the same direction)."""
-    dot = sum(x * y for x, y in zip(a, b))
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
     norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
     return dot / norms if norms else 0.0

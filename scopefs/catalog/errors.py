@@ -26,6 +26,13 @@ class BadInput(ScopefsError):
     exit_code = 2
 
 
+class TooLarge(BadInput):
+    """Content over the note size limit (exit code 2; ``EFBIG`` through a mount).
+
+    A class of its own so that no caller has to recognise it by its message.
+    """
+
+
 class Denied(ScopefsError):
     """Refused by policy (exit code 3), with a stable public reason code.
 

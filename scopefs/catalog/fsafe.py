@@ -61,7 +61,7 @@ def openat2(dirfd: int, name: str, flags: int, mode: int = 0, resolve: int = STR
         if err == errno.ENOSYS:
             raise StorageError("this kernel has no openat2; refusing to open artifacts without it")
         raise OSError(err, os.strerror(err), name)
-    return fd
+    return int(fd)
 
 
 def renameat2_noreplace(olddirfd: int, old: str, newdirfd: int, new: str) -> None:
@@ -122,19 +122,6 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
             os.close(fd)
     except OSError as exc:
         raise StorageError(f"cannot sync a directory of the scopefs home: {os.strerror(exc.errno or 0)}") from exc
-
-
-def read_all(fd: int, size: int) -> bytes:
-    """Exactly the file's bytes, reading at most ``size + 1`` to spot growth."""
-    chunks: list[bytes] = []
-    remaining = size + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 def lock_held(name: str | os.PathLike[str], *, dir_fd: int | None = None) -> bool:

@@ -40,7 +40,8 @@ def add_conversation(state: apsw.Connection, key: bytes, agent_id: str, channel:
     with immediate(state):
         if one(state, "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)) is None:
             raise BadInput(f"unknown agent: {agent_id}")
-        row = one(state, "SELECT conversation_id FROM conversations WHERE agent_id = ? AND lookup_key = ?", (agent_id, lkey))
+        row = one(state, "SELECT conversation_id FROM conversations WHERE agent_id = ? AND lookup_key = ?",
+                  (agent_id, lkey))
         if row is not None:
             return row[0], False
         conversation_id = ids.new_id("principal")
@@ -114,7 +115,8 @@ def remove_member(state: apsw.Connection, group_id: str, principal_id: str) -> b
     get_principal(state, group_id)
     get_principal(state, principal_id)
     with immediate(state):
-        row = one(state, "SELECT membership_id FROM memberships WHERE group_id = ? AND principal_id = ? AND removed_at IS NULL",
+        row = one(state, "SELECT membership_id FROM memberships"
+                         " WHERE group_id = ? AND principal_id = ? AND removed_at IS NULL",
                   (group_id, principal_id))
         if row is None:
             return False
@@ -142,6 +144,7 @@ def role_memberships(state: apsw.Connection, principal_id: str) -> tuple[RoleMem
 
 def membership_expiry(state: apsw.Connection, group_id: str, principal_id: str) -> tuple[bool, int | None]:
     """(is a live member, expiry) for one group."""
-    row = one(state, "SELECT expires_at FROM memberships WHERE group_id = ? AND principal_id = ? AND removed_at IS NULL",
+    row = one(state, "SELECT expires_at FROM memberships"
+                     " WHERE group_id = ? AND principal_id = ? AND removed_at IS NULL",
               (group_id, principal_id))
     return (False, None) if row is None else (True, row[0])

@@ -60,7 +60,8 @@ def _check_private(path: Path, *, want_dir: bool, mode: int) -> None:
     if st.st_uid != os.geteuid():
         raise StorageError(f"{path.name} in the scopefs home is owned by another user; refusing to use it")
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise StorageError(f"{path.name} in the scopefs home is accessible to others (mode {stat.S_IMODE(st.st_mode):o}, want {mode:o})")
+        raise StorageError(f"{path.name} in the scopefs home is accessible to others"
+                           f" (mode {stat.S_IMODE(st.st_mode):o}, want {mode:o})")
 
 
 class Home:

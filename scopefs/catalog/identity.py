@@ -87,9 +87,11 @@ def get_principal(state: apsw.Connection, principal_id: str) -> Principal:
     """The principal, or BadInput naming it unknown (the id is ours, not raw)."""
     row = None
     if ids.looks_like("principal", principal_id):
-        row = one(state, "SELECT principal_id, kind, label, state FROM principals WHERE principal_id = ?", (principal_id,))
+        row = one(state, "SELECT principal_id, kind, label, state FROM principals WHERE principal_id = ?",
+                  (principal_id,))
     if row is None:
-        raise BadInput(f"unknown principal: {principal_id if ids.looks_like('principal', principal_id) else '(malformed id)'}")
+        shown = principal_id if ids.looks_like("principal", principal_id) else "(malformed id)"
+        raise BadInput(f"unknown principal: {shown}")
     return Principal(*row)
 
 
@@ -124,7 +126,8 @@ def bind(state: apsw.Connection, key: bytes, principal_id: str, channel: str, ac
         raise BadInput("principal is disabled")
     lkey = binding_lookup_key(key, channel, account, sender)
     with immediate(state):
-        live = one(state, "SELECT binding_id, principal_id FROM identity_bindings WHERE lookup_key = ? AND revoked_at IS NULL", (lkey,))
+        live = one(state, "SELECT binding_id, principal_id FROM identity_bindings"
+                          " WHERE lookup_key = ? AND revoked_at IS NULL", (lkey,))
         if live is not None:
             if live[1] == principal_id:
                 return live[0], False
@@ -152,7 +155,8 @@ def revoke_binding(state: apsw.Connection, binding_id: str) -> bool:
     return True
 
 
-def resolve_binding(state: apsw.Connection, key: bytes, channel: str, account: str, sender: str) -> tuple[str, str] | None:
+def resolve_binding(state: apsw.Connection, key: bytes, channel: str, account: str,
+                    sender: str) -> tuple[str, str] | None:
     """(binding_id, principal_id) of the live binding for the tuple, if any."""
     row = one(
         state,

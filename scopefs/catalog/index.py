@@ -26,12 +26,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import apsw
 
-from scopefs.catalog.artifacts import read_verified_head
+from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.chunks import MAX_INDEXED_BYTES, Chunk, cut, note_text
-from scopefs.catalog.db import immediate, one
+from scopefs.catalog.db import immediate, one, scalar
 from scopefs.catalog.embedding import embedder_for
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
 from scopefs.catalog.home import Home
@@ -129,8 +130,8 @@ _STALE = (" AND (NOT EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id 
 
 def stale_count(conn: apsw.Connection, agent_id: str) -> int:
     """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
-    return one(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
-                     " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,))[0]
+    return int(scalar(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+                            " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,)))
 
 
 @dataclass
@@ -183,14 +184,14 @@ def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: 
     return report
 
 
-def _rebuild(home: Home, conn: apsw.Connection, agent_id: str, current: Model, rows: list[tuple],
+def _rebuild(home: Home, conn: apsw.Connection, agent_id: str, current: Model, rows: list[tuple[Any, ...]],
              report: ReindexReport, progress: Callable[[int, int], None] | None) -> None:
     last_report = time.monotonic()
     for done, row in enumerate(rows, start=1):
         revision, store = RevisionRow(*row[:7]), StoreRow(*row[7:])
         try:
             prepared: PreparedIndex | None = prepare(
-                read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES), current)
+                read_verified(home, agent_id, store, revision, keep=MAX_INDEXED_BYTES), current)
         except IntegrityError:  # no rows, and no "indexed" mark: once repaired, the next reindex finds it
             report.failed.append(revision.revision_id)
             prepared = None

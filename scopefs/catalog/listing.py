@@ -2,8 +2,9 @@
 
 Folders are implicit in note paths. A listing shows the view's roots at the
 top and, below them, only notes the evaluator lets this subject ``read``
-(the decision ``read`` itself makes, so the two never disagree): a hidden note leaves no name, size or gap behind, and a folder
-that holds only hidden notes does not appear at all. A folder that does not
+(the decision ``read`` itself makes, so the two never disagree): a hidden
+note leaves no name, size or gap behind, and a folder that holds only
+hidden notes does not appear at all. A folder that does not
 exist and one that is not in the view are refused alike.
 """
 

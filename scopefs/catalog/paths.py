@@ -16,6 +16,8 @@ MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
 MAX_DEPTH = 32
 
+Parts = tuple[str, ...]  # a virtual path's components, root first: ("private", "notes", "x.md")
+
 
 def _reject(why: str) -> BadInput:
     return BadInput(f"invalid path: {why}")
@@ -65,9 +67,22 @@ def split_virtual_path(path: str) -> tuple[str, ...]:
         raise _reject("empty")
     if path.startswith("/"):
         raise _reject("absolute paths are not allowed; use a path inside the view, e.g. private/notes/x.md")
-    parts = tuple(path.split("/"))
+    return check_parts(tuple(path.split("/")))
+
+
+def check_parts(parts: Parts) -> Parts:
+    """``parts`` unchanged if they are a clean virtual path (the same rules as ``split_virtual_path``).
+
+    For callers that hold components rather than a string (a mount knows
+    each name apart): nothing is joined and split again, and a component
+    holding ``/`` is refused rather than read as two.
+    """
+    if not isinstance(parts, tuple) or not parts:
+        raise _reject("empty")
     if len(parts) > MAX_DEPTH:
         raise _reject(f"deeper than {MAX_DEPTH} levels")
     for part in parts:
         validate_component(part)
+    if sum(len(p.encode("utf-8")) for p in parts) + len(parts) - 1 > MAX_PATH_BYTES:
+        raise _reject(f"longer than {MAX_PATH_BYTES} bytes")
     return parts

@@ -38,12 +38,13 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import apsw
 
 from scopefs.catalog import vectors
 from scopefs.catalog.access import Access, authorize_session
-from scopefs.catalog.artifacts import read_verified_head
+from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.audit import record_many, record_quietly
 from scopefs.catalog.chunks import MAX_INDEXED_BYTES, snippet
 from scopefs.catalog.embedding import embedder_for
@@ -188,7 +189,7 @@ def _ready(conn: apsw.Connection) -> str | None:
     with _prepared_lock:
         if conn in _prepared:
             return _prepared[conn]
-        conn.register_fts5_function("scopefs_words", _words_score)
+        conn.register_fts5_function("scopefs_words", cast("apsw.FTS5Function", _words_score))
         try:
             vectors.load(conn)
             problem = None
@@ -302,7 +303,8 @@ def _arms(conn: apsw.Connection, scope: Scope, query: str, mode: str) -> list[_A
             model = current_model(conn)
             embedded = embedder_for(model.name).embed([query])[0]
             if any(embedded):
-                vector = _Arm("vectors", _VECTOR_SQL, _VECTOR_SCORES, {**base, "q": vectors.pack(embedded), "model": model.name})
+                vector = _Arm("vectors", _VECTOR_SQL, _VECTOR_SCORES,
+                              {**base, "q": vectors.pack(embedded), "model": model.name})
             else:
                 vector_problem = "the query has nothing the model can embed"
         except (ValueError, RuntimeError) as exc:
@@ -334,7 +336,7 @@ def _fill(conn: apsw.Connection, arm: _Arm, postfilter: Postfilter, quota: int) 
     if not arm.params["stores"] or arm.params["stores"] == "[]":
         arm.exhausted = True  # a view with no store yet: nothing to walk
     while not arm.exhausted and len(arm.found) < quota:
-        rows = conn.execute(arm.sql, {**arm.params, "n": page, "o": arm.offset}).fetchall()
+        rows: list[tuple[Any, ...]] = conn.execute(arm.sql, {**arm.params, "n": page, "o": arm.offset}).fetchall()
         arm.exhausted = len(rows) < page
         for chunk_id, resource_id, store_id, revision_id, path, start, end, live, state, score in rows:
             if len(arm.found) >= quota:
@@ -433,5 +435,5 @@ def _read(home: Home, conn: apsw.Connection, agent_id: str, candidate: _Candidat
     if found is None or found[1].store_id != candidate.store_id:
         raise IntegrityError("the revision is no longer active")
     revision, store = found
-    return read_verified_head(home, agent_id, store, revision, MAX_INDEXED_BYTES)
+    return read_verified(home, agent_id, store, revision, keep=MAX_INDEXED_BYTES)
 

@@ -93,17 +93,18 @@ def active_with_store(conn: apsw.Connection, agent_id: str, revision_id: str) ->
     return None if row is None else (RevisionRow(*row[:7]), StoreRow(*row[7:]))
 
 
-def live_resources_under(conn: apsw.Connection, agent_id: str, store_id: str, prefix: str) -> list[tuple[ResourceRow, RevisionRow]]:
+def live_resources_under(conn: apsw.Connection, agent_id: str, store_id: str,
+                         prefix: str) -> list[tuple[ResourceRow, RevisionRow]]:
     """Live resources with an active revision whose path starts with ``prefix``.
 
     ``prefix`` is '' or ends with '/'. The range scan uses the path index;
     the upper bound is the prefix with its last byte incremented.
     """
+    cond: str = ""
+    params: tuple[str, ...] = ()
     if prefix:
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         cond, params = " AND r.path >= ? AND r.path < ?", (prefix, upper)
-    else:
-        cond, params = "", ()
     rows = conn.execute(
         "SELECT r.resource_id, r.store_id, r.path, r.state,"
         " v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state"

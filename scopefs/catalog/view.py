@@ -32,7 +32,7 @@ READ_WRITE = READ_ONLY | {Op.APPEND, Op.REPLACE, Op.DELETE}
 OWNER_REVIEW = frozenset({Op.RETRIEVE, Op.READ})
 DEPOSIT_ONLY = frozenset({Op.DEPOSIT})
 ANONYMOUS_CEILING = frozenset({Op.RETRIEVE, Op.READ})
-NOTHING = frozenset()
+NOTHING: frozenset[Op] = frozenset()
 
 AGENT_SHARED_AUDIENCE = ""  # the agent-shared store has no principal audience
 

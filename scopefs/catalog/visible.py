@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import apsw
 
 from scopefs.catalog.access import Access, current_access
 from scopefs.catalog.changes import changes_since, latest_seq
+from scopefs.catalog.db import scalar
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Effect, Entry, Mount, Op, ResourceState, evaluate
 from scopefs.catalog.reasons import Reason
@@ -89,7 +91,7 @@ def _root_parts(mount: Mount) -> tuple[str, ...]:
     return tuple(mount.root.split("/"))
 
 
-def _note(store: VisibleStore, row: tuple) -> VisibleNote:
+def _note(store: VisibleStore, row: tuple[Any, ...]) -> VisibleNote:
     resource_id, path, revision_id, sha, size, locator, mtime = row
     return VisibleNote(_root_parts(store.mount) + tuple(path.split("/")), store.mount.root, resource_id,
                        store.store_id, store.path_key, revision_id, sha, size, locator, mtime)
@@ -198,19 +200,19 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
                 put(note)
             expiries += when
     for resource_id in changes.resource_ids:
-        parts = by_resource.get(resource_id)
-        if parts is not None and notes[parts].resource_id == resource_id:
-            drop(parts)
+        shown_at = by_resource.get(resource_id)
+        if shown_at is not None and notes[shown_at].resource_id == resource_id:
+            drop(shown_at)
         store_id = _store_of(conn, access.agent_id, resource_id)
-        store = old.store(store_id) if store_id else None
-        if store is None:
+        home_store = old.store(store_id) if store_id else None
+        if home_store is None:
             continue
-        note = _one_note(conn, access, store, resource_id)
-        if note is not None:
-            if note.parts in notes:  # another resource moved away from this path in the same batch
-                drop(note.parts)
-            put(note)
-            expiries += _expiries(list(policy_entries(conn, access.agent_id, store.store_id, resource_id)),
+        changed = _one_note(conn, access, home_store, resource_id)
+        if changed is not None:
+            if changed.parts in notes:  # another resource moved away from this path in the same batch
+                drop(changed.parts)
+            put(changed)
+            expiries += _expiries(list(policy_entries(conn, access.agent_id, home_store.store_id, resource_id)),
                                   access.now)
     return dataclasses.replace(old, access=access, notes=notes, by_resource=by_resource, seq=changes.last_seq,
                                valid_until=min(expiries, default=None), base_seq=old.seq,
@@ -218,9 +220,9 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
 
 
 def _store_of(conn: apsw.Connection, agent_id: str, resource_id: str) -> str | None:
-    row = conn.execute("SELECT store_id FROM resources WHERE agent_id = ? AND resource_id = ?",
-                       (agent_id, resource_id)).fetchall()
-    return row[0][0] if row else None
+    store_id = scalar(conn, "SELECT store_id FROM resources WHERE agent_id = ? AND resource_id = ?",
+                      (agent_id, resource_id))
+    return None if store_id is None else str(store_id)
 
 
 def _new_store(conn: apsw.Connection, access: Access, old: VisibleView) -> bool:

@@ -377,14 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, func: Callable[[argparse.Namespace], int], helptext: str,
                 where: Any = sub) -> argparse.ArgumentParser:
-        p = where.add_parser(name, help=helptext, description=helptext)
+        p: argparse.ArgumentParser = where.add_parser(name, help=helptext, description=helptext)
         _common(p, top=False)
         p.set_defaults(func=func)
         return p
 
     command("init", cmd_init, "create the state directory (idempotent)")
 
-    agent = sub.add_parser("agent", help="manage agents").add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    agent = sub.add_parser("agent", help="manage agents").add_subparsers(dest="verb", required=True,
+                                                                         parser_class=_Parser)
     command("add", cmd_agent_add, "add an agent cell", agent).add_argument("agent")
 
     principal = sub.add_parser("principal", help="manage principals").add_subparsers(dest="verb", required=True,
@@ -476,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("reindex", cmd_reindex, "rebuild the search index from verified artifacts; --model switches models")
     p.add_argument("--agent")
-    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (the default, 256) or wordllama:l2_supercat-256 (the [embeddings] extra)")
+    p.add_argument("--model", help="scopefs-hashing-v2-<dimension> (the default, 256)"
+                                   " or wordllama:l2_supercat-256 (the [embeddings] extra)")
 
     p = command("mount", cmd_mount, "mount the session's view at MOUNTPOINT; returns once it answers")
     p.add_argument("session")
@@ -519,7 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except Denied as exc:
         return fail(as_json, exc.exit_code, str(exc), exc.reason)
     except ScopefsError as exc:

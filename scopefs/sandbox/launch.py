@@ -218,16 +218,18 @@ class StatusStream:
     def started(self, deadline: float) -> tuple[int, int | None] | None:
         """The sandbox's pid 1 (host pid) and the pid namespace bwrap made for it (None: it made none)."""
         doc = self._next(deadline)
-        if doc is None or not isinstance(doc.get("child-pid"), int):
+        pid = None if doc is None else doc.get("child-pid")
+        if doc is None or not isinstance(pid, int):
             return None
         namespace = doc.get("pid-namespace")
-        return int(doc["child-pid"]), namespace if isinstance(namespace, int) else None  # type: ignore[arg-type]
+        return pid, namespace if isinstance(namespace, int) else None
 
     def exit_code(self) -> int | None:
         """The command's exit code, read to the end of the stream; None if bwrap reported none."""
         while (doc := self._next(None)) is not None:
-            if isinstance(doc.get("exit-code"), int):
-                return int(doc["exit-code"])  # type: ignore[arg-type]
+            code = doc.get("exit-code")
+            if isinstance(code, int):
+                return code
         return None
 
 

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from scopefs.catalog import ids
@@ -33,7 +32,7 @@ from scopefs.sandbox import uids
 from scopefs.sandbox.control import serve_control
 from scopefs.sandbox.places import control_dir, die_with_parent, mounts_dir
 from scopefs.vfs.gate import Gate
-from scopefs.vfs.server import run_reporting, serve
+from scopefs.vfs.server import ReportReady, run_reporting, serve
 
 
 def any_writable(home: Home, session_id: str) -> bool:
@@ -58,7 +57,7 @@ def _remove_place(place: Path) -> None:
         place.rmdir()
 
 
-def serve_sandbox(home: Home, session_id: str, report_ready: Callable[[dict[str, object] | None], None]) -> None:
+def serve_sandbox(home: Home, session_id: str, report_ready: ReportReady) -> None:
     allocation = uids.allocate()
     place: Path | None = None
     control = None

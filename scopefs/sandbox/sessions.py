@@ -42,8 +42,10 @@ def _record_path(home: Home, session_id: str) -> Path:
 
 def _target(details: dict[str, object]) -> Target:
     try:
-        return Target(int(details["uid"]), str(details["mountpoint"]), str(details["control"]),  # type: ignore[arg-type]
-                      bool(details["writable"]))
+        uid = details["uid"]
+        if not isinstance(uid, (int, str)):
+            raise TypeError("uid")
+        return Target(int(uid), str(details["mountpoint"]), str(details["control"]), bool(details["writable"]))
     except (KeyError, TypeError, ValueError):
         raise StorageError("the sandbox mount server reported nothing usable") from None
 

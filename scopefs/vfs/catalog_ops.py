@@ -1,59 +1,68 @@
 """The catalog and writer calls a mount makes, each run on the catalog thread.
 
-Thin adapters: they take virtual paths built from the mount's own names and
-call the same functions the command line uses, so a mount can do nothing
-the writer would refuse to the command line.
+Thin adapters: they take the path components the mount already holds (each
+name validated as it arrived, never joined and split again) and call the
+same functions the command line uses, so a mount can do nothing the writer
+would refuse to the command line. Where the mount acts on a note it looked
+up earlier, it passes that note's resource id, and the writer checks it
+inside its transaction: a rename by another session landing in between
+makes the call a Conflict instead of acting on whatever note now has the
+path.
 """
 
 from __future__ import annotations
 
 import errno
 
-from scopefs.catalog.access import authorize_session
+from scopefs.catalog.access import authorize_session, existing_target
+from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
-from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
-from scopefs.catalog.stores import find_resource, find_store
 from scopefs.vfs.drafts import Draft
-from scopefs.writer.rename import CrossRoot, rename_note
-from scopefs.writer.tombstone import delete_note, existing_target
-from scopefs.writer.transaction import WriteResult, check_write, write_note
+from scopefs.writer.rename import CrossRoot, rename_parts
+from scopefs.writer.tombstone import delete_parts
+from scopefs.writer.transaction import WriteResult, check_write, write_parts
 
 
-def commit(home: Home, session_id: str, path: str, draft: Draft) -> WriteResult:
+class CrossDevice(OSError):
+    """A rename between two roots: ``EXDEV``, so that ``mv`` copies (through the write path) instead."""
+
+
+def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None) -> WriteResult:
+    """The draft as the next revision of the note at ``parts`` (of ``expected_resource_id``, if given)."""
     with draft.reader() as source:
-        return write_note(home, session_id, path, source)
+        return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id)
 
 
-def check_save(home: Home, session_id: str, path: str) -> None:
-    """Raise (audited) if saving the note at ``path`` would be refused."""
-    check_write(home, session_id, path)
+def check_save(home: Home, session_id: str, parts: Parts) -> None:
+    """Raise (audited) if saving the note at ``parts`` would be refused."""
+    check_write(home, session_id, parts)
 
 
-def check_remove(home: Home, session_id: str, path: str) -> None:
-    """Raise (audited) if the note at ``path`` may not be removed."""
+def check_remove(home: Home, session_id: str, parts: Parts) -> None:
+    """Raise (audited) if the note at ``parts`` may not be removed."""
     access = authorize_session(home, session_id, Op.DELETE)
-    existing_target(access, split_virtual_path(path), Op.DELETE)
+    existing_target(access, parts, Op.DELETE)
 
 
-def remove(home: Home, session_id: str, path: str, resource_id: str) -> None:
-    """Tombstone the note at ``path``, if it is still the resource removed."""
-    access = authorize_session(home, session_id, Op.DELETE)
-    found = access.view.mount_for(split_virtual_path(path))
-    if found is None:
-        return
-    mount, inner = found
-    store = find_store(home.catalog(access.agent_id), access.agent_id, mount.scope_kind, mount.audience_id)
-    if store is None:
-        return
-    resource = find_resource(home.catalog(access.agent_id), access.agent_id, store.store_id, "/".join(inner))
-    if resource is None or resource.resource_id != resource_id:
-        return  # renamed or replaced meanwhile: not ours to remove
-    delete_note(home, session_id, path)
+def remove(home: Home, session_id: str, parts: Parts, resource_id: str) -> bool:
+    """Tombstone the note at ``parts`` if it is still ``resource_id``; whether it was.
 
-
-def rename(home: Home, session_id: str, source: str, destination: str) -> None:
+    A note renamed away or replaced since it was unlinked here is not ours
+    to remove: the writer's own transaction finds another (or no) resource
+    at the path, and nothing changes.
+    """
     try:
-        rename_note(home, session_id, source, destination, replace=True)
+        delete_parts(home, session_id, parts, expected_resource_id=resource_id)
+    except Conflict:
+        return False
+    return True
+
+
+def rename(home: Home, session_id: str, source: Parts, destination: Parts, resource_id: str) -> None:
+    """Move the note ``resource_id`` from ``source`` to ``destination`` (Conflict if it is not there)."""
+    try:
+        rename_parts(home, session_id, source, destination, replace=True, expected_resource_id=resource_id)
     except CrossRoot:
-        raise OSError(errno.EXDEV, "cross-root rename") from None
+        raise CrossDevice(errno.EXDEV, "cross-root rename") from None

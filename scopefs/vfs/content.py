@@ -18,32 +18,26 @@ A large file is hashed in chunks, and the caller may ask for each chunk
 (``sink``) as it is hashed, to hand it on (the mount stores it in the
 kernel's page cache). Those chunks are not verified yet: the verdict comes
 only when the open returns, and the caller must keep them from every reader
-until then (see ``ScopeFS._claim_stream``).
+until then (see ``vfs.handles``). The hashing and the comparison are
+``catalog.artifacts.verify``'s, the same the command line's reader uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import queue
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from scopefs.catalog.artifacts import HASH_CHUNK, hash_fd, open_artifact_stat, open_store_dir
-from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.artifacts import mismatch, open_artifact_stat, open_store_dir, verify
+from scopefs.catalog.digests import Sink
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import VisibleNote
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
 WHOLE_BYTES = 256 << 10  # files up to this size are hashed from one read whose bytes are kept
-READ_AHEAD = 2  # chunks waiting between two threads of a streamed hash: a few MiB in all
-
-Sink = Callable[[int, bytes], None]  # (offset, chunk) of a file being hashed, not verified yet
 
 
 @dataclass(frozen=True)
@@ -135,17 +129,14 @@ class Artifacts:
             if self._verified.get(note.revision_id) != stamp:
                 self._verified.pop(note.revision_id, None)
                 if stamp.size != note.size:
-                    raise IntegrityError("artifact does not match its catalog hash")
+                    raise mismatch()  # known without reading a byte
                 started = time.time_ns()
                 if note.size <= WHOLE_BYTES:
-                    verified = os.pread(fd, note.size + 1, 0)
-                    sha, size = hashlib.sha256(verified).hexdigest(), len(verified)
-                elif sink is not None:
-                    sha, size = hash_streamed(fd, note.size, sink)
+                    verified = verify(fd, note.size, note.sha256, keep=note.size)
                 else:
-                    sha, size = hash_fd(fd)
-                if size != note.size or sha != note.sha256 or Stamp.of(fd) != stamp:
-                    raise IntegrityError("artifact does not match its catalog hash")
+                    verify(fd, note.size, note.sha256, sink=sink)
+                if Stamp.of(fd) != stamp:
+                    raise mismatch()  # changed while it was hashed
                 if started - stamp.ctime_ns > RACY_NS:
                     self._verified[note.revision_id] = stamp
             if keep and note.revision_id in self._verified and note.revision_id not in self._kept:
@@ -162,7 +153,7 @@ class Artifacts:
         data = os.pread(fd, size, offset)
         if Stamp.of(fd) != stamp:  # checked after the read: a rewrite during it is caught too
             self._verified.clear()  # the trio thread drops the kept descriptors when it next opens
-            raise IntegrityError("artifact changed after it was verified")
+            raise mismatch()  # changed after it was verified
         return data
 
     def read_all(self, note: VisibleNote, *, keep: bool = True) -> bytes:
@@ -172,89 +163,5 @@ class Artifacts:
         finally:
             os.close(fd)
         if len(data) != note.size:
-            raise IntegrityError("artifact does not match its catalog hash")
+            raise mismatch()
         return data
-
-
-def hash_streamed(fd: int, limit: int, sink: Sink) -> tuple[str, int]:
-    """SHA-256 hex and size of what ``fd`` holds from its start, each chunk
-    also handed to ``sink`` in order; reading stops one byte past ``limit``
-    (the size is wrong by then) and ``sink`` never sees a byte past it.
-
-    Three threads, each releasing the GIL for its part: a reader
-    (``pread``), this one (the hash) and a storer (``sink``, which copies
-    the chunk into the kernel). A store runs while the same chunk is
-    hashed. On this 2-core VM, the cold open of a 256 MiB note took 0.34 s
-    with one thread or with reader and hasher alone, 0.29 s with all three
-    (medians of 12 interleaved rounds; bench/RESULTS.md, run E).
-    At most ``READ_AHEAD`` chunks wait in each queue, so a stream holds a
-    few MiB whatever the file's size. Both helpers are joined before this
-    returns or raises: ``fd`` is the caller's to close, and no chunk reaches
-    ``sink`` once this returned.
-    """
-    chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=READ_AHEAD)
-    stores: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=READ_AHEAD)
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    reader = threading.Thread(target=_read_ahead, args=(fd, limit + 1, chunks, stop), daemon=True)
-    storer = threading.Thread(target=_hand_on, args=(stores, sink, failures), daemon=True)
-    reader.start()
-    storer.start()
-    try:
-        sha, size = _hash_chunks(chunks, stores, limit)
-    finally:
-        stores.put(None)
-        storer.join()
-        stop.set()
-        while reader.is_alive():  # it may wait to put a chunk nobody will take
-            with contextlib.suppress(queue.Empty):
-                chunks.get(timeout=0.01)
-        reader.join()
-    if failures:
-        raise failures[0]
-    return sha, size
-
-
-def _hash_chunks(chunks: queue.Queue[bytes | BaseException], stores: queue.Queue[tuple[int, bytes] | None],
-                 limit: int) -> tuple[str, int]:
-    """Hash the reader's chunks until its empty one, queueing each for the storer first."""
-    digest = hashlib.sha256()
-    size = 0
-    while True:
-        chunk = chunks.get()
-        if isinstance(chunk, BaseException):
-            raise chunk
-        if not chunk:
-            return digest.hexdigest(), size
-        if size < limit:
-            stores.put((size, chunk if size + len(chunk) <= limit else chunk[:limit - size]))
-        digest.update(chunk)
-        size += len(chunk)
-
-
-def _read_ahead(fd: int, limit: int, chunks: queue.Queue[bytes | BaseException], stop: threading.Event) -> None:
-    """Read ``fd`` in order up to ``limit`` bytes into ``chunks``; an empty chunk ends it."""
-    offset = 0
-    try:
-        while not stop.is_set():
-            chunk = os.pread(fd, min(HASH_CHUNK, limit - offset), offset) if offset < limit else b""
-            chunks.put(chunk)
-            if not chunk:
-                return
-            offset += len(chunk)
-    except BaseException as exc:  # noqa: BLE001 - handed to the hasher, which raises it
-        chunks.put(exc)
-
-
-def _hand_on(stores: queue.Queue[tuple[int, bytes] | None], sink: Sink, failures: list[BaseException]) -> None:
-    """Give each queued chunk to ``sink`` until the ``None`` that ends the stream.
-
-    After a failure of ``sink`` the rest is taken and dropped, so the
-    hasher never waits on a full queue; the failure is raised by it.
-    """
-    while (item := stores.get()) is not None:
-        if not failures:
-            try:
-                sink(*item)
-            except BaseException as exc:  # noqa: BLE001 - raised by hash_streamed
-                failures.append(exc)

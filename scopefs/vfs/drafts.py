@@ -8,14 +8,12 @@ and it dies with the mount server.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import time
 
-from scopefs.catalog.errors import BadInput
-
-MAX_DRAFT_BYTES = 1 << 30  # the writer's own limit: refuse early rather than at commit
+from scopefs.catalog.artifacts import check_size, verify
+from scopefs.catalog.errors import IntegrityError
 
 
 class Draft:
@@ -40,16 +38,14 @@ class Draft:
         return os.pread(self.fd, size, offset)
 
     def write(self, offset: int, data: bytes) -> int:
-        if offset + len(data) > MAX_DRAFT_BYTES:
-            raise BadInput(f"note is larger than {MAX_DRAFT_BYTES} bytes")
+        check_size(offset + len(data))  # refused at the write(2) that crosses the limit, not at close
         written = os.pwrite(self.fd, data, offset)
         self.size = max(self.size, offset + written)
         self._touch()
         return written
 
     def truncate(self, size: int) -> None:
-        if size > MAX_DRAFT_BYTES:
-            raise BadInput(f"note is larger than {MAX_DRAFT_BYTES} bytes")
+        check_size(size)
         os.ftruncate(self.fd, size)
         self.size = size
         if size == 0:
@@ -60,16 +56,15 @@ class Draft:
         self.dirty = True
         self.mtime_ns = time.time_ns()
 
-    def sha256(self) -> str:
-        digest = hashlib.sha256()
-        offset = 0
-        while offset < self.size:
-            chunk = os.pread(self.fd, min(1 << 20, self.size - offset), offset)
-            if not chunk:
-                break
-            digest.update(chunk)
-            offset += len(chunk)
-        return digest.hexdigest()
+    def holds(self, size: int, sha256: str) -> bool:
+        """Whether this draft is byte for byte that content (a save that changed nothing)."""
+        if size != self.size:
+            return False
+        try:
+            verify(self.fd, size, sha256)
+        except IntegrityError:
+            return False
+        return True
 
     def reader(self) -> io.BufferedReader:
         """A fresh file object over the whole content (for the writer to stage)."""

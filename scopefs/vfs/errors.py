@@ -10,16 +10,17 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError, StorageError
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError, StorageError, TooLarge
 from scopefs.catalog.reasons import Reason
 
 log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def errno_for(exc: BaseException) -> int:
@@ -29,8 +30,10 @@ def errno_for(exc: BaseException) -> int:
         return errno.ENOENT if exc.reason == Reason.OUTSIDE_VIEW else errno.EACCES
     if isinstance(exc, IntegrityError):
         return errno.EIO
+    if isinstance(exc, TooLarge):
+        return errno.EFBIG
     if isinstance(exc, BadInput):
-        return errno.EFBIG if "larger than" in str(exc) else errno.EINVAL
+        return errno.EINVAL
     if isinstance(exc, Conflict):
         return errno.EAGAIN
     if isinstance(exc, StorageError):
@@ -47,7 +50,7 @@ def fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno_for(exc))
 
 
-def guarded(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Turn every failure of a request handler into an errno reply.
 
     pyfuse3 replies only to FUSEError; any other exception would escape into
@@ -56,7 +59,7 @@ def guarded(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
     """
 
     @functools.wraps(handler)
-    async def wrapper(*args: object, **kwargs: object) -> T:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:

@@ -34,7 +34,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from scopefs.vfs.drafts import Draft
 from scopefs.vfs.errors import guarded
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.inodes import Kind, Node, Parts
-from scopefs.vfs.names import NameError_, confusable, decode
+from scopefs.vfs.names import BadName, confusable, decode
 from scopefs.vfs.namespace import Invalidation, Namespace
 from scopefs.vfs.pages import PageStream, drop_pages
 from scopefs.vfs.queries import Queries, is_query_path
@@ -228,7 +228,7 @@ class ScopeFS(pyfuse3.Operations):
     def _child_name(self, name: bytes) -> str:
         try:
             return decode(name)
-        except NameError_ as exc:
+        except BadName as exc:
             raise _fail(exc.errno) from None
 
     def _check_new_name(self, parent: Node, name: str, *, ignore: str | None = None) -> None:
@@ -322,15 +322,15 @@ class ScopeFS(pyfuse3.Operations):
             return self._attr(node)
         try:
             text = decode(name)
-        except NameError_:
+        except BadName:
             raise _fail(errno.ENOENT) from None  # a name that cannot exist is simply not there
-        node = self.ns.lookup(parent.parts + (text,))
-        if node is None:
+        found = self.ns.lookup(parent.parts + (text,))
+        if found is None:
             raise _fail(errno.ENOENT)
-        node.lookups += 1
-        return self._attr(node)
+        found.lookups += 1
+        return self._attr(found)
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, count in inode_list:
             self.ns.inodes.forget(inode, count)
             self.queries.forget(inode)
@@ -420,7 +420,7 @@ class ScopeFS(pyfuse3.Operations):
             self._release_detached(node)
             return
         assert node.resource_id is not None
-        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, "/".join(parts))
+        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, parts)
         self.ns.schedule_removal(parts, node.resource_id)
 
     # -- reading -------------------------------------------------------------
@@ -549,10 +549,14 @@ class ScopeFS(pyfuse3.Operations):
                 node.draft.truncate(0)
             return
         source = node.frozen if node.kind is Kind.SCRATCH else self.ns.note_of(node)
-        if source is not None and not truncate and not self._shows(source.resource_id):
+        if source is None or truncate:
+            data, loaded_from = b"", None
+        elif not self._shows(source.resource_id):
             raise _fail(errno.EACCES)
-        data = b"" if truncate or source is None else await self._load(source)
-        node.draft = Draft(data, source_resource=source.resource_id if data else None)
+        else:
+            data = await self._load(source)
+            loaded_from = source.resource_id if data else None
+        node.draft = Draft(data, source_resource=loaded_from)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
             node.draft.dirty = True
@@ -700,14 +704,14 @@ class ScopeFS(pyfuse3.Operations):
             if draft is None or not draft.dirty or not node.attached or node.kind is not Kind.NOTE:
                 return
             current = self.ns.note_of(node)
-            if current is not None and current.size == draft.size and current.sha256 == draft.sha256():
+            if current is not None and draft.holds(current.size, current.sha256):
                 draft.dirty = False  # an unchanged save is not a new revision
                 return
             self._check_copy(node)
             draft.dirty = False  # writes landing during the commit mark it dirty again
             try:
-                result = await self._catalog(catalog_ops.commit, self.home, self.session_id,
-                                             "/".join(node.parts), draft)
+                result = await self._catalog(catalog_ops.commit, self.home, self.session_id, node.parts, draft,
+                                             node.resource_id)
             except BaseException:
                 draft.dirty = True
                 self._forget_pages(node)  # the kernel holds refused bytes: they must not be read back
@@ -753,8 +757,7 @@ class ScopeFS(pyfuse3.Operations):
         elif draft is not None and draft.dirty and handle.node.kind is Kind.NOTE:
             # Deferred, but a refusal must still reach this close().
             try:
-                await self._catalog(catalog_ops.check_save, self.home, self.session_id,
-                                    "/".join(handle.node.parts))
+                await self._catalog(catalog_ops.check_save, self.home, self.session_id, handle.node.parts)
             except BaseException:
                 self._forget_pages(handle.node)
                 raise
@@ -880,9 +883,11 @@ class ScopeFS(pyfuse3.Operations):
         await self._ensure_draft(node, truncate=False)
         assert node.draft is not None
         self._check_copy(node)
+        replacing = target.resource_id if target is not None else None  # the note saved over, if any
         if removal is not None and not removal.in_flight:
             self.ns.cancel_removal(dst)
-        result = await self._catalog(catalog_ops.commit, self.home, self.session_id, "/".join(dst), node.draft)
+            replacing = removal.resource_id
+        result = await self._catalog(catalog_ops.commit, self.home, self.session_id, dst, node.draft, replacing)
         self.ns.drop_local(src)
         self._replace_target(target, dst)
         node.parts = dst
@@ -896,7 +901,7 @@ class ScopeFS(pyfuse3.Operations):
     async def _rename_away(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
         """A note renamed to a scratch name (vim's and Emacs's backup before a save)."""
         await self._commit(node)
-        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, "/".join(src))
+        await self._catalog(catalog_ops.check_remove, self.home, self.session_id, src)
         note = self.ns.note_of(node)
         assert node.resource_id is not None
         self.ns.schedule_removal(src, node.resource_id)
@@ -910,7 +915,8 @@ class ScopeFS(pyfuse3.Operations):
         removal = self.ns.removed.get(dst)
         if removal is not None and removal.in_flight:
             raise _fail(errno.EAGAIN)
-        await self._catalog(catalog_ops.rename, self.home, self.session_id, "/".join(src), "/".join(dst))
+        assert node.resource_id is not None
+        await self._catalog(catalog_ops.rename, self.home, self.session_id, src, dst, node.resource_id)
         self.ns.keep_folders(src[:-1])
         self.ns.cancel_removal(dst)
         self._replace_target(target, dst)
@@ -951,7 +957,7 @@ class ScopeFS(pyfuse3.Operations):
                 continue
             removal.in_flight = True
             try:
-                await self._catalog(catalog_ops.remove, self.home, self.session_id, "/".join(parts),
+                await self._catalog(catalog_ops.remove, self.home, self.session_id, parts,
                                     removal.resource_id)
             except Exception as exc:  # noqa: BLE001 - logged by type; the note stays
                 log.warning("a removal was not committed (%s); the note stays", type(exc).__name__)

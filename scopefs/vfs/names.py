@@ -29,19 +29,23 @@ _LOOKALIKES = str.maketrans({
 })
 
 
-class NameError_(OSError):
-    """A name that cannot be created, with the errno that says why."""
+class BadName(Exception):
+    """A name that can never be a note's, and the errno that refuses creating it."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(errno.errorcode.get(code, str(code)))
+        self.errno = code
 
 
 def decode(name: bytes) -> str:
-    """The validated name, or OSError(EINVAL / ENAMETOOLONG)."""
+    """The validated name, or BadName (EINVAL, ENAMETOOLONG)."""
     if len(name) > MAX_COMPONENT_BYTES:
-        raise NameError_(errno.ENAMETOOLONG, "name too long")
+        raise BadName(errno.ENAMETOOLONG)
     try:
         text = name.decode("utf-8")
         return validate_component(text)
     except (UnicodeDecodeError, BadInput):
-        raise NameError_(errno.EINVAL, "invalid name") from None
+        raise BadName(errno.EINVAL) from None
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import pyfuse3
 import trio
@@ -93,13 +93,19 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
         pyfuse3.close(unmount=fs.terminated)
 
 
+class ReportReady(Protocol):
+    """Says the server is ready, with optional details for whoever started it."""
+
+    def __call__(self, details: dict[str, object] | None = None) -> None: ...
+
+
 def _report(ready: TextIO, code: int, message: str, reason: str | None) -> None:
     if not ready.closed:
         ready.write("error " + json.dumps({"code": code, "message": message, "reason": reason}) + "\n")
         ready.close()
 
 
-def run_reporting(ready_fd: int, body: Callable[[Callable[[dict[str, object] | None], None]], None]) -> int:
+def run_reporting(ready_fd: int, body: Callable[[ReportReady], None]) -> int:
     """Run ``body`` and report on ``ready_fd``: ``ready [json]`` once it says so,
     else ``error {json}`` with the exit code and a one-line reason.
 

@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from scopefs.catalog import ids
 from scopefs.catalog.artifacts import (
     check_locator,
-    hash_fd,
     open_artifact,
     open_scopes_dir,
     open_store_dir,
+    verify,
 )
 from scopefs.catalog.audit import drain
-from scopefs.catalog.db import one
+from scopefs.catalog.db import one, scalar
 from scopefs.catalog.errors import IntegrityError, StorageError
 from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
@@ -152,7 +152,8 @@ def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Inten
 def recover_pending_if_idle(home: Home, agent_id: str) -> int:
     """Settle abandoned intents when no writer is active; returns how many."""
     catalog = home.catalog(agent_id)
-    if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,)) is None:
+    pending = one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,))
+    if pending is None:
         return 0
     with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
         if not held:
@@ -217,11 +218,11 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                 findings.append(Finding("missing-artifact" if missing else "unsafe-artifact", agent_id, revision_id))
                 continue
             try:
-                actual, actual_size = hash_fd(fd)
+                verify(fd, size, sha256)
+            except IntegrityError:
+                findings.append(Finding("tampered-artifact", agent_id, revision_id))
             finally:
                 os.close(fd)
-            if actual != sha256 or actual_size != size:
-                findings.append(Finding("tampered-artifact", agent_id, revision_id))
     finally:
         os.close(store_fd)
     return findings
@@ -301,7 +302,7 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             failed = reindex(home, agent_id, only_stale=True).failed
             action = "reindexed" + (f" ({len(failed)} failed verification and stay unsearchable)" if failed else "")
         findings.append(Finding("unindexed-revisions", agent_id, None, action))
-    ready = one(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))[0]
+    ready = scalar(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))
     if ready:
         action = None
         if fix:

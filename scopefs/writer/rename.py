@@ -11,17 +11,17 @@ through the ordinary write path and its policy checks.
 
 from __future__ import annotations
 
-from scopefs.catalog.access import authorize_session, decide, resolve
+from scopefs.catalog.access import authorize_session, decide, existing_target, resolve
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
-from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import path_conflict
 from scopefs.writer import lock
-from scopefs.writer.tombstone import existing_target, tombstone_rows
+from scopefs.writer.tombstone import tombstone_rows
 
 
 class CrossRoot(BadInput):
@@ -34,13 +34,26 @@ class TargetExists(BadInput):
 
 def rename_note(home: Home, session_id: str, source: str, destination: str, *, replace: bool = True,
                 actor_id: str | None = None) -> str:
-    """Move the note at ``source`` to ``destination``; returns its resource id."""
-    src_parts, dst_parts = split_virtual_path(source), split_virtual_path(destination)
+    """Move the note at ``source`` to ``destination`` (strings, as the command line has them)."""
+    return rename_parts(home, session_id, split_virtual_path(source), split_virtual_path(destination),
+                        replace=replace, actor_id=actor_id)
+
+
+def rename_parts(home: Home, session_id: str, src_parts: Parts, dst_parts: Parts, *, replace: bool = True,
+                 actor_id: str | None = None, expected_resource_id: str | None = None) -> str:
+    """Move the note at ``src_parts`` to ``dst_parts``; returns its resource id.
+
+    ``expected_resource_id``: the note the caller means to move; if the
+    source path holds another one (or none) by the time the transaction
+    runs, Conflict and nothing changes (``catalog.access.expect_resource``).
+    """
+    check_parts(src_parts)
+    check_parts(dst_parts)
     access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
     catalog = home.catalog(access.agent_id)
     with lock.shared(home.lock_path(access.agent_id)):
         with immediate(catalog):
-            src = existing_target(access, src_parts, Op.DELETE)
+            src = existing_target(access, src_parts, Op.DELETE, expected_resource_id=expected_resource_id)
             dst = resolve(access, dst_parts)
             if dst.mount != src.mount:
                 raise CrossRoot("cannot rename across roots; copy the note instead")
@@ -48,7 +61,7 @@ def rename_note(home: Home, session_id: str, source: str, destination: str, *, r
                 raise BadInput("invalid path: name a note inside the root")
             assert src.store is not None and src.resource is not None and src.revision is not None
             replaced = dst.resource is not None and dst.revision is not None
-            if replaced and dst.resource.resource_id == src.resource.resource_id:
+            if dst.resource is not None and replaced and dst.resource.resource_id == src.resource.resource_id:
                 return src.resource.resource_id  # rename onto itself: nothing to do
             if replaced:
                 if not replace:

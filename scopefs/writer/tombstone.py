@@ -12,9 +12,9 @@ import apsw
 
 from scopefs.catalog.access import authorize_session, existing_target
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
-from scopefs.catalog.home import Home
-from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.db import immediate
+from scopefs.catalog.home import Home
+from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Op
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock
@@ -29,13 +29,24 @@ def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str)
 
 
 def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> str:
-    """Tombstone the note at virtual ``path``; returns its resource id."""
-    parts = split_virtual_path(path)
+    """Tombstone the note at virtual ``path`` (a string, as the command line has it)."""
+    return delete_parts(home, session_id, split_virtual_path(path), actor_id=actor_id)
+
+
+def delete_parts(home: Home, session_id: str, parts: Parts, *, actor_id: str | None = None,
+                 expected_resource_id: str | None = None) -> str:
+    """Tombstone the note at ``parts``; returns its resource id.
+
+    ``expected_resource_id``: the note the caller means; if the path holds
+    another one (or none) by the time the transaction runs, Conflict and
+    nothing changes (``catalog.access.expect_resource``).
+    """
+    check_parts(parts)
     access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
     catalog = home.catalog(access.agent_id)
     with lock.shared(home.lock_path(access.agent_id)):
         with immediate(catalog):  # decided and applied in one transaction: nothing can change in between
-            target = existing_target(access, parts, Op.DELETE)
+            target = existing_target(access, parts, Op.DELETE, expected_resource_id=expected_resource_id)
             assert target.resource is not None and target.revision is not None and target.store is not None
             event_id = enqueue(catalog, access.agent_id, access.event(
                 Op.DELETE, "allow", Reason.ALLOWED, store_id=target.store.store_id,
@@ -45,5 +56,3 @@ def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None 
     drain_quietly(home.state(), catalog, access.agent_id)
     return target.resource.resource_id
 
-
-__all__ = ["delete_note", "existing_target", "tombstone_rows"]

@@ -35,15 +35,17 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from scopefs.catalog import ids
-from scopefs.catalog.access import Access, Target, authorize_session, decide, resolve, revalidate
-from scopefs.catalog.artifacts import hash_fd, open_artifact, open_store_dir
+from scopefs.catalog.access import Access, Target, authorize_session, decide, expect_resource, resolve, revalidate
+from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import STORAGE_FAILURES, immediate, one
-from scopefs.catalog.errors import BadInput, Conflict, StorageError, storage_error
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, scalar
+from scopefs.catalog.digests import hash_fd
+from scopefs.catalog.errors import BadInput, Conflict, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
+from scopefs.catalog.home import Home
 from scopefs.catalog.index import current_model, prepare_from_fd
-from scopefs.catalog.paths import split_virtual_path
+from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import ResourceRow, StoreRow, active_revision, find_resource, path_conflict, policy_entries
@@ -54,7 +56,6 @@ from scopefs.writer.recovery import recover_pending_if_idle
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.stores import ensure_store
 
-MAX_NOTE_BYTES = 1 << 30  # 1 GiB: far above any note, bounds what stdin can make us stage
 CHUNK = 1 << 20
 
 _TRUST_ORIGIN = {
@@ -133,8 +134,7 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
         try:
             for chunk in _chunks(source):
                 size += len(chunk)
-                if size > MAX_NOTE_BYTES:
-                    raise BadInput(f"note is larger than {MAX_NOTE_BYTES} bytes")
+                check_size(size)
                 digest.update(chunk)
                 _write_all(fd, chunk)
             os.fsync(fd)  # an error here is final: never retried, never trusted
@@ -149,13 +149,14 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
         os.close(fd)
 
 
-def _plan(access: Access, parts: tuple[str, ...]) -> tuple[Target, Op]:
+def _plan(access: Access, parts: Parts, expected_resource_id: str | None) -> tuple[Target, Op]:
     """Resolve, validate and decide a write; raises before anything changes.
 
     Replacing a note requires being able to read it: a writer never
     overwrites content it may not see.
     """
     target = resolve(access, parts)
+    expect_resource(target.resource, expected_resource_id)
     if target.mount is None:
         raise access.refuse_outside(Op.APPEND, parts)
     if not target.inner:
@@ -210,7 +211,7 @@ class _Pending:
 
 
 def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
-                    staged: _Staged, locator: str) -> _Pending:
+                    staged: _Staged, locator: str, expected_resource_id: str | None) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
     agent_id = access.agent_id
     catalog = access.home.catalog(agent_id)
@@ -219,6 +220,7 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
     now = now_us()
     with immediate(catalog):
         resource = find_resource(catalog, agent_id, store.store_id, path)
+        expect_resource(resource, expected_resource_id)
         current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
         if (current.revision_id if current else None) != expected_base:
             raise Conflict("the note changed while it was being written; nothing was written, try again")
@@ -238,8 +240,8 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
         else:
             assert resource is not None
             resource_id = resource.resource_id
-        revision_no = one(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
-                          (resource_id,))[0]
+        revision_no = scalar(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
+                             (resource_id,))
         revision_id, intent_id = ids.new_id("revision"), ids.new_id("intent")
         event = access.event(op, "allow", Reason.ALLOWED, store_id=store.store_id, revision_id=revision_id)
         event_id = enqueue(catalog, agent_id, event)
@@ -279,7 +281,7 @@ def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, lo
         try:
             return roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
                              event_id=pending.event_id, reason=reason, decision=decision)
-        except (StorageError, *STORAGE_FAILURES):
+        except CATALOG_FAILURES:
             return False
 
     def files() -> None:
@@ -311,7 +313,7 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
 
 
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
-            staging_fd: int, staged: _Staged) -> WriteResult:
+            staging_fd: int, staged: _Staged, expected_resource_id: str | None) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
     locator = ids.random_token()
@@ -319,7 +321,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     try:
         revalidate(access, op)
         try:
-            pending = _record_pending(access, store, target, op, staged, locator)
+            pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id)
         except PolicyChanged as changed:
             raise access.refuse(op, changed.decision.reason, store_id=store.store_id) from None
         checkpoint(Step.PENDING)
@@ -344,12 +346,13 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
                      final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
         except BaseException as exc:
-            refused = isinstance(exc, PolicyChanged)
+            refusal = exc.decision if isinstance(exc, PolicyChanged) else None
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
-                     content_durable=durable, reason=exc.decision.reason if refused else Reason.REVISION_STALE,
-                     decision="deny" if refused else "error")
-            if refused:  # the outbox row already carries the audit of this refusal
-                raise access.denied(op, exc.decision.reason) from None
+                     content_durable=durable,
+                     reason=refusal.reason if refusal is not None else Reason.REVISION_STALE,
+                     decision="deny" if refusal is not None else "error")
+            if refusal is not None:  # the outbox row already carries the audit of this refusal
+                raise access.denied(op, refusal.reason) from None
             if isinstance(exc, OSError):
                 raise storage_error("cannot finalize the note", exc) from exc
             raise
@@ -362,36 +365,49 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                        pending.created)
 
 
-def write_note(home, session_id: str, path: str, source: bytes | BinaryIO, *,
+def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO, *,
                actor_id: str | None = None) -> WriteResult:
-    """Write ``source`` as the next revision of the note at virtual ``path``.
+    """Write ``source`` as the next revision of the note at virtual ``path`` (a string, as the CLI has it)."""
+    return write_parts(home, session_id, split_virtual_path(path), source, actor_id=actor_id)
+
+
+def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | BinaryIO, *,
+                actor_id: str | None = None, expected_resource_id: str | None = None) -> WriteResult:
+    """Write ``source`` as the next revision of the note at ``parts``.
 
     Validation, authorization and the policy decision happen before any
     input is read; the content is then staged, abandoned writes of crashed
     processes are rolled back, and the write is planned again under the
     writer lock (the note may have moved on meanwhile) and committed. A
     refusal changes nothing but the audit.
+
+    ``expected_resource_id``: the note the caller means to write (None: a
+    new note, or whatever the path holds). It is checked at both plans and
+    again inside the transaction that records the revision, so a rename
+    landing meanwhile makes this a Conflict rather than a revision of
+    another note (``catalog.access.expect_resource``).
     """
-    parts = split_virtual_path(path)
+    check_parts(parts)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
     recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
-    _plan(access, parts)
+    _plan(access, parts, expected_resource_id)
     staging_fd = open_dir(home.staging_dir(access.agent_id))
     try:
         with _staged(staging_fd, source) as staged:
             recover_pending_if_idle(home, access.agent_id)
             with lock.shared(home.lock_path(access.agent_id)):
-                target, op = _plan(access, parts)
+                target, op = _plan(access, parts, expected_resource_id)
+                assert target.mount is not None  # _plan refused a path outside every mount
                 store = target.store or ensure_store(access, target.mount)
-                return _commit(access, store, target, op, staging_fd, staged)
+                return _commit(access, store, target, op, staging_fd, staged, expected_resource_id)
     finally:
         os.close(staging_fd)
 
 
-def check_write(home, session_id: str, path: str) -> None:
-    """Raise (audited) if writing ``path`` now would be refused; writes nothing."""
+def check_write(home: Home, session_id: str, parts: Parts) -> None:
+    """Raise (audited) if writing ``parts`` now would be refused; writes nothing."""
     access = authorize_session(home, session_id, Op.APPEND)
-    _plan(access, split_virtual_path(path))
+    _plan(access, check_parts(parts), None)
 
 
-__all__ = ["MAX_NOTE_BYTES", "WriteResult", "check_write", "write_note"]
+__all__ = ["WriteResult", "check_write", "write_note", "write_parts"]

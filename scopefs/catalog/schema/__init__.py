@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from scopefs.catalog.db import immediate
+from scopefs.catalog.db import immediate, scalar
 from scopefs.catalog.errors import StorageError
 
 
@@ -31,7 +31,7 @@ class SchemaKind:
 
 
 def current_version(conn: apsw.Connection) -> int:
-    return conn.execute("PRAGMA user_version").fetchall()[0][0]
+    return int(scalar(conn, "PRAGMA user_version"))
 
 
 def ensure_schema(conn: apsw.Connection, kind: SchemaKind, *, upto: int | None = None) -> int:
@@ -51,7 +51,8 @@ def ensure_schema(conn: apsw.Connection, kind: SchemaKind, *, upto: int | None =
         raise StorageError(f"not a scopefs {kind.name} database")
     if version > kind.latest:
         raise StorageError(
-            f"{kind.name} database is schema version {version}, newer than this scopefs ({kind.latest}); upgrade scopefs"
+            f"{kind.name} database is schema version {version},"
+            f" newer than this scopefs ({kind.latest}); upgrade scopefs"
         )
     while version < target:
         with immediate(conn):
