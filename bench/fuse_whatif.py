@@ -53,18 +53,20 @@ def patch(variant: str) -> None:
     from scopefs.catalog import digests
     from scopefs.vfs import content
     from scopefs.vfs import fs as vfs_fs
+    from scopefs.vfs.follow import Follow
+    from scopefs.vfs.reads import Reads
 
     parts = {"audit-once", "noflush", "fdcache"} if variant == "all" else set(variant.split("+")) - {"stock"}
     if "audit-off" in parts:
-        vfs_fs.ScopeFS._expose = lambda self, note: None
+        Reads.expose = lambda self, note: None
     if "audit-once" in parts:
-        flush_audit = vfs_fs.ScopeFS._flush_audit
+        flush_audit = Follow.flush_audit
 
         async def audit_once(self):  # type: ignore[no-untyped-def]
-            keep = set(self._exposed)
+            keep = set(self._reads._exposed)
             await flush_audit(self)
-            self._exposed = keep
-        vfs_fs.ScopeFS._flush_audit = audit_once
+            self._reads._exposed = keep
+        Follow.flush_audit = audit_once
     if "noflush" in parts:
         async def no_flush(self, fh):  # type: ignore[no-untyped-def]
             raise pyfuse3.FUSEError(errno.ENOSYS)
@@ -73,17 +75,17 @@ def patch(variant: str) -> None:
         open_ = content.Artifacts.open
         cache: dict[str, tuple[int, content.Stamp]] = {}
 
-        def cached_open(self, note):  # type: ignore[no-untyped-def]
+        def cached_open(self, note, **options):  # type: ignore[no-untyped-def]
             hit = cache.get(note.revision_id)
             if hit is not None:
                 fd = os.dup(hit[0])
                 if content.Stamp.of(fd) == hit[1]:
-                    return fd, hit[1]
+                    return fd, hit[1], None
                 os.close(fd)
-            fd, stamp = open_(self, note)
+            fd, stamp, verified = open_(self, note, **options)
             if note.revision_id in self._verified:
                 cache[note.revision_id] = (os.dup(fd), stamp)
-            return fd, stamp
+            return fd, stamp, verified
         content.Artifacts.open = cached_open
     if "chunk64k" in parts:
         digests.HASH_CHUNK = 1 << 16
@@ -217,14 +219,14 @@ def save(work: Path) -> None:
     """One save's commit, then the view update the server does after it, timed in process."""
     from scopefs.catalog.home import Home
     from scopefs.catalog.visible import build, refresh
+    from scopefs.vfs.layers import Layers
     from scopefs.vfs.names import skeleton
-    from scopefs.vfs.namespace import Namespace
     from scopefs.writer.transaction import write_note
 
     session_id = json.loads((work / "manifest.json").read_text())["session_id"]
     home = Home.open(work / "home")
     try:
-        ns = Namespace(build(home, session_id))
+        ns = Layers(build(home, session_id))
         rel = "private/bench/d07/n0700.md"
         data = (work / "native" / rel).read_bytes()
         t_write, t_refresh, t_apply = [], [], []
@@ -250,7 +252,7 @@ def save(work: Path) -> None:
             return statistics.median(v) * 1e3
 
         print(f"notes in view {len(ns.view.notes)}; per save, median ms: write_note {med(t_write):.2f}, "
-              f"refresh {med(t_refresh):.2f}, Namespace.apply {med(t_apply):.2f}, "
+              f"refresh {med(t_refresh):.2f}, Layers.apply {med(t_apply):.2f}, "
               f"confusable check over {len(siblings)} siblings {confusable_ms:.2f}")
     finally:
         home.close()

@@ -21,6 +21,7 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.gate import Gate, pid_namespace
+from scopefs.vfs.mount import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario
 
 SESSION_UID = 1_544_000_001  # any uid: nothing runs as it, only the contexts claim it
@@ -51,6 +52,7 @@ def _run(scenario: Scenario, test: Callable[[ScopeFS, Gate, int], Awaitable[None
             ino = (await fs.lookup(ino, name.encode(), me)).st_ino
         gate.dismiss(namespace)
         await test(fs, gate, ino)
+        assert inconsistencies(fs.mount) == []  # the node table agrees with the handles and layers
 
     try:
         trio.run(main)

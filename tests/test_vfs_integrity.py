@@ -54,6 +54,7 @@ import trio.testing
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.mount import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
 
@@ -653,6 +654,7 @@ def _run_fs(scenario: Scenario, test: Callable[[ScopeFS, int], Awaitable[None]],
         for name in ("private", *path.split("/")):
             ino = (await fs.lookup(ino, name.encode())).st_ino
         await test(fs, ino)
+        assert inconsistencies(fs.mount) == []  # the node table agrees with the handles and layers
 
     try:
         trio.run(main)

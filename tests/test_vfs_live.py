@@ -198,7 +198,7 @@ def test_tombstone_from_other_mount_removes_note(scenario: Scenario, mounts: Mou
 
         os.unlink(remover / OFFSITE)
         assert _gone(remover / OFFSITE)  # hidden at once where it was removed
-        # After the removal grace period (vfs.namespace.REMOVAL_GRACE_S) the
+        # After the removal grace period (scopefs.vfs.layers.REMOVAL_GRACE_S) the
         # tombstone is committed, and the other mount forgets the note.
         wait_until(lambda: _gone(note), timeout=BOUND_S)
         assert "offsite.md" not in os.listdir(watcher / "channel")

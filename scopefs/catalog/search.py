@@ -94,8 +94,26 @@ class Hit:
 
 @dataclass(frozen=True)
 class Outcome:
+    """A search's results, and the two ways every caller prints them.
+
+    The command line and the mount's ``.search`` folder both print these,
+    so a tool can parse either and get the same thing.
+    """
+
     hits: tuple[Hit, ...]
     arms: tuple[str, ...]  # the arms that answered: "words", "vectors"
+
+    def payload(self) -> dict[str, object]:
+        """The JSON object (``--json``): the results in OpenClaw's shape, and the arms that answered."""
+        return {"results": [hit.as_dict() for hit in self.hits], "arms": list(self.arms)}
+
+    def lines(self) -> list[str]:
+        """For people: a citation and score line per hit, then its snippet indented."""
+        lines: list[str] = []
+        for hit in self.hits:
+            lines.append(f"{hit.citation}  score {hit.score:.4f}")
+            lines.extend("    " + line for line in hit.snippet.split("\n"))
+        return lines or ["no results"]
 
 
 @dataclass

@@ -206,12 +206,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     home = _home(args)
     outcome = search(home, args.session, args.query, limit=args.limit, about=args.about, actor_id=args.actor,
                      mode=args.mode)
-    lines = []
-    for hit in outcome.hits:
-        lines.append(f"{hit.citation}  score {hit.score:.4f}")
-        lines.extend("    " + line for line in hit.snippet.split("\n"))
-    emit(args.json, {"results": [hit.as_dict() for hit in outcome.hits], "arms": list(outcome.arms)},
-         lines or ["no results"])
+    emit(args.json, outcome.payload(), outcome.lines())
     return 0
 
 

@@ -6,25 +6,22 @@ they reveal nothing about other stores, other sessions or how many notes
 exist outside the view. A note's node follows its catalog resource, so the
 note keeps its inode through new revisions; scratch files and folders have
 nodes of their own, and so do the folders and result files of the hidden
-query folder (``vfs.queries``), which share this numbering.
+query folder (``vfs.queries``), which share this numbering. Numbers are
+never reused within a mount, which is why the generation is always 0.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
 
+from scopefs.catalog.paths import Parts
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs.drafts import Draft
-
-if TYPE_CHECKING:
-    from scopefs.vfs.queries import Folder, Results
-
-Parts = tuple[str, ...]
+from scopefs.vfs.querytree import Folder, Results
 
 
 class Kind(enum.Enum):
@@ -37,6 +34,40 @@ class Kind(enum.Enum):
 
 @dataclass(eq=False)
 class Node:
+    """One inode: a note, a folder, a scratch file or a node of the query tree.
+
+    The fields change only on the trio thread, and these hold between two
+    awaits (``vfs.mount`` says how the code keeps them):
+
+    * ``resource_id`` is set only on a NOTE (never on a scratch file, a
+      folder or a query node), and a NOTE without it exists only in this
+      mount's overlay: it was created here and is not committed yet. A
+      note node that is ``attached`` and has one is the one
+      ``Layers.by_resource`` maps that resource to.
+    * ``draft`` is set only on a NOTE or a SCRATCH file. A NOTE's draft
+      lives while a handle is open or a commit failed to happen; once the
+      last handle is released a clean one is closed (``close_clean_draft``)
+      and a detached node's is closed whatever it holds
+      (``close_draft_if_detached``).
+    * ``frozen`` is set only on a SCRATCH file: the note's revision it
+      holds since the note was renamed away to it (vim's backup). A draft
+      made for it later starts from that revision and clears it; a draft
+      it already had (a writer still held the note open) is what it serves.
+    * ``query`` is set exactly on QUERIES (a ``Folder``) and RESULTS (a
+      ``Results``) nodes, which are never ``attached``: they have no name
+      to lose, and go when the kernel forgets them.
+    * ``opens`` counts the handles in the handle table on this node;
+      ``lookups`` the kernel's references (``forget`` gives them back). A
+      node leaves the inode table only when both are 0 and it is detached.
+    * ``cached_revision`` is the one revision whose pages the kernel may
+      keep for this inode (``keep_cache``); ``stale_pages`` says pages of
+      another revision may still be there and must be dropped before any
+      store (``forget_pages`` sets it). Neither is ever true of a draft's
+      bytes: a node with a draft is opened with ``keep_cache`` off.
+    * ``commit_lock`` is held for the whole of one commit of this node; see
+      ``vfs.mount`` for the order it is taken in.
+    """
+
     ino: int
     kind: Kind
     parts: Parts
@@ -67,18 +98,33 @@ class Node:
         self.stale_pages = self.stale_pages or self.cached_revision is not None
         self.cached_revision = None
 
+    def close_clean_draft(self) -> None:
+        """A note nobody has open drops a draft that holds nothing uncommitted."""
+        if self.kind is Kind.NOTE and self.opens == 0 and self.draft is not None and not self.draft.dirty:
+            self.draft.close()
+            self.draft = None
+
+    def close_draft_if_detached(self) -> None:
+        """A node without a name and without handles has nobody left to read or commit its draft."""
+        if not self.attached and self.opens == 0 and self.draft is not None:
+            self.draft.close()
+            self.draft = None
+
 
 class Inodes:
+    """The nodes the kernel may ask about, by inode number."""
+
     def __init__(self) -> None:
         self._next = pyfuse3.ROOT_INODE + 1
         self.nodes: dict[int, Node] = {}
 
-    def new(self, kind: Kind, parts: Parts, **fields: object) -> Node:
+    def new(self, kind: Kind, parts: Parts, *, resource_id: str | None = None, draft: Draft | None = None,
+            attached: bool = True) -> Node:
         if not parts:
             ino = pyfuse3.ROOT_INODE
         else:
             ino, self._next = self._next, self._next + 1
-        node = Node(ino, kind, parts, **fields)  # type: ignore[arg-type]
+        node = Node(ino, kind, parts, resource_id=resource_id, draft=draft, attached=attached)
         self.nodes[ino] = node
         return node
 

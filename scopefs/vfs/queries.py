@@ -51,72 +51,31 @@ import logging
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import pyfuse3
 
 from scopefs.catalog.errors import BadInput, Denied, ScopefsError
+from scopefs.catalog.paths import Parts
 from scopefs.catalog.search import Outcome
 from scopefs.catalog.visible import VisibleView
 from scopefs.vfs.errors import errno_for
-from scopefs.vfs.inodes import Inodes, Kind, Node, Parts
+from scopefs.vfs.inodes import Inodes, Kind, Node
+from scopefs.vfs.querytree import SEARCH, Folder, Results
 
 log = logging.getLogger("scopefs.vfs")
-
-SEARCH = ".search"
-_JSON = "json"
-_ABOUT = "about"
 
 # (query, about=principal id or None) -> the outcome, run on the catalog thread.
 Search = Callable[..., Awaitable[Outcome]]
 
 
-@dataclass(frozen=True)
-class Folder:
-    """What the names in one folder of the query tree mean."""
-
-    about: str | None = None  # queries here are narrowed to this verified subject
-    as_json: bool = False  # queries here answer in JSON
-    principals: bool = False  # names here are principal ids (``.search/about``)
-
-    def child(self, name: str) -> Folder | None:
-        """The folder ``name`` opens here, or None if ``name`` is a query."""
-        if self.principals:
-            return Folder(about=name)
-        if not self.as_json and name == _JSON:
-            return Folder(about=self.about, as_json=True)
-        if self.about is None and not self.as_json and name == _ABOUT:
-            return Folder(principals=True)
-        return None
-
-
-@dataclass(frozen=True)
-class Results:
-    """One query's rendered results and the resources they quote."""
-
-    data: bytes
-    quoted: frozenset[str]  # resource ids of the notes quoted that the view showed
-    at_ns: int  # when they were computed: the file's times
-
-
-def is_query_path(parts: Parts) -> bool:
-    """Whether ``parts`` lies in the query tree (never a note's path: see the module docstring)."""
-    return parts[:1] == (SEARCH,)
-
-
 def render_text(outcome: Outcome) -> bytes:
-    """What ``scopefs search`` prints: a citation and score line, then the snippet indented."""
-    lines: list[str] = []
-    for hit in outcome.hits:
-        lines.append(f"{hit.citation}  score {hit.score:.4f}")
-        lines.extend("    " + line for line in hit.snippet.split("\n"))
-    return ("\n".join(lines or ["no results"]) + "\n").encode("utf-8")
+    """What ``scopefs search`` prints."""
+    return ("\n".join(outcome.lines()) + "\n").encode("utf-8")
 
 
 def render_json(outcome: Outcome) -> bytes:
     """Exactly what ``scopefs --json search`` prints, so a tool can parse either."""
-    payload = {"results": [hit.as_dict() for hit in outcome.hits], "arms": list(outcome.arms)}
-    return (json.dumps(payload, sort_keys=True) + "\n").encode("utf-8")
+    return (json.dumps(outcome.payload(), sort_keys=True) + "\n").encode("utf-8")
 
 
 def attributes(node: Node, attr: pyfuse3.EntryAttributes, mtime_ns: int) -> int:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-Parts = tuple[str, ...]
+from scopefs.catalog.paths import Parts
+
 _PINNED = 1 << 60
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Mount, Op
 from scopefs.catalog.visible import VisibleNote, VisibleView
-from scopefs.vfs.inodes import Inodes, Kind, Node, Parts
+from scopefs.vfs.inodes import Inodes, Kind, Node
 from scopefs.vfs.tree import Tree
 
 REMOVAL_GRACE_S = 1.0
@@ -41,7 +42,9 @@ class Invalidation:
     name: str | None = None
 
 
-class Namespace:
+class Layers:
+    """The three layers of one mount and the lookups through them (the module docstring says how)."""
+
     def __init__(self, view: VisibleView) -> None:
         self.inodes = Inodes()
         self.root = self.inodes.new(Kind.DIR, ())

@@ -1,0 +1,219 @@
+"""Writing through a mount: drafts, and the one revision each close makes of them.
+
+Content goes to an in-memory draft (``vfs.drafts``) and becomes one new
+revision, through the writer's staged-rename transaction, when the file
+is closed (``flush``) or synced. A save that changed nothing makes no
+revision. Scratch files of editors have drafts too, and never leave this
+mount.
+
+Each commit names the note it means (``catalog_ops.commit`` with the
+node's resource id): if another session renamed the note away meanwhile,
+the mount catches up with the view once and commits to the note where it
+now is, as a file descriptor follows its file across a rename.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pyfuse3
+
+from scopefs.catalog.errors import Conflict
+from scopefs.vfs import catalog_ops
+from scopefs.vfs.drafts import Draft
+from scopefs.vfs.handles import Handle
+from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.reads import Reads
+from scopefs.vfs.scratch import is_scratch
+from scopefs.writer.transaction import WriteResult
+
+log = logging.getLogger("scopefs.vfs")
+
+
+class Commits:
+    """Drafts of one mount's notes and scratch files, and the commits that turn them into revisions."""
+
+    def __init__(self, mount: MountState, reads: Reads) -> None:
+        self._mount = mount
+        self._reads = reads
+
+    async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
+        """``node``'s draft, made now from its current content (or from nothing) if it has none."""
+        mount = self._mount
+        if node.draft is not None:
+            if truncate and node.draft.size:
+                node.draft.truncate(0)
+            return node.draft
+        source = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
+        if source is None or truncate:
+            data, loaded_from = b"", None
+        elif not mount.shows(source.resource_id):
+            raise fail(errno.EACCES)
+        else:
+            data = await self._reads.load(source)
+            loaded_from = source.resource_id if data else None
+        node.draft = draft = Draft(data, source_resource=loaded_from)
+        node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
+        if truncate and source is not None and source.size:
+            draft.dirty = True
+        return draft
+
+    async def open(self, node: Node, flags: int, pid_namespace: int | None) -> pyfuse3.FileInfo:
+        """An open for writing (``O_TRUNC`` starts the draft empty)."""
+        mount = self._mount
+        if node.kind is not Kind.SCRATCH:
+            mount.check_writable(node.parts)
+        await self.ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
+        await mount.handles.quiesce(node)
+        fh = mount.handles.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+
+    async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
+        """A new note or scratch file, open for writing: its node and file handle."""
+        mount = self._mount
+        layers = mount.layers
+        parent, text, parts = mount.new_child(parent_ino, name)
+        mount.check_writable(parts)
+        if layers.lookup(parts) is not None:
+            raise fail(errno.EEXIST)
+        removal = layers.removed.get(parts)
+        if removal is not None and not removal.in_flight:
+            # Unlinked or renamed away a moment ago: this is a new revision of
+            # the same note (an editor's save, mv's copy over it).
+            layers.cancel_removal(parts)
+            node = layers.lookup(parts)
+            assert node is not None
+            node.draft = Draft()
+            node.draft.dirty = True
+        else:
+            mount.check_new_name(parent, text)
+            kind = Kind.SCRATCH if is_scratch(text) else Kind.NOTE
+            draft = Draft()
+            draft.dirty = kind is Kind.NOTE
+            node = layers.inodes.new(kind, parts, draft=draft)
+            layers.add_local(node)
+        await mount.handles.quiesce(node)
+        node.lookups += 1
+        return node, mount.handles.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+
+    def write(self, handle: Handle, off: int, buf: bytes) -> int:
+        if not handle.writable or handle.node.draft is None:
+            raise fail(errno.EBADF)
+        handle.wrote = True
+        return handle.node.draft.write(off, buf)
+
+    async def truncate(self, node: Node, size: int, *, by_path: bool) -> None:
+        """``truncate(2)``/``ftruncate(2)``: the draft's new size (by path, committed at once)."""
+        if node.kind is Kind.DIR:
+            raise fail(errno.EISDIR)
+        draft = await self.ensure_draft(node, truncate=False)
+        draft.truncate(size)
+        if by_path and node.kind is Kind.NOTE:  # truncate(2) by path: nobody will close it
+            await self.commit(node)
+            node.close_clean_draft()
+
+    async def commit(self, node: Node) -> None:
+        """Make a note's dirty draft its next revision (one writer transaction)."""
+        mount = self._mount
+        async with node.commit_lock:
+            draft = node.draft
+            if draft is None or not draft.dirty or not node.attached or node.kind is not Kind.NOTE:
+                return
+            current = mount.layers.note_of(node)
+            if current is not None and draft.holds(current.size, current.sha256):
+                draft.dirty = False  # an unchanged save is not a new revision
+                return
+            mount.check_copy(node)
+            draft.dirty = False  # writes landing during the commit mark it dirty again
+            try:
+                result = await self._commit_following(node, draft)
+            except BaseException:
+                draft.dirty = True
+                mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
+                raise
+            node.committed_revision = result.revision_id
+            await mount.sync()
+            self.bind(node, result.resource_id)
+
+    async def _commit_following(self, node: Node, draft: Draft) -> WriteResult:
+        """Commit to the note ``node`` is; once more where it is now, if another session moved it."""
+        mount = self._mount
+        parts = node.parts
+        try:
+            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft,
+                                       node.resource_id)
+        except Conflict:
+            if node.resource_id is None:
+                raise
+            await mount.sync()  # the view catches up: a moved note's node has its new path
+            if not node.attached or node.parts == parts:
+                raise
+            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
+                                       node.resource_id)
+
+    def bind(self, node: Node, resource_id: str) -> None:
+        """``node`` is now the catalog resource ``resource_id``."""
+        layers = self._mount.layers
+        if layers.local.get(node.parts) is node:
+            layers.drop_local(node.parts)
+        other = layers.by_resource.get(resource_id)
+        if other is not None and other is not node:
+            layers.detach(other)
+        node.kind = Kind.NOTE
+        node.resource_id = resource_id
+        node.attached = True
+        node.forget_pages()
+        layers.by_resource[resource_id] = node
+
+    async def flush(self, handle: Handle) -> None:
+        """Commit on close, so that a successful close(2) means durable.
+
+        Except for a handle that has only truncated or created an empty
+        file: the shell's ``> note`` opens, duplicates the descriptor and
+        closes the original before anything is written, and committing
+        that close would make every redirect two revisions (an empty one,
+        then the content). Such a draft is committed by the close that
+        follows the writes, or at release if none come.
+        """
+        mount = self._mount
+        if not handle.writable:
+            return
+        draft = handle.node.draft
+        if handle.wrote or (draft is not None and draft.size > 0):
+            await self.commit(handle.node)
+        elif draft is not None and draft.dirty and handle.node.kind is Kind.NOTE:
+            # Deferred, but a refusal must still reach this close().
+            try:
+                await mount.catalog(catalog_ops.check_save, mount.home, mount.session_id, handle.node.parts)
+            except BaseException:
+                mount.forget_pages(handle.node)
+                raise
+
+    async def release(self, fh: int) -> None:
+        """The kernel let go of ``fh``: commit what nobody will close again, drop what is settled."""
+        mount = self._mount
+        layers = mount.layers
+        handle = mount.handles.take(fh)
+        if handle is None:
+            return
+        if handle.fd >= 0:
+            os.close(handle.fd)
+        node = handle.node
+        if handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
+            try:
+                await self.commit(node)  # an empty file created or truncated and closed unwritten
+            except Exception as exc:  # noqa: BLE001 - nobody is left to tell
+                log.warning("a note was not committed at release (%s)", type(exc).__name__)
+        node.opens -= 1
+        if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
+            if node.draft.dirty:
+                mount.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
+            node.draft.close()  # committed by flush
+            node.draft = None
+            if node.resource_id is None and layers.local.get(node.parts) is node:
+                layers.drop_local(node.parts)  # a new note whose first commit failed never existed
+                layers.detach(node)
+        node.close_draft_if_detached()

@@ -1,0 +1,81 @@
+"""Folders of a mount: listing them, and the ones made and removed here.
+
+Folders exist in the catalog only through their notes. ``mkdir`` makes one
+in this mount's overlay, where it stays until it holds a note or is
+removed; ``rmdir`` of a folder of the view settles the removals of its
+notes first, and the folder goes with them. A listing is taken whole when
+it starts, so entries do not shift under a reader that asks in pieces.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pyfuse3
+
+from scopefs.vfs.attributes import attributes
+from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.removals import Removals
+
+
+class Folders:
+    """``mkdir``, ``rmdir`` and ``readdir`` of one mount."""
+
+    def __init__(self, mount: MountState, removals: Removals) -> None:
+        self._mount = mount
+        self._removals = removals
+        self._listings: dict[int, list[str]] = {}  # open folder handle -> the names it lists
+
+    def mkdir(self, parent_ino: int, name: bytes) -> Node:
+        mount = self._mount
+        layers = mount.layers
+        parent, text, parts = mount.new_child(parent_ino, name)
+        mount.check_writable(parts)
+        if layers.lookup(parts) is not None:
+            raise fail(errno.EEXIST)
+        mount.check_new_name(parent, text)
+        node = layers.inodes.new(Kind.DIR, parts)
+        layers.add_local(node)
+        layers.dirs[parts] = node
+        node.lookups += 1
+        return node
+
+    async def rmdir(self, parent_ino: int, name: bytes) -> None:
+        mount = self._mount
+        layers = mount.layers
+        parts, node = mount.existing(parent_ino, name)
+        if node.kind is not Kind.DIR:
+            raise fail(errno.ENOTDIR)
+        mount.check_writable(parts)
+        if layers.names(parts):
+            raise fail(errno.ENOTEMPTY)
+        if layers.local.get(parts) is node:
+            layers.drop_local(parts)
+            layers.dirs.pop(parts, None)
+            node.attached = False
+            return
+        # A folder of the view whose notes are all being removed here: settle
+        # those removals now, and the folder goes with them.
+        await self._removals.settle(prefix=parts)
+        if layers.lookup(parts) is not None:
+            raise fail(errno.ENOTEMPTY)
+
+    def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        mount = self._mount
+        node = mount.folder(fh)
+        if node.kind is Kind.QUERIES:
+            return  # lists nothing: a listing must never run a search
+        if start_id == 0 or fh not in self._listings:
+            self._listings[fh] = mount.layers.names(node.parts)
+        names = self._listings[fh]
+        for index in range(start_id, len(names)):
+            child = mount.layers.lookup(node.parts + (names[index],))
+            if child is None:
+                continue
+            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(mount, child), index + 1):
+                return
+            child.lookups += 1
+
+    def releasedir(self, fh: int) -> None:
+        self._listings.pop(fh, None)

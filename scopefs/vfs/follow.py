@@ -1,0 +1,86 @@
+"""What a mount does between requests: follow the catalog, settle removals, send the kernel invalidations.
+
+Other sessions write, rename, revoke and expire while this mount serves;
+the mount notices by polling the catalog's change log and the session's
+evidence (``MountState.sync``) every ``POLL_S``, and the kernel learns what
+changed from invalidations sent here, on their own thread, never from a
+request handler (an invalidation can wait on a page that a READ in
+flight has locked, and that READ waits on this loop). Removals whose
+grace period ended are tombstoned, and the read audit is written in
+batches. A failure of one round is logged by type and the next round
+tries again: nothing in here may end the mount.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import pyfuse3
+import trio
+
+from scopefs.catalog.audit import record_many
+from scopefs.vfs.layers import Invalidation
+from scopefs.vfs.mount import MountState
+from scopefs.vfs.reads import Reads
+from scopefs.vfs.removals import Removals
+
+log = logging.getLogger("scopefs.vfs")
+
+POLL_S = 0.1  # how often the change log and the session's evidence are checked
+AUDIT_FLUSH_S = 1.0
+
+
+class Follow:
+    """The background tasks of one mount, and what it settles once the kernel let go."""
+
+    def __init__(self, mount: MountState, reads: Reads, removals: Removals) -> None:
+        self._mount = mount
+        self._reads = reads
+        self._removals = removals
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._every, POLL_S, self._mount.sync)
+        nursery.start_soon(self._every, POLL_S, self._removals.settle)
+        nursery.start_soon(self._every, AUDIT_FLUSH_S, self.flush_audit)
+        nursery.start_soon(self._invalidate)
+
+    async def shutdown(self) -> None:
+        """After the kernel let go: settle removals and the audit batch."""
+        await self._removals.settle(everything=True)
+        await self.flush_audit()
+        self._mount.artifacts.close()
+
+    async def flush_audit(self) -> None:
+        batch = self._reads.take_exposures()
+        if batch:
+            try:
+                await self._mount.catalog(record_many, self._mount.home.state(), batch)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+
+    @staticmethod
+    async def _every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await trio.sleep(seconds)
+            try:
+                await work()
+            except Exception as exc:  # noqa: BLE001 - a background failure must not end the mount
+                log.warning("background %s failed (%s)", getattr(work, "__name__", "task"), type(exc).__name__)
+
+    async def _invalidate(self) -> None:
+        """Send invalidations from their own thread, never from a handler."""
+        async for item in self._mount.invalidations:
+            await trio.to_thread.run_sync(_send_invalidation, item)
+
+
+def _send_invalidation(item: Invalidation) -> None:
+    try:
+        pyfuse3.invalidate_inode(item.ino)
+    except OSError:
+        pass  # the kernel does not know this inode (ENOENT): nothing cached
+    if item.parent_ino is not None and item.name is not None:
+        try:
+            pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())
+        except OSError:
+            pass

@@ -1,0 +1,256 @@
+"""The lowest floor of one mount: its state, and the checks every request makes against it.
+
+Everything above (``reads``, ``commits``, ``renames``, ``removals``,
+``folders``, ``follow``, and the pyfuse3 adapter ``fs``) reaches the
+catalog, the view, the handle table and the kernel's caches only through
+a ``MountState``, so each of those rooms imports this one and none imports
+another one's caller.
+
+Three locks, always taken in this order (S3QL's rule, for the same
+reason: a fixed order cannot deadlock):
+
+1. a node's ``commit_lock``, one node at a time, for the whole of a commit;
+2. ``_sync_lock``, for one refresh of the view (``sync``);
+3. the catalog limiter, only around one call on the catalog thread
+   (``catalog``): nothing is awaited or acquired while it is held.
+
+Everything else relies on trio: between two awaits no other task runs, so
+a check and the change it guards are written with no await in between
+(``vfs.handles`` says where that matters most).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from scopefs.catalog.audit import AuditEvent
+from scopefs.catalog.home import Home
+from scopefs.catalog.paths import Parts
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
+from scopefs.vfs.content import Artifacts
+from scopefs.vfs.gate import Gate
+from scopefs.vfs.handles import Handle, HandleTable
+from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.layers import Invalidation, Layers
+from scopefs.vfs.names import BadName, confusable, decode
+from scopefs.vfs.querytree import is_query_path
+
+T = TypeVar("T")
+
+FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
+
+
+def fail(code: int) -> pyfuse3.FUSEError:
+    """The reply the kernel gets: an errno and nothing else."""
+    return pyfuse3.FUSEError(code)
+
+
+class MountState:
+    """One session's mounted view: its layers, handles, catalog thread and kernel caches."""
+
+    def __init__(self, home: Home, session_id: str, view: VisibleView, *, gate: Gate | None = None,
+                 owner: tuple[int, int] | None = None) -> None:
+        self.home = home
+        self.session_id = session_id
+        self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
+        self.layers = Layers(view)
+        self.artifacts = Artifacts(home, view.access.agent_id)
+        self.handles = HandleTable()
+        self.uid, self.gid = owner if owner is not None else (os.getuid(), os.getgid())
+        self.started_ns = time.time_ns()  # the time of every folder, constant: it says nothing of writes
+        self.bad_revisions: set[str] = set()  # failed verification in this mount: EIO until the view moves on
+        self._limiter = trio.CapacityLimiter(1)
+        self._sync_lock = trio.Lock()
+        self._last_sync_ok = time.monotonic()
+        self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
+
+    # -- the catalog thread and the view -------------------------------------
+
+    async def catalog(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run catalog work on a thread, one call at a time (apsw connections are not shared)."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+
+    @property
+    def view(self) -> VisibleView:
+        return self.layers.view
+
+    async def sync(self) -> None:
+        """Bring the view up to date with the catalog and queue invalidations.
+
+        Fails closed: if the catalog cannot be read for longer than
+        ``FAIL_CLOSED_S``, the view is emptied until it can, because a
+        revocation the mount cannot see must not keep serving notes.
+        """
+        async with self._sync_lock:
+            old = self.view
+            try:
+                new = await self.catalog(refresh, self.home, old)
+            except Exception:
+                if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
+                    self._apply(dataclasses.replace(old, problem=Reason.INVALID_CONTEXT, stores=(), notes={},
+                                                    by_resource={}, base_seq=None, delta=frozenset()))
+                raise
+            self._last_sync_ok = time.monotonic()
+            self._apply(new)
+
+    def _apply(self, new: VisibleView) -> None:
+        old = self.view
+        for item in self.layers.apply(new):
+            self._invalidations.send_nowait(item)
+        if self.view is not old:
+            # Local copies of notes (a backup taken by rename, a draft loaded
+            # from a note) must not outlive the note's place in the view.
+            for node in self.layers.local.values():
+                source = copied_from(node)
+                if source is not None and not self.shows(source):
+                    self.forget_pages(node)
+
+    def forget_pages(self, node: Node) -> None:
+        """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker)."""
+        node.forget_pages()
+        self._invalidations.send_nowait(Invalidation(node.ino))
+
+    def event(self, operation: str, decision: str, reason: Reason, note: VisibleNote) -> AuditEvent:
+        return self.view.access.event(operation, decision, reason, store_id=note.store_id,
+                                      revision_id=note.revision_id)
+
+    # -- what the view allows ------------------------------------------------
+
+    def shows(self, resource_id: str) -> bool:
+        """Whether the view still shows this resource (so its content may be served)."""
+        return self.view.usable and resource_id in self.view.by_resource
+
+    def check_copy(self, node: Node) -> None:
+        """EACCES unless the view is usable and still shows the note ``node``'s content came from."""
+        source = copied_from(node)
+        if not self.view.usable or (source is not None and not self.shows(source)):
+            raise fail(errno.EACCES)
+
+    def check_writable(self, parts: Parts) -> None:
+        """EACCES without evidence; EROFS where the view places no writes (a read-only root)."""
+        if not self.view.usable:
+            raise fail(errno.EACCES)
+        if not self.layers.writable(parts):
+            raise fail(errno.EROFS)
+
+    def check_new_name(self, parent: Node, name: str, *, ignore: str | None = None) -> None:
+        """EINVAL for a new name that looks like a sibling's (``vfs.names``)."""
+        siblings = set(self.layers.names(parent.parts)) - {ignore}
+        if confusable(name, siblings):
+            raise fail(errno.EINVAL)
+
+    # -- who asks ----------------------------------------------------------------
+
+    def admit(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> None:
+        if self.gate is not None and not self.gate.allows(ctx, root_attributes=root_attributes):
+            raise fail(errno.EACCES)
+
+    def opener(self, ctx: pyfuse3.RequestContext | None) -> int | None:
+        """For a handle about to be given out: the admitted pid namespace asking (EACCES if none)."""
+        if self.gate is None:
+            return None
+        namespace = self.gate.namespace_of(ctx)
+        if namespace is None:
+            raise fail(errno.EACCES)
+        return namespace
+
+    def check_handle(self, handle: Handle) -> None:
+        """Reads and writes need the pid namespace that opened the handle to be admitted still."""
+        if self.gate is not None and not self.gate.holds(handle.pid_namespace):
+            raise fail(errno.EACCES)
+
+    # -- nodes by number and name ----------------------------------------------
+
+    def node(self, ino: int) -> Node:
+        found = self.layers.inodes.get(ino)
+        if found is None:
+            raise fail(errno.ENOENT)
+        return found
+
+    def folder(self, ino: int) -> Node:
+        """The folder ``ino`` (ENOENT if it lost its name, ENOTDIR if it is a file)."""
+        found = self.node(ino)
+        if found.kind is Kind.QUERIES:
+            return found  # a folder of the query tree (see vfs.queries): it has no name to lose
+        if found.kind is not Kind.DIR or not found.attached:
+            raise fail(errno.ENOENT if not found.attached else errno.ENOTDIR)
+        return found
+
+    def new_child(self, parent_ino: int, name: bytes) -> tuple[Node, str, Parts]:
+        """The folder, the decoded name and the path of a name about to be made in it."""
+        parent = self.folder(parent_ino)
+        text = child_name(name)
+        return parent, text, parent.parts + (text,)
+
+    def existing(self, parent_ino: int, name: bytes) -> tuple[Parts, Node]:
+        """The path and node of an existing child (ENOENT otherwise), for changes to it."""
+        parts = self.folder(parent_ino).parts + (child_name(name),)
+        if is_query_path(parts):
+            self.check_writable(parts)  # the query tree is read-only: refused like a read-only root
+        found = self.layers.lookup(parts)
+        if found is None:
+            raise fail(errno.ENOENT)
+        return parts, found
+
+
+def child_name(name: bytes) -> str:
+    """A name to create, decoded and validated (EINVAL, ENAMETOOLONG)."""
+    try:
+        return decode(name)
+    except BadName as exc:
+        raise fail(exc.errno) from None
+
+
+def copied_from(node: Node) -> str | None:
+    """The resource whose content ``node`` holds a copy of (a draft loaded from it, a backup frozen to it)."""
+    if node.draft is not None:
+        return node.draft.source_resource
+    return node.frozen.resource_id if node.frozen is not None else None
+
+
+def inconsistencies(mount: MountState) -> list[str]:
+    """The ``Node`` invariants (``vfs.inodes``) that do not hold right now, as inode-numbered lines.
+
+    For tests and debugging, between two awaits: an empty list means the
+    node table, the layers and the handle table agree. Names only inode
+    numbers and kinds, never a note's path.
+    """
+    found: list[str] = []
+    layers = mount.layers
+    opens: dict[int, int] = {}
+    for handle in mount.handles.all():
+        opens[handle.node.ino] = opens.get(handle.node.ino, 0) + 1
+    for node in layers.inodes.nodes.values():
+        where = f"inode {node.ino} ({node.kind.value})"
+        if node.resource_id is not None and node.kind is not Kind.NOTE:
+            found.append(f"{where}: a resource id on a non-note")
+        if (node.kind is Kind.NOTE and node.attached and node.resource_id is not None
+                and layers.by_resource.get(node.resource_id) is not node):
+            found.append(f"{where}: an attached note the resource map does not name")
+        if node.draft is not None and node.kind not in (Kind.NOTE, Kind.SCRATCH):
+            found.append(f"{where}: a draft on a folder or query node")
+        if node.frozen is not None and node.kind is not Kind.SCRATCH:
+            found.append(f"{where}: a frozen revision on something other than a scratch file")
+        if (node.query is not None) != (node.kind in (Kind.QUERIES, Kind.RESULTS)):
+            found.append(f"{where}: a query where there should be none, or none where there should be one")
+        if node.kind in (Kind.QUERIES, Kind.RESULTS) and node.attached:
+            found.append(f"{where}: an attached query node")
+        if node.opens != opens.get(node.ino, 0):
+            found.append(f"{where}: {node.opens} opens counted, {opens.get(node.ino, 0)} handles")
+        if node.opens < 0 or node.lookups < 0:
+            found.append(f"{where}: a negative count")
+    for resource_id, node in layers.by_resource.items():
+        if node.resource_id != resource_id or layers.inodes.get(node.ino) is not node:
+            found.append(f"inode {node.ino}: the resource map names a node that is not that resource's")
+    return found

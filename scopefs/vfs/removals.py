@@ -1,0 +1,65 @@
+"""Removing notes through a mount: hidden at once, tombstoned after a grace period.
+
+``unlink`` hides a note in this mount immediately and schedules its
+tombstone (``Layers.schedule_removal``): an editor's unlink-then-create,
+or ``mv``'s copy over a note, cancels it within the grace period and
+becomes one new revision of the same note instead of a delete and a
+stranger. ``settle`` commits the removals that are due, each naming the
+note it means, so a note renamed onto the path meanwhile is spared.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from scopefs.catalog.paths import Parts
+from scopefs.vfs import catalog_ops
+from scopefs.vfs.inodes import Kind
+from scopefs.vfs.mount import MountState, fail
+
+log = logging.getLogger("scopefs.vfs")
+
+
+class Removals:
+    """The ``unlink`` requests of one mount and the tombstones they become."""
+
+    def __init__(self, mount: MountState) -> None:
+        self._mount = mount
+
+    async def unlink(self, parent_ino: int, name: bytes) -> None:
+        mount = self._mount
+        layers = mount.layers
+        parts, node = mount.existing(parent_ino, name)
+        if node.kind is Kind.DIR:
+            raise fail(errno.EISDIR)
+        mount.check_writable(parts)
+        if layers.local.get(parts) is node:  # scratch, or a note never committed
+            layers.drop_local(parts)
+            layers.detach(node)
+            node.close_draft_if_detached()
+            return
+        assert node.resource_id is not None
+        await mount.catalog(catalog_ops.check_remove, mount.home, mount.session_id, parts)
+        layers.schedule_removal(parts, node.resource_id)
+
+    async def settle(self, *, prefix: Parts | None = None, everything: bool = False) -> None:
+        """Tombstone notes removed here whose grace period is over (all of them, or all under ``prefix``)."""
+        mount = self._mount
+        layers = mount.layers
+        due = layers.due_removals(everything=everything or prefix is not None)
+        if prefix is not None:
+            due = [(p, r) for p, r in due if p[:len(prefix)] == prefix]
+        for parts, removal in due:
+            if removal.in_flight or layers.removed.get(parts) is not removal:
+                continue
+            removal.in_flight = True
+            try:
+                await mount.catalog(catalog_ops.remove, mount.home, mount.session_id, parts, removal.resource_id)
+            except Exception as exc:  # noqa: BLE001 - logged by type; the note stays
+                log.warning("a removal was not committed (%s); the note stays", type(exc).__name__)
+            finally:
+                if layers.removed.get(parts) is removal:
+                    del layers.removed[parts]
+        if due:
+            await mount.sync()

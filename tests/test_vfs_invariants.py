@@ -1,0 +1,162 @@
+"""The node table's invariants (``scopefs.vfs.inodes``) hold after every request of the usual save patterns.
+
+A ``ScopeFS`` runs in this process with no kernel: the requests are made
+by calling its handlers in the order a tool's system calls would reach
+them, and ``inconsistencies`` is asked after each one. The kernel's page
+cache is replaced by a recorder (no FUSE session exists here). Real
+mounts with real editors are ``test_vfs_editors.py``; this pins the state
+behind them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Iterator
+
+import pyfuse3
+import pytest
+import trio
+
+from scopefs.catalog.home import Home
+from scopefs.catalog.reader import read_note
+from scopefs.catalog.visible import build
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.mount import inconsistencies
+from tests.conftest import Scenario
+
+NOTE = "private/notes/allergy.md"
+
+
+@pytest.fixture(autouse=True)
+def no_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stores into and drops from the kernel's page cache go nowhere: there is no FUSE session."""
+    monkeypatch.setattr(pyfuse3, "notify_store", lambda *args, **kwargs: None)
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *args, **kwargs: None)
+    yield
+
+
+class Tool:
+    """Requests as a tool's system calls would make them, each followed by the invariant check."""
+
+    def __init__(self, fs: ScopeFS) -> None:
+        self.fs = fs
+        self.steps = 0
+
+    def check(self, what: str) -> None:
+        self.steps += 1
+        assert inconsistencies(self.fs.mount) == [], f"after {what}"
+
+    async def ino(self, path: str) -> int:
+        ino = pyfuse3.ROOT_INODE
+        for name in path.split("/"):
+            ino = (await self.fs.lookup(ino, name.encode())).st_ino
+        self.check(f"lookup {path}")
+        return ino
+
+    async def folder(self, path: str) -> int:
+        return await self.ino(path)
+
+    async def read(self, path: str) -> bytes:
+        info = await self.fs.open(await self.ino(path), os.O_RDONLY, None)  # type: ignore[arg-type]
+        self.check("open for reading")
+        data = await self.fs.read(info.fh, 0, 1 << 20)
+        await self.fs.release(info.fh)
+        self.check("release after reading")
+        return data
+
+    async def create(self, folder: str, name: str, data: bytes) -> None:
+        info, _ = await self.fs.create(await self.folder(folder), name.encode(), 0o600,
+                                       os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
+        self.check(f"create {name}")
+        await self.fs.write(info.fh, 0, data)
+        await self.fs.flush(info.fh)
+        self.check(f"close {name}")
+        await self.fs.release(info.fh)
+        self.check(f"release {name}")
+
+    async def overwrite(self, path: str, data: bytes) -> None:
+        info = await self.fs.open(await self.ino(path), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
+        self.check("open for writing, truncated")
+        await self.fs.write(info.fh, 0, data)
+        await self.fs.flush(info.fh)
+        await self.fs.release(info.fh)
+        self.check("release after writing")
+
+    async def rename(self, folder: str, old: str, new: str) -> None:
+        ino = await self.folder(folder)
+        await self.fs.rename(ino, old.encode(), ino, new.encode(), 0, None)  # type: ignore[arg-type]
+        self.check(f"rename {old} -> {new}")
+
+    async def unlink(self, folder: str, name: str) -> None:
+        await self.fs.unlink(await self.folder(folder), name.encode(), None)  # type: ignore[arg-type]
+        self.check(f"unlink {name}")
+
+
+def _run(scenario: Scenario, script: Callable[[Tool], Awaitable[None]]) -> Tool:
+    home = Home.open(scenario.cli.home)
+    fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
+    tool = Tool(fs)
+
+    async def main() -> None:
+        await script(tool)
+        await fs.removals.settle(everything=True)
+        tool.check("settling removals")
+        await fs.forget([(ino, node.lookups) for ino, node in list(fs.mount.layers.inodes.nodes.items())])
+        tool.check("the kernel forgetting everything")
+
+    try:
+        trio.run(main)
+    finally:
+        fs.artifacts.close()
+        home.close()
+    return tool
+
+
+def _content(scenario: Scenario, path: str = NOTE) -> bytes:
+    home = Home.open(scenario.cli.home)
+    try:
+        return read_note(home, scenario.alice_session, path)
+    finally:
+        home.close()
+
+
+def test_vim_save_keeps_the_invariants(scenario: Scenario) -> None:
+    """vim: backup by rename, write a new file under the name, drop the backup."""
+    async def script(tool: Tool) -> None:
+        before = await tool.read(NOTE)
+        await tool.create("private/notes", "4913", b"")  # vim's write probe
+        await tool.unlink("private/notes", "4913")
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        await tool.create("private/notes", "allergy.md", before + b"more\n")
+        await tool.unlink("private/notes", "allergy.md~")
+
+    tool = _run(scenario, script)
+    assert tool.steps > 15
+    assert _content(scenario).endswith(b"more\n")
+
+
+def test_atomic_save_and_shell_redirects_keep_the_invariants(scenario: Scenario) -> None:
+    """sed -i and Python's atomic save (write a temp, rename over), ``>`` and a note created and removed."""
+    async def script(tool: Tool) -> None:
+        await tool.create("private/notes", "sedAb12Cd", b"atomic\n")
+        await tool.rename("private/notes", "sedAb12Cd", "allergy.md")
+        await tool.overwrite(NOTE, b"redirected\n")
+        await tool.create("private/notes", "new.md", b"fresh\n")
+        await tool.rename("private/notes", "new.md", "renamed.md")
+        await tool.unlink("private/notes", "renamed.md")
+        assert await tool.read(NOTE) == b"redirected\n"
+
+    _run(scenario, script)
+    assert _content(scenario) == b"redirected\n"
+
+
+def test_a_backup_renamed_back_keeps_the_invariants(scenario: Scenario) -> None:
+    """A note renamed to a scratch name and back is the same note, with nothing committed."""
+    async def script(tool: Tool) -> None:
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        assert await tool.read("private/notes/allergy.md~") == await tool.read("private/notes/allergy.md~")
+        await tool.rename("private/notes", "allergy.md~", "allergy.md")
+
+    before = _content(scenario)
+    _run(scenario, script)
+    assert _content(scenario) == before
