@@ -142,12 +142,17 @@ class Terminal(PtyProcess):
     ``setsid --ctty`` (util-linux) makes the launcher a session leader whose
     controlling terminal is its stdin, the pty; it execs in place (the child
     of Popen is no process group leader), so ``proc`` is the launcher.
+    ``env --default-signal`` gives it SIGINT and SIGQUIT at their defaults,
+    as a terminal's shell has them: a suite started in the background
+    (``make test &``) runs with both ignored, and an ignored signal stays
+    ignored across exec, down to the sandboxed program.
     """
 
     def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        self.proc = subprocess.Popen(["setsid", "--ctty", "--wait", *argv], stdin=slave, stdout=slave,
+        self.proc = subprocess.Popen(["env", "--default-signal=INT,QUIT", "setsid", "--ctty", "--wait", *argv],
+                                     stdin=slave, stdout=slave,
                                      stderr=slave, env=env, close_fds=True)
         os.close(slave)
         self.screen = bytearray()
