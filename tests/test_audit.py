@@ -1,4 +1,4 @@
-"""Audit (issue item 10): every allow and deny is recorded with operation,
+"""Audit: every allow and deny is recorded with operation,
 subject kind, store, revision, reason and time, and never content, a path a
 user chose, a query or a raw provider id."""
 

@@ -1,4 +1,4 @@
-"""Bad input: exit code 2, one line on stderr, nothing written (issue item 11).
+"""Bad input: exit code 2, one line on stderr, nothing written.
 
 Each case runs the real CLI against a populated home and compares the whole
 logical state (every table row, every file) before and after. Bad input is

@@ -1,5 +1,5 @@
 """Identity: keyed-HMAC bindings, no rebinding, labels are only labels,
-revocation ends every session opened through a binding (issue item 3)."""
+revocation ends every session opened through a binding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""No raw identifier on disk (issue item 5).
+"""No raw identifier on disk (DESIGN.md §3).
 
 After the whole end-to-end scenario (DMs, colliding names, a group, writes,
 reads, a member leaving, a revoked binding, doctor), every byte of the home,

@@ -1,4 +1,4 @@
-"""Reads verify the artifact every time (issue item 8).
+"""Reads verify the artifact every time (DESIGN.md §5, invariant 4).
 
 A tampered, truncated, missing or swapped artifact returns exit code 4 and
 an audit row, never the bytes. Artifacts are opened beneath the store's

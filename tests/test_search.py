@@ -1,4 +1,4 @@
-"""Scoped search (issue 5): the index follows revisions, and nothing denied shows.
+"""Scoped search: the index follows revisions, and nothing denied shows.
 
 Why: search is a read path that ranks, counts and quotes, so it can leak in
 ways a plain read cannot: a denied nearest neighbour that pushes an allowed

@@ -1,4 +1,4 @@
-"""Foundations of scoped search (issue 5): the embedder and the vector extension.
+"""Foundations of scoped search: the embedder and the vector extension.
 
 The index, the prefilter and the authorized search come next; these pin
 what they will stand on: vectors are deterministic and comparable, carry

@@ -1,4 +1,4 @@
-"""Searching a view from inside it: the mount's hidden ``.search`` folder (issue 5, point 5).
+"""Searching a view from inside it: the mount's hidden ``.search`` folder.
 
 A sandboxed process has only its mount, so ``cat /memory/.search/<query>``
 must be all it needs to search its own view (``vfs/queries.py`` has the

@@ -1,4 +1,4 @@
-"""Sessions: subjects per DESIGN.md §4, stamped once (issue item 4), and the
+"""Sessions: subjects per DESIGN.md §4, stamped once, and the
 views each subject gets through the CLI (items 6 and 9)."""
 
 from __future__ import annotations

@@ -17,11 +17,13 @@ import pyfuse3
 import pytest
 import trio
 
+from scopefs.catalog.errors import Denied
 from scopefs.catalog.home import Home
 from scopefs.catalog.reader import read_note
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
+from scopefs.writer.rename import rename_note
 from tests.conftest import Scenario
 
 NOTE = "private/notes/allergy.md"
@@ -160,3 +162,26 @@ def test_a_backup_renamed_back_keeps_the_invariants(scenario: Scenario) -> None:
     before = _content(scenario)
     _run(scenario, script)
     assert _content(scenario) == before
+
+
+def test_a_save_follows_its_note_renamed_by_another_session(scenario: Scenario) -> None:
+    """The note is renamed elsewhere while a tool has it open; its close commits to the note where it now is."""
+    moved = "private/notes/allergy-moved.md"
+
+    async def script(tool: Tool) -> None:
+        info = await tool.fs.open(await tool.ino(NOTE), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
+        await tool.fs.write(info.fh, 0, b"saved after the move\n")
+        home = Home.open(scenario.cli.home)
+        try:  # another session of Alice's moves the note; this mount has not synced since
+            rename_note(home, scenario.alice_session, NOTE, moved)
+        finally:
+            home.close()
+        await tool.fs.flush(info.fh)
+        tool.check("close after the move")
+        await tool.fs.release(info.fh)
+        tool.check("release after the move")
+
+    _run(scenario, script)
+    assert _content(scenario, moved) == b"saved after the move\n"
+    with pytest.raises(Denied):
+        _content(scenario, NOTE)

@@ -4,7 +4,7 @@ Search ranks by meaning as well as by words, and the vectors it compares
 must all come from the same model: a changed model (or dimension) must
 force a reindex, never mix two spaces in one index. So every embedder
 has a ``name`` and a ``dimension``, which the index records beside its
-vectors (issue 5, point 6).
+vectors.
 
 The default needs no download and no network: ``HashingEmbedder`` hashes
 word unigrams, word bigrams and character trigrams into signed buckets

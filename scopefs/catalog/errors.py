@@ -1,7 +1,7 @@
 """Errors that cross the broker boundary, each tied to one exit code.
 
 The command line maps these to the exit codes of DESIGN.md §7, and the FUSE
-server (later) maps them to errnos. Keeping the mapping on the exception
+server maps them to errnos (``vfs.errors``). Keeping the mapping on the exception
 means no caller can forget which class of failure it is reporting, and a
 refusal never needs to carry detail about other scopes to be actionable.
 """

@@ -1,8 +1,8 @@
 """The pure policy evaluator: permissions, denies, expiry, reason codes.
 
 No I/O and no clock: every input, including ``now``, is an argument, so the
-same function serves the broker, the (later) SQL prefilter's property tests
-and the audit explanation. The order follows the specification's evaluation
+same function serves the broker, the SQL prefilter's property tests, the
+search's postfilter and the audit explanation. The order follows the specification's evaluation
 order, restricted to what a local broker decides:
 
 1. the resource must be inside a mount of the session's view;

@@ -24,18 +24,11 @@ from dataclasses import dataclass
 import apsw
 
 from scopefs.catalog.policy import Mount, Op, required
-from scopefs.catalog.stores import find_store
+from scopefs.catalog.stores import MountedStore, mounted_stores
 from scopefs.catalog.subject import Subject
 
 _READ_NEEDS = required(Op.READ)
 _CAPS = ", ".join(f"'{op.value}'" for op in sorted(_READ_NEEDS))
-
-
-@dataclass(frozen=True)
-class ScopedStore:
-    store_id: str
-    path_key: str
-    mount: Mount
 
 
 @dataclass(frozen=True)
@@ -44,11 +37,11 @@ class Scope:
 
     agent_id: str
     subject: Subject
-    stores: tuple[ScopedStore, ...]
+    stores: tuple[MountedStore, ...]
     now: int
     about: str | None = None  # a verified subject principal the results must carry
 
-    def store(self, store_id: str) -> ScopedStore | None:
+    def store(self, store_id: str) -> MountedStore | None:
         return next((s for s in self.stores if s.store_id == store_id), None)
 
     def params(self) -> dict[str, object]:
@@ -66,13 +59,8 @@ class Scope:
 
 def scope_for(conn: apsw.Connection, agent_id: str, subject: Subject, mounts: tuple[Mount, ...], now: int,
               about: str | None = None) -> Scope:
-    """The view's mounts resolved to the stores that exist (a store appears with its first write)."""
-    stores = []
-    for mount in mounts:
-        row = find_store(conn, agent_id, mount.scope_kind, mount.audience_id)
-        if row is not None:
-            stores.append(ScopedStore(row.store_id, row.path_key, mount))
-    return Scope(agent_id, subject, tuple(stores), now, about)
+    """Where a search of a view with ``mounts`` may look, as of ``now``."""
+    return Scope(agent_id, subject, tuple(mounted_stores(conn, agent_id, mounts)), now, about)
 
 
 def _entries_matching(effect: str, store: str, resource: str) -> str:

@@ -1,10 +1,11 @@
 """Reading a note through a session's view: decide, verify, audit.
 
-The only read path for content. The same steps serve the command line now
-and the filesystem later: validate the path, authorize the session, resolve
-inside the view, evaluate ``read``, verify the artifact's hash, and audit
-the outcome. A refusal names no other scope; an integrity failure returns no
-bytes.
+The command line's read path for one note: validate the path, authorize
+the session, resolve inside the view, evaluate ``read``, verify the
+artifact's hash (``artifacts.verify``, the same check a mount's open makes),
+and audit the outcome. A mount decides with the same evaluator once per
+view (``catalog.visible``) and verifies per open (``vfs.content``). A refusal
+names no other scope; an integrity failure returns no bytes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scoped hybrid search: authorize, rank, verify, cite (issue 5).
+"""Scoped hybrid search: authorize, rank, verify, cite.
 
 The order is the seed's authoritative pipeline, and it is the point:
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import apsw
 
 from scopefs.catalog.db import one
-from scopefs.catalog.policy import AudienceKind, Effect, Entry, Op
+from scopefs.catalog.policy import AudienceKind, Effect, Entry, Mount, Op
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,15 @@ class RevisionRow:
     state: str
 
 
+@dataclass(frozen=True)
+class MountedStore:
+    """A store of a view, and the mount (root, placement, ceiling) it shows under."""
+
+    mount: Mount
+    store_id: str
+    path_key: str
+
+
 _STORE_COLS = "s.store_id, s.scope_kind, s.audience_id, r.path_key"
 _REV_COLS = "revision_id, resource_id, revision_no, content_sha256, size, locator, state"
 
@@ -55,6 +64,16 @@ def find_store(conn: apsw.Connection, agent_id: str, scope_kind: str, audience_i
         (agent_id, agent_id, scope_kind, audience_id),
     )
     return None if row is None else StoreRow(*row)
+
+
+def mounted_stores(conn: apsw.Connection, agent_id: str, mounts: tuple[Mount, ...]) -> list[MountedStore]:
+    """A view's mounts resolved to the stores that exist (a store appears with its first write)."""
+    found = []
+    for mount in mounts:
+        row = find_store(conn, agent_id, mount.scope_kind, mount.audience_id)
+        if row is not None:
+            found.append(MountedStore(mount, row.store_id, row.path_key))
+    return found
 
 
 def find_resource(conn: apsw.Connection, agent_id: str, store_id: str, path: str) -> ResourceRow | None:

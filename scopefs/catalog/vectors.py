@@ -2,7 +2,7 @@
 
 The search index keeps its vectors in a ``vec0`` virtual table next to the
 FTS5 table, in the same database file as the revisions they point at, so
-one transaction can write or retire both with the revision (issue 5). The
+one transaction can write or retire both with the revision. The
 extension ships as a wheel (``sqlite-vec``), loaded into apsw's bundled
 SQLite; a catalog that cannot load it refuses vector search loudly rather
 than silently searching by words alone (the caller degrades and says so).

@@ -25,7 +25,7 @@ from scopefs.catalog.db import scalar
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Effect, Entry, Mount, Op, ResourceState, evaluate
 from scopefs.catalog.reasons import Reason
-from scopefs.catalog.stores import find_store, policy_entries
+from scopefs.catalog.stores import MountedStore, find_store, mounted_stores, policy_entries
 
 _NOTE_COLS = ("r.resource_id, r.path, v.revision_id, v.content_sha256, v.size, v.locator,"
               " coalesce(v.activated_at, v.created_at)")
@@ -56,17 +56,10 @@ class VisibleNote:
 
 
 @dataclass(frozen=True)
-class VisibleStore:
-    mount: Mount
-    store_id: str
-    path_key: str
-
-
-@dataclass(frozen=True)
 class VisibleView:
     access: Access
     problem: Reason | None  # set when the session's evidence is gone: nothing is visible
-    stores: tuple[VisibleStore, ...]
+    stores: tuple[MountedStore, ...]
     notes: dict[tuple[str, ...], VisibleNote]
     by_resource: dict[str, tuple[str, ...]]
     seq: int  # the change-log position this picture reflects
@@ -78,7 +71,7 @@ class VisibleView:
     def usable(self) -> bool:
         return self.problem is None
 
-    def store(self, store_id: str) -> VisibleStore | None:
+    def store(self, store_id: str) -> MountedStore | None:
         return next((s for s in self.stores if s.store_id == store_id), None)
 
 
@@ -91,7 +84,7 @@ def _root_parts(mount: Mount) -> tuple[str, ...]:
     return tuple(mount.root.split("/"))
 
 
-def _note(store: VisibleStore, row: tuple[Any, ...]) -> VisibleNote:
+def _note(store: MountedStore, row: tuple[Any, ...]) -> VisibleNote:
     resource_id, path, revision_id, sha, size, locator, mtime = row
     return VisibleNote(_root_parts(store.mount) + tuple(path.split("/")), store.mount.root, resource_id,
                        store.store_id, store.path_key, revision_id, sha, size, locator, mtime)
@@ -101,7 +94,7 @@ def _expiries(entries: list[Entry], now: int) -> list[int]:
     return [e.expires_at for e in entries if e.expires_at is not None and e.expires_at > now]
 
 
-def _store_notes(conn: apsw.Connection, access: Access, store: VisibleStore) -> tuple[list[VisibleNote], list[int]]:
+def _store_notes(conn: apsw.Connection, access: Access, store: MountedStore) -> tuple[list[VisibleNote], list[int]]:
     """Every readable note of one store: two queries, then the evaluator."""
     agent = access.agent_id
     store_level: list[Entry] = []
@@ -119,7 +112,7 @@ def _store_notes(conn: apsw.Connection, access: Access, store: VisibleStore) -> 
     return notes, expiries
 
 
-def _one_note(conn: apsw.Connection, access: Access, store: VisibleStore, resource_id: str) -> VisibleNote | None:
+def _one_note(conn: apsw.Connection, access: Access, store: MountedStore, resource_id: str) -> VisibleNote | None:
     row = conn.execute(_NOTES + " AND r.resource_id = ?", (access.agent_id, store.store_id, resource_id)).fetchall()
     if not row:
         return None
@@ -132,19 +125,13 @@ def build(home: Home, session_id: str) -> VisibleView:
     access, problem = current_access(home, session_id)
     conn = home.catalog(access.agent_id)
     seq = latest_seq(conn)  # before the notes: a change landing during the build is applied again, never missed
-    stores: list[VisibleStore] = []
+    stores = mounted_stores(conn, access.agent_id, access.view.mounts) if problem is None else []
     notes: dict[tuple[str, ...], VisibleNote] = {}
     expiries: list[int] = []
-    if problem is None:
-        for mount in access.view.mounts:
-            row = find_store(conn, access.agent_id, mount.scope_kind, mount.audience_id)
-            if row is None:
-                continue
-            store = VisibleStore(mount, row.store_id, row.path_key)
-            stores.append(store)
-            found, when = _store_notes(conn, access, store)
-            expiries += when
-            notes.update((n.parts, n) for n in found)
+    for store in stores:
+        found, when = _store_notes(conn, access, store)
+        expiries += when
+        notes.update((n.parts, n) for n in found)
     return VisibleView(access, problem, tuple(stores), notes, {n.resource_id: p for p, n in notes.items()}, seq,
                        min(expiries, default=None))
 

@@ -76,9 +76,6 @@ class Commits:
         mount = self._mount
         layers = mount.layers
         parent, text, parts = mount.new_child(parent_ino, name)
-        mount.check_writable(parts)
-        if layers.lookup(parts) is not None:
-            raise fail(errno.EEXIST)
         removal = layers.removed.get(parts)
         if removal is not None and not removal.in_flight:
             # Unlinked or renamed away a moment ago: this is a new revision of

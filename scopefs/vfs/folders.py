@@ -31,9 +31,6 @@ class Folders:
         mount = self._mount
         layers = mount.layers
         parent, text, parts = mount.new_child(parent_ino, name)
-        mount.check_writable(parts)
-        if layers.lookup(parts) is not None:
-            raise fail(errno.EEXIST)
         mount.check_new_name(parent, text)
         node = layers.inodes.new(Kind.DIR, parts)
         layers.add_local(node)

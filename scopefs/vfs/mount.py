@@ -188,10 +188,19 @@ class MountState:
         return found
 
     def new_child(self, parent_ino: int, name: bytes) -> tuple[Node, str, Parts]:
-        """The folder, the decoded name and the path of a name about to be made in it."""
+        """The folder, the decoded name and the path of a name about to be made in it.
+
+        Refused where nothing may be made (EACCES, EROFS) and where the name
+        is taken (EEXIST); a look-alike of a sibling is the caller's to check,
+        since a name cancelling a removal here is not new.
+        """
         parent = self.folder(parent_ino)
         text = child_name(name)
-        return parent, text, parent.parts + (text,)
+        parts = parent.parts + (text,)
+        self.check_writable(parts)
+        if self.layers.lookup(parts) is not None:
+            raise fail(errno.EEXIST)
+        return parent, text, parts
 
     def existing(self, parent_ino: int, name: bytes) -> tuple[Parts, Node]:
         """The path and node of an existing child (ENOENT otherwise), for changes to it."""

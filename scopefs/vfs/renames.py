@@ -49,8 +49,8 @@ class Renames:
         dst = new_parent.parts + (dst_name,)
         mount.check_writable(src)
         mount.check_writable(dst)
-        src_mount, dst_mount = layers.mount_for(src), layers.mount_for(dst)
-        if src_mount is None or dst_mount is None or src_mount[0] != dst_mount[0]:
+        src_root, dst_root = layers.mount_for(src), layers.mount_for(dst)  # the view roots they lie under
+        if src_root is None or dst_root is None or src_root[0] != dst_root[0]:
             raise fail(errno.EXDEV)
         target = layers.lookup(dst)
         if target is node:

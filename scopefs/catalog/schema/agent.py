@@ -266,7 +266,7 @@ BEGIN INSERT INTO change_log (store_id, resource_id)
              CASE NEW.target_kind WHEN 'resource' THEN NEW.target_id END; END;
 """
 
-# V3: the scoped search index (issue 5). Chunks are content-bearing derived
+# V3: the scoped search index. Chunks are content-bearing derived
 # state: each row names the immutable revision it was cut from, is written
 # in the transaction that activates that revision, and is deleted by
 # trigger the moment the revision stops being active (superseded,
