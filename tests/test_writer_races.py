@@ -18,15 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from scopefs.catalog.access import authorize_session, refuse_unseen
 from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.home import Home
+from scopefs.catalog.policy import Op
 from scopefs.catalog.reader import read_note
+from scopefs.catalog.reasons import Reason
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
 from scopefs.writer import lock
 from scopefs.writer.rename import rename_note
 from scopefs.writer.transaction import write_note
-from tests.conftest import Scenario
+from tests.conftest import Scenario, table_dump
 
 A, B, MOVED = "private/race/a.md", "private/race/b.md", "private/race/moved.md"
 
@@ -73,7 +76,7 @@ def test_a_removal_spares_the_note_renamed_onto_the_path(raced: tuple[Home, str,
 def test_a_rename_moves_only_the_note_it_meant(raced: tuple[Home, str, str]) -> None:
     home, session, x = raced
     with pytest.raises(Conflict):
-        catalog_ops.rename(home, session, _parts(A), _parts("private/race/c.md"), x)
+        catalog_ops.rename(home, session, _parts(A), _parts("private/race/c.md"), x, None)
     assert read_note(home, session, A) == b"Y\n"
     assert read_note(home, session, MOVED) == b"X\n"
     with pytest.raises(Denied):
@@ -101,8 +104,30 @@ def test_without_a_race_each_call_acts_on_its_note(scenario: Scenario) -> None:
         assert catalog_ops.commit(home, session, _parts(A), draft, x).resource_id == x
     finally:
         draft.close()
-    catalog_ops.rename(home, session, _parts(A), _parts(B), x)
+    catalog_ops.rename(home, session, _parts(A), _parts(B), x, None)
     assert read_note(home, session, B) == b"X2\n"
     assert catalog_ops.remove(home, session, _parts(B), x) is True
     with pytest.raises(Denied):
         read_note(home, session, B)
+
+
+def test_a_note_the_caller_meant_and_may_no_longer_see_looks_moved(scenario: Scenario) -> None:
+    """Revoked and moved answer alike (Conflict) when the caller named the note; the audit keeps the truth.
+
+    Without an expected id a note the subject may not read is refused like
+    a missing one (``outside-view``); with it, a Denied there and a
+    Conflict for a moved note would tell the caller which of the two befell
+    a note it just lost. (Today a writable root always lets its writer read,
+    so the writer meets this only through ``refuse_unseen`` itself.)
+    """
+    home = Home.open(scenario.cli.home)
+    access = authorize_session(home, scenario.alice_session, Op.DELETE)
+    audited = len(table_dump(scenario.cli.home / "state.sqlite")["audit"])
+    named = refuse_unseen(access, Op.DELETE, Reason.EXPLICIT_DENY, store_id=None, revision_id=None,
+                          expected="r_meant", hide=True)
+    unnamed = refuse_unseen(access, Op.DELETE, Reason.EXPLICIT_DENY, store_id=None, revision_id=None,
+                            expected=None, hide=True)
+    assert isinstance(named, Conflict)
+    assert isinstance(unnamed, Denied) and unnamed.reason == Reason.OUTSIDE_VIEW
+    rows = table_dump(scenario.cli.home / "state.sqlite")["audit"][audited:]
+    assert len(rows) == 2 and all("deny" in row and str(Reason.EXPLICIT_DENY) in row for row in rows)

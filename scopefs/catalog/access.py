@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.errors import Conflict, Denied
+from scopefs.catalog.errors import Conflict, Denied, ScopefsError
 from scopefs.catalog.groups import membership_expiry, role_memberships
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import binding_live, get_principal
@@ -209,30 +209,61 @@ def decide(access: Access, target: Target, op: Op) -> Decision:
     return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
 
 
-def expect_resource(found: ResourceRow | None, expected_resource_id: str | None) -> None:
-    """Conflict unless ``found`` (what a path holds now) is the resource the caller means (any, if None).
+class _Vacant:
+    """The expectation that a path holds no note at all (``VACANT``)."""
+
+    def __repr__(self) -> str:
+        return "VACANT"
+
+
+VACANT = _Vacant()
+Expected = str | _Vacant | None  # the resource a path should hold, no note at all, or anything (None)
+
+
+def expect_resource(found: ResourceRow | None, expected: Expected) -> None:
+    """Conflict unless ``found`` (what a path holds now) is what the caller means.
 
     A caller that acts on a note it looked up earlier (a mount removing the
-    note it unlinked, say) passes that note's id, and the check runs inside
-    the writer's transaction: a rename landing in between makes the call
-    fail instead of acting on whatever note now has the path. A path that
-    is empty now and one that holds another note, visible or not, give the
+    note it unlinked, say) passes that note's id, or ``VACANT`` for a name
+    it saw empty (a rename's destination), and the check runs inside the
+    writer's transaction: a rename landing in between makes the call fail
+    instead of acting on whatever note now has the path. A path that is
+    empty now and one that holds another note, visible or not, give the
     same Conflict, so it tells nothing about other scopes.
     """
-    if expected_resource_id is None:
+    if expected is None:
         return
-    if found is None or found.resource_id != expected_resource_id:
+    if isinstance(expected, _Vacant):
+        if found is not None:
+            raise Conflict("a note appeared at the destination meanwhile; nothing was changed")
+        return
+    if found is None or found.resource_id != expected:
         raise Conflict("the note moved or was replaced meanwhile; nothing was changed")
 
 
+def refuse_unseen(access: Access, op: Op, reason: Reason, *, store_id: str | None, revision_id: str | None,
+                  expected: Expected, hide: bool = False) -> ScopefsError:
+    """The refusal of a note this subject may not read (audited with the true reason).
+
+    A caller that named the note it meant gets the same Conflict it would
+    get had the note moved: otherwise the two answers would tell it, for a
+    note it just lost, whether it was revoked or moved.
+    """
+    denied = access.refuse(op, reason, store_id=store_id, revision_id=revision_id, hide=hide)
+    if expected is not None:
+        return Conflict("the note moved or was replaced meanwhile; nothing was changed")
+    return denied
+
+
 def existing_target(access: Access, parts: tuple[str, ...], op: Op, *,
-                    expected_resource_id: str | None = None) -> Target:
+                    expected_resource_id: Expected = None) -> Target:
     """Resolve a note that must exist and be visible, and decide ``op`` on it.
 
     A note this subject may not read is refused exactly like a missing one:
     removing, renaming or annotating it would otherwise confirm that it
     exists. Shared by the writer (delete, rename) and verified subjects.
-    ``expected_resource_id``: see ``expect_resource`` (checked first).
+    ``expected_resource_id``: see ``expect_resource`` (checked first) and
+    ``refuse_unseen``.
     """
     target = resolve(access, parts)
     expect_resource(target.resource, expected_resource_id)
@@ -242,7 +273,8 @@ def existing_target(access: Access, parts: tuple[str, ...], op: Op, *,
     revision_id = target.revision.revision_id if target.revision else None
     visible = decide(access, target, Op.READ)
     if not visible:
-        raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id, hide=True)
+        raise refuse_unseen(access, op, visible.reason, store_id=store_id, revision_id=revision_id,
+                            expected=expected_resource_id, hide=True)
     decision = decide(access, target, op)
     if not decision:
         raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)

@@ -96,7 +96,8 @@ def verify(fd: int, size: int, sha256: str, *, keep: int = 0, sink: Sink | None 
     Every verified read of content goes through here: the command line's
     reader, search snippets and the index, the mount, and doctor. Reading
     stops one byte past ``size``, so growth is noticed without reading what
-    was appended; memory stays bounded by ``keep`` plus one chunk. With
+    was appended; memory stays bounded by twice ``keep`` (the pieces and
+    their join) plus one chunk. With
     ``sink``, each chunk is also handed on as it is hashed (never a byte past
     ``size``), on a thread of its own: those chunks are *not* verified until
     this returns, and the caller must keep them from every reader until then.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 
-from scopefs.catalog.access import authorize_session, existing_target
+from scopefs.catalog.access import VACANT, authorize_session, existing_target
 from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
@@ -60,9 +60,12 @@ def remove(home: Home, session_id: str, parts: Parts, resource_id: str) -> bool:
     return True
 
 
-def rename(home: Home, session_id: str, source: Parts, destination: Parts, resource_id: str) -> None:
-    """Move the note ``resource_id`` from ``source`` to ``destination`` (Conflict if it is not there)."""
+def rename(home: Home, session_id: str, source: Parts, destination: Parts, resource_id: str,
+           replacing: str | None) -> None:
+    """Move the note ``resource_id`` from ``source`` to ``destination``, over the note ``replacing``
+    (None: over nothing). Conflict if either path holds something else by then."""
     try:
-        rename_parts(home, session_id, source, destination, replace=True, expected_resource_id=resource_id)
+        rename_parts(home, session_id, source, destination, replace=True, expected_resource_id=resource_id,
+                     expected_target_id=VACANT if replacing is None else replacing)
     except CrossRoot:
         raise CrossDevice(errno.EXDEV, "cross-root rename") from None

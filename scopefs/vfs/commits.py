@@ -77,12 +77,19 @@ class Commits:
         layers = mount.layers
         parent, text, parts = mount.new_child(parent_ino, name)
         removal = layers.removed.get(parts)
+        revived = None
         if removal is not None and not removal.in_flight:
             # Unlinked or renamed away a moment ago: this is a new revision of
             # the same note (an editor's save, mv's copy over it).
             layers.cancel_removal(parts)
-            node = layers.lookup(parts)
-            assert node is not None
+            revived = layers.lookup(parts)
+            if revived is not None and revived.resource_id != removal.resource_id:
+                # Another session moved the unlinked note away and put another
+                # one at its name: saving into that one would overwrite a note
+                # this tool never opened.
+                raise fail(errno.EAGAIN)
+        if revived is not None:
+            node = revived
             node.draft = Draft()
             node.draft.dirty = True
         else:
@@ -142,12 +149,16 @@ class Commits:
         try:
             return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft,
                                        node.resource_id)
-        except Conflict:
+        except Conflict as conflict:
             if node.resource_id is None:
                 raise
-            await mount.sync()  # the view catches up: a moved note's node has its new path
+            try:
+                await mount.sync()  # the view catches up: a moved note's node has its new path
+            except Exception:  # noqa: BLE001 - the close reports the conflict, not the failed catch-up
+                raise conflict from None
             if not node.attached or node.parts == parts:
                 raise
+            mount.check_copy(node)  # the view moved on: the draft's source must still be in it
             return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
                                        node.resource_id)
 
@@ -161,6 +172,7 @@ class Commits:
             layers.detach(other)
         node.kind = Kind.NOTE
         node.resource_id = resource_id
+        node.frozen = None  # a backup renamed back is its note again
         node.attached = True
         node.forget_pages()
         layers.by_resource[resource_id] = node
@@ -193,17 +205,18 @@ class Commits:
         """The kernel let go of ``fh``: commit what nobody will close again, drop what is settled."""
         mount = self._mount
         layers = mount.layers
-        handle = mount.handles.take(fh)
+        handle = mount.handles.get(fh)
         if handle is None:
             return
-        if handle.fd >= 0:
-            os.close(handle.fd)
         node = handle.node
         if handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
+        mount.handles.take(fh)  # only now: until here the handle counted in ``opens`` was in the table
+        if handle.fd >= 0:
+            os.close(handle.fd)
         node.opens -= 1
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:

@@ -45,10 +45,11 @@ class Node:
       note node that is ``attached`` and has one is the one
       ``Layers.by_resource`` maps that resource to.
     * ``draft`` is set only on a NOTE or a SCRATCH file. A NOTE's draft
-      lives while a handle is open or a commit failed to happen; once the
-      last handle is released a clean one is closed (``close_clean_draft``)
-      and a detached node's is closed whatever it holds
-      (``close_draft_if_detached``).
+      lives while a handle is open: the release of the last one closes it,
+      committed by then or discarded if its commit failed, and a clean one
+      left by a commit without handles is closed at once
+      (``close_clean_draft``). A detached node's is closed whatever it
+      holds once nobody has it open (``close_draft_if_detached``).
     * ``frozen`` is set only on a SCRATCH file: the note's revision it
       holds since the note was renamed away to it (vim's backup). A draft
       made for it later starts from that revision and clears it; a draft

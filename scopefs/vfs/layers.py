@@ -103,9 +103,13 @@ class Layers:
 
     def note_of(self, node: Node) -> VisibleNote | None:
         """The committed revision a note node shows, if the view still has it."""
-        if node.resource_id is None:
+        return self.note_for(node.resource_id)
+
+    def note_for(self, resource_id: str | None) -> VisibleNote | None:
+        """The revision the view shows of ``resource_id``, if it shows one."""
+        if resource_id is None:
             return None
-        parts = self.view.by_resource.get(node.resource_id)
+        parts = self.view.by_resource.get(resource_id)
         return self.view.notes.get(parts) if parts is not None else None
 
     def mount_for(self, parts: Parts) -> tuple[Mount, Parts] | None:

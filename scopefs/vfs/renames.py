@@ -23,6 +23,7 @@ from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.layers import Removal
 from scopefs.vfs.mount import MountState, child_name, fail
 from scopefs.vfs.scratch import is_scratch
 
@@ -115,20 +116,49 @@ class Renames:
             node.parts, node.frozen = dst, None
             self._commits.bind(node, frozen.resource_id)
             return
+        async with node.commit_lock:  # a close of the same file commits it too: one at a time
+            if node.resource_id is None:
+                await self._commit_local(node, src, dst, target, removal)
+                return
+        await self._rename_note(node, src, dst, target)  # a close made it a note while this waited
+
+    async def _commit_local(self, node: Node, src: Parts, dst: Parts, target: Node | None,
+                            removal: Removal | None) -> None:
+        """The content of a local file becomes the note at ``dst`` (the one it replaces, if any).
+
+        The caller holds ``node.commit_lock``. Content equal to the replaced
+        note's makes no revision (a backup renamed back over its note while
+        a tool still had it open). A refused commit leaves an unlink of
+        ``dst`` made here standing.
+        """
+        mount = self._mount
+        layers = mount.layers
         draft = await self._commits.ensure_draft(node, truncate=False)
         mount.check_copy(node)
         replacing = target.resource_id if target is not None else None  # the note saved over, if any
-        if removal is not None and not removal.in_flight:
+        cancelled = None
+        if removal is not None and not removal.in_flight and layers.removed.get(dst) is removal:
             layers.cancel_removal(dst)
-            replacing = removal.resource_id
-        result = await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, dst, draft, replacing)
+            cancelled, replacing = removal, removal.resource_id
+        current = layers.note_for(replacing)
+        if current is not None and draft.holds(current.size, current.sha256):
+            resource_id, revision_id = current.resource_id, current.revision_id
+        else:
+            draft.dirty = False  # writes landing during the commit mark it dirty again
+            try:
+                result = await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, dst, draft, replacing)
+            except BaseException:
+                draft.dirty = True
+                if cancelled is not None and dst not in layers.removed:
+                    layers.removed[dst] = cancelled  # the unlink made here stands
+                raise
+            resource_id, revision_id = result.resource_id, result.revision_id
         layers.drop_local(src)
         self._replace_target(target, dst)
         node.parts = dst
-        draft.dirty = False
-        node.committed_revision = result.revision_id
+        node.committed_revision = revision_id
         await mount.sync()
-        self._commits.bind(node, result.resource_id)
+        self._commits.bind(node, resource_id)
         if node.opens == 0:
             node.close_clean_draft()
 
@@ -153,8 +183,12 @@ class Renames:
         removal = layers.removed.get(dst)
         if removal is not None and removal.in_flight:
             raise fail(errno.EAGAIN)
+        if target is not None and target.resource_id is not None:
+            replacing: str | None = target.resource_id
+        else:  # a local file, or nothing, at the destination: nothing of the catalog's but an unlinked note
+            replacing = removal.resource_id if removal is not None else None
         assert node.resource_id is not None
-        await mount.catalog(catalog_ops.rename, mount.home, mount.session_id, src, dst, node.resource_id)
+        await mount.catalog(catalog_ops.rename, mount.home, mount.session_id, src, dst, node.resource_id, replacing)
         layers.keep_folders(src[:-1])
         layers.cancel_removal(dst)
         self._replace_target(target, dst)

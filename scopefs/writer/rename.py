@@ -11,7 +11,7 @@ through the ordinary write path and its policy checks.
 
 from __future__ import annotations
 
-from scopefs.catalog.access import authorize_session, decide, existing_target, resolve
+from scopefs.catalog.access import Expected, authorize_session, decide, existing_target, expect_resource, resolve
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput
@@ -40,12 +40,16 @@ def rename_note(home: Home, session_id: str, source: str, destination: str, *, r
 
 
 def rename_parts(home: Home, session_id: str, src_parts: Parts, dst_parts: Parts, *, replace: bool = True,
-                 actor_id: str | None = None, expected_resource_id: str | None = None) -> str:
+                 actor_id: str | None = None, expected_resource_id: Expected = None,
+                 expected_target_id: Expected = None) -> str:
     """Move the note at ``src_parts`` to ``dst_parts``; returns its resource id.
 
-    ``expected_resource_id``: the note the caller means to move; if the
-    source path holds another one (or none) by the time the transaction
-    runs, Conflict and nothing changes (``catalog.access.expect_resource``).
+    ``expected_resource_id``: the note the caller means to move;
+    ``expected_target_id``: the note it means to replace at the destination,
+    or ``VACANT`` if it saw none there. If either path holds something else
+    by the time the transaction runs, Conflict and nothing changes
+    (``catalog.access.expect_resource``): a rename never tombstones a note
+    its caller did not know was there.
     """
     check_parts(src_parts)
     check_parts(dst_parts)
@@ -55,6 +59,7 @@ def rename_parts(home: Home, session_id: str, src_parts: Parts, dst_parts: Parts
         with immediate(catalog):
             src = existing_target(access, src_parts, Op.DELETE, expected_resource_id=expected_resource_id)
             dst = resolve(access, dst_parts)
+            expect_resource(dst.resource, expected_target_id)
             if dst.mount != src.mount:
                 raise CrossRoot("cannot rename across roots; copy the note instead")
             if not dst.inner:
@@ -66,8 +71,8 @@ def rename_parts(home: Home, session_id: str, src_parts: Parts, dst_parts: Parts
             if replaced:
                 if not replace:
                     raise TargetExists("the destination exists")
-                existing_target(access, dst_parts, Op.REPLACE)
-                existing_target(access, dst_parts, Op.DELETE)
+                existing_target(access, dst_parts, Op.REPLACE, expected_resource_id=expected_target_id)
+                existing_target(access, dst_parts, Op.DELETE, expected_resource_id=expected_target_id)
             else:
                 decision = decide(access, dst, Op.APPEND)
                 if not decision:

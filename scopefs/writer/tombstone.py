@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import apsw
 
-from scopefs.catalog.access import authorize_session, existing_target
+from scopefs.catalog.access import Expected, authorize_session, existing_target
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.db import immediate
 from scopefs.catalog.home import Home
@@ -34,7 +34,7 @@ def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None 
 
 
 def delete_parts(home: Home, session_id: str, parts: Parts, *, actor_id: str | None = None,
-                 expected_resource_id: str | None = None) -> str:
+                 expected_resource_id: Expected = None) -> str:
     """Tombstone the note at ``parts``; returns its resource id.
 
     ``expected_resource_id``: the note the caller means; if the path holds

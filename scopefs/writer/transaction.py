@@ -35,7 +35,17 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from scopefs.catalog import ids
-from scopefs.catalog.access import Access, Target, authorize_session, decide, expect_resource, resolve, revalidate
+from scopefs.catalog.access import (
+    Access,
+    Expected,
+    Target,
+    authorize_session,
+    decide,
+    expect_resource,
+    refuse_unseen,
+    resolve,
+    revalidate,
+)
 from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue
 from scopefs.catalog.clock import now_us
@@ -149,7 +159,7 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
         os.close(fd)
 
 
-def _plan(access: Access, parts: Parts, expected_resource_id: str | None) -> tuple[Target, Op]:
+def _plan(access: Access, parts: Parts, expected_resource_id: Expected) -> tuple[Target, Op]:
     """Resolve, validate and decide a write; raises before anything changes.
 
     Replacing a note requires being able to read it: a writer never
@@ -167,7 +177,8 @@ def _plan(access: Access, parts: Parts, expected_resource_id: str | None) -> tup
     if op is Op.REPLACE:
         visible = decide(access, target, Op.READ)
         if not visible:
-            raise access.refuse(op, visible.reason, store_id=store_id, revision_id=revision_id)
+            raise refuse_unseen(access, op, visible.reason, store_id=store_id, revision_id=revision_id,
+                                expected=expected_resource_id)
     decision = decide(access, target, op)
     if not decision:
         raise access.refuse(op, decision.reason, store_id=store_id, revision_id=revision_id)
@@ -211,7 +222,7 @@ class _Pending:
 
 
 def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
-                    staged: _Staged, locator: str, expected_resource_id: str | None) -> _Pending:
+                    staged: _Staged, locator: str, expected_resource_id: Expected) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
     agent_id = access.agent_id
     catalog = access.home.catalog(agent_id)
@@ -313,7 +324,7 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
 
 
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
-            staging_fd: int, staged: _Staged, expected_resource_id: str | None) -> WriteResult:
+            staging_fd: int, staged: _Staged, expected_resource_id: Expected) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
     locator = ids.random_token()
@@ -372,7 +383,7 @@ def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO,
 
 
 def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | BinaryIO, *,
-                actor_id: str | None = None, expected_resource_id: str | None = None) -> WriteResult:
+                actor_id: str | None = None, expected_resource_id: Expected = None) -> WriteResult:
     """Write ``source`` as the next revision of the note at ``parts``.
 
     Validation, authorization and the policy decision happen before any
