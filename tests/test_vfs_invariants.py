@@ -10,6 +10,7 @@ behind them.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -24,7 +25,7 @@ from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
-from tests.conftest import Scenario
+from tests.conftest import ALICE_FACT, Scenario
 
 NOTE = "private/notes/allergy.md"
 
@@ -185,3 +186,22 @@ def test_a_save_follows_its_note_renamed_by_another_session(scenario: Scenario) 
     assert _content(scenario, moved) == b"saved after the move\n"
     with pytest.raises(Denied):
         _content(scenario, NOTE)
+
+
+def test_folders_made_here_move_and_folders_of_notes_do_not(scenario: Scenario) -> None:
+    """An empty folder made in this mount renames; one that holds notes answers EXDEV (``mv`` then copies)."""
+    async def script(tool: Tool) -> None:
+        private = await tool.folder("private")
+        await tool.fs.mkdir(private, b"made", 0o700, None)  # type: ignore[arg-type]
+        tool.check("mkdir")
+        await tool.rename("private", "made", "moved")
+        assert (await tool.fs.getattr(await tool.ino("private/moved"))).st_mode & 0o40000
+        with pytest.raises(pyfuse3.FUSEError) as refused:
+            await tool.rename("private", "notes", "elsewhere")
+        assert refused.value.errno == errno.EXDEV
+        tool.check("the refused folder rename")
+        await tool.fs.rmdir(private, b"moved", None)  # type: ignore[arg-type]
+        tool.check("rmdir")
+
+    _run(scenario, script)
+    assert _content(scenario) == ALICE_FACT
