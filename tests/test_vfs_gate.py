@@ -23,6 +23,7 @@ from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.gate import Gate, pid_namespace
 from scopefs.vfs.mount import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario
+from tests.inprocesskit import errno_of
 
 SESSION_UID = 1_544_000_001  # any uid: nothing runs as it, only the contexts claim it
 
@@ -61,32 +62,24 @@ def _run(scenario: Scenario, test: Callable[[ScopeFS, Gate, int], Awaitable[None
         home.close()
 
 
-async def _errno(call: Awaitable[object]) -> int:
-    try:
-        await call
-    except pyfuse3.FUSEError as exc:
-        return exc.errno
-    return 0
-
-
 def test_only_the_session_uid_from_an_admitted_namespace_is_answered(scenario: Scenario) -> None:
     async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
         mine = pid_namespace(os.getpid())
         assert mine is not None
         me, root = Context(SESSION_UID, os.getpid()), Context(0, os.getpid())
-        assert await _errno(fs.open(ino, os.O_RDONLY, me)) == errno.EACCES  # right uid, not admitted
-        assert await _errno(fs.lookup(pyfuse3.ROOT_INODE, b"private", me)) == errno.EACCES
+        assert await errno_of(fs.open(ino, os.O_RDONLY, me)) == errno.EACCES  # right uid, not admitted
+        assert await errno_of(fs.lookup(pyfuse3.ROOT_INODE, b"private", me)) == errno.EACCES
         gate.admit(mine)
-        assert await _errno(fs.open(ino, os.O_RDONLY, root)) == errno.EACCES  # admitted namespace, wrong uid
-        assert await _errno(fs.open(ino, os.O_RDONLY, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
+        assert await errno_of(fs.open(ino, os.O_RDONLY, root)) == errno.EACCES  # admitted namespace, wrong uid
+        assert await errno_of(fs.open(ino, os.O_RDONLY, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
         info = await fs.open(ino, os.O_RDONLY, me)  # the control: uid and namespace both right
         assert await fs.read(info.fh, 0, 4096) == ALICE_FACT
         await fs.release(info.fh)
         # The root's constant attributes, for the session uid only (bwrap needs them first).
         gate.dismiss(mine)
         assert (await fs.getattr(pyfuse3.ROOT_INODE, me)).st_uid == SESSION_UID
-        assert await _errno(fs.getattr(pyfuse3.ROOT_INODE, root)) == errno.EACCES
-        assert await _errno(fs.getattr(ino, me)) == errno.EACCES
+        assert await errno_of(fs.getattr(pyfuse3.ROOT_INODE, root)) == errno.EACCES
+        assert await errno_of(fs.getattr(ino, me)) == errno.EACCES
 
     _run(scenario, test)
 
@@ -102,8 +95,8 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
         writer = await fs.open(ino, os.O_WRONLY, me)
         assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
         gate.dismiss(mine)
-        assert await _errno(fs.read(reader.fh, 0, 4096)) == errno.EACCES
-        assert await _errno(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
+        assert await errno_of(fs.read(reader.fh, 0, 4096)) == errno.EACCES
+        assert await errno_of(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
         gate.admit(mine)  # admitted again (another sandbox in the same namespace): usable again
         assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
         await fs.release(reader.fh)

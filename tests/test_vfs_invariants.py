@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import pytest
@@ -23,76 +23,13 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.reader import read_note
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
 from tests.conftest import ALICE_FACT, Scenario
+from tests.inprocesskit import Tool, no_kernel
+
+pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
 NOTE = "private/notes/allergy.md"
-
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Stores into and drops from the kernel's page cache go nowhere: there is no FUSE session."""
-    monkeypatch.setattr(pyfuse3, "notify_store", lambda *args, **kwargs: None)
-    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *args, **kwargs: None)
-    yield
-
-
-class Tool:
-    """Requests as a tool's system calls would make them, each followed by the invariant check."""
-
-    def __init__(self, fs: ScopeFS) -> None:
-        self.fs = fs
-        self.steps = 0
-
-    def check(self, what: str) -> None:
-        self.steps += 1
-        assert inconsistencies(self.fs.mount) == [], f"after {what}"
-
-    async def ino(self, path: str) -> int:
-        ino = pyfuse3.ROOT_INODE
-        for name in path.split("/"):
-            ino = (await self.fs.lookup(ino, name.encode())).st_ino
-        self.check(f"lookup {path}")
-        return ino
-
-    async def folder(self, path: str) -> int:
-        return await self.ino(path)
-
-    async def read(self, path: str) -> bytes:
-        info = await self.fs.open(await self.ino(path), os.O_RDONLY, None)  # type: ignore[arg-type]
-        self.check("open for reading")
-        data = await self.fs.read(info.fh, 0, 1 << 20)
-        await self.fs.release(info.fh)
-        self.check("release after reading")
-        return data
-
-    async def create(self, folder: str, name: str, data: bytes) -> None:
-        info, _ = await self.fs.create(await self.folder(folder), name.encode(), 0o600,
-                                       os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
-        self.check(f"create {name}")
-        await self.fs.write(info.fh, 0, data)
-        await self.fs.flush(info.fh)
-        self.check(f"close {name}")
-        await self.fs.release(info.fh)
-        self.check(f"release {name}")
-
-    async def overwrite(self, path: str, data: bytes) -> None:
-        info = await self.fs.open(await self.ino(path), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
-        self.check("open for writing, truncated")
-        await self.fs.write(info.fh, 0, data)
-        await self.fs.flush(info.fh)
-        await self.fs.release(info.fh)
-        self.check("release after writing")
-
-    async def rename(self, folder: str, old: str, new: str) -> None:
-        ino = await self.folder(folder)
-        await self.fs.rename(ino, old.encode(), ino, new.encode(), 0, None)  # type: ignore[arg-type]
-        self.check(f"rename {old} -> {new}")
-
-    async def unlink(self, folder: str, name: str) -> None:
-        await self.fs.unlink(await self.folder(folder), name.encode(), None)  # type: ignore[arg-type]
-        self.check(f"unlink {name}")
 
 
 def _run(scenario: Scenario, script: Callable[[Tool], Awaitable[None]]) -> Tool:

@@ -15,7 +15,6 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pyfuse3
 import pytest
 import trio
 
@@ -28,7 +27,9 @@ from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, table_dump
-from tests.test_vfs_invariants import Tool, no_kernel  # noqa: F401 - the fixture, used by every test here
+from tests.inprocesskit import Tool, errno_of, no_kernel
+
+pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
 NOTE = "private/notes/allergy.md"
 DIR = "private/notes"
@@ -57,14 +58,6 @@ def _read(scenario: Scenario, path: str) -> bytes:
     return _other(scenario, read_note, path)  # type: ignore[no-any-return]
 
 
-async def _errno(call: Awaitable[object]) -> int:
-    try:
-        await call
-    except pyfuse3.FUSEError as exc:
-        return exc.errno
-    return 0
-
-
 def test_a_save_after_unlink_never_lands_in_the_note_moved_onto_the_name(scenario: Scenario) -> None:
     """vim unlinks R and writes the name anew; meanwhile R moved away and S moved onto the name."""
     _other(scenario, write_note, f"{DIR}/other.md", b"S's own content\n")
@@ -76,7 +69,7 @@ def test_a_save_after_unlink_never_lands_in_the_note_moved_onto_the_name(scenari
         _other(scenario, rename_note, f"{DIR}/other.md", NOTE)
         await fs.sync()
         folder = await tool.folder(DIR)
-        assert await _errno(fs.create(folder, b"allergy.md", 0o600, os.O_WRONLY | os.O_CREAT,
+        assert await errno_of(fs.create(folder, b"allergy.md", 0o600, os.O_WRONLY | os.O_CREAT,
                                       None)) == errno.EAGAIN  # type: ignore[arg-type]
         tool.check("the refused create")
 
@@ -97,7 +90,7 @@ def test_a_rename_never_replaces_a_note_it_did_not_see(scenario: Scenario) -> No
         _other(scenario, rename_note, NOTE, f"{DIR}/moved.md")
         _other(scenario, rename_note, f"{DIR}/u.md", NOTE)
         folder = await tool.folder(DIR)  # the mount has not polled since
-        assert await _errno(fs.rename(folder, b"a.md", folder, b"allergy.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
+        assert await errno_of(fs.rename(folder, b"a.md", folder, b"allergy.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
         tool.check("the refused rename")
 
     _run(scenario, script)
@@ -113,7 +106,7 @@ def test_a_rename_onto_a_name_it_saw_empty_never_replaces_a_newcomer(scenario: S
         await tool.ino(f"{DIR}/a.md")
         _other(scenario, write_note, f"{DIR}/b.md", b"B arrived meanwhile\n")
         folder = await tool.folder(DIR)  # b.md is not in this mount's view yet
-        assert await _errno(fs.rename(folder, b"a.md", folder, b"b.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
+        assert await errno_of(fs.rename(folder, b"a.md", folder, b"b.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
 
     _run(scenario, script)
     assert _read(scenario, f"{DIR}/b.md") == b"B arrived meanwhile\n"

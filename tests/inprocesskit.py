@@ -1,0 +1,94 @@
+"""Driving a ``ScopeFS`` in this process, request by request, with no kernel.
+
+For tests that need to interleave a mount's requests with another
+session's writes exactly, or look at the mount's state between two
+requests: ``Tool`` makes the requests a tool's system calls would, and
+checks the node invariants (``scopefs.vfs.mount.inconsistencies``) after
+each. There is no FUSE session, so the kernel's page cache is replaced by
+nothing (``no_kernel``). Real mounts are ``mountkit.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Iterator
+
+import pyfuse3
+import pytest
+
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.mount import inconsistencies
+
+
+async def errno_of(call: Awaitable[object]) -> int:
+    """The errno a request answered with (0: it succeeded)."""
+    try:
+        await call
+    except pyfuse3.FUSEError as exc:
+        return exc.errno
+    return 0
+
+
+@pytest.fixture
+def no_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stores into and drops from the kernel's page cache go nowhere: there is no FUSE session."""
+    monkeypatch.setattr(pyfuse3, "notify_store", lambda *args, **kwargs: None)
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *args, **kwargs: None)
+    yield
+
+
+class Tool:
+    """Requests as a tool's system calls would make them, each followed by the invariant check."""
+
+    def __init__(self, fs: ScopeFS) -> None:
+        self.fs = fs
+        self.steps = 0
+
+    def check(self, what: str) -> None:
+        self.steps += 1
+        assert inconsistencies(self.fs.mount) == [], f"after {what}"
+
+    async def ino(self, path: str) -> int:
+        ino = pyfuse3.ROOT_INODE
+        for name in path.split("/"):
+            ino = (await self.fs.lookup(ino, name.encode())).st_ino
+        self.check(f"lookup {path}")
+        return ino
+
+    async def folder(self, path: str) -> int:
+        return await self.ino(path)
+
+    async def read(self, path: str) -> bytes:
+        info = await self.fs.open(await self.ino(path), os.O_RDONLY, None)  # type: ignore[arg-type]
+        self.check("open for reading")
+        data = await self.fs.read(info.fh, 0, 1 << 20)
+        await self.fs.release(info.fh)
+        self.check("release after reading")
+        return data
+
+    async def create(self, folder: str, name: str, data: bytes) -> None:
+        info, _ = await self.fs.create(await self.folder(folder), name.encode(), 0o600,
+                                       os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
+        self.check(f"create {name}")
+        await self.fs.write(info.fh, 0, data)
+        await self.fs.flush(info.fh)
+        self.check(f"close {name}")
+        await self.fs.release(info.fh)
+        self.check(f"release {name}")
+
+    async def overwrite(self, path: str, data: bytes) -> None:
+        info = await self.fs.open(await self.ino(path), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
+        self.check("open for writing, truncated")
+        await self.fs.write(info.fh, 0, data)
+        await self.fs.flush(info.fh)
+        await self.fs.release(info.fh)
+        self.check("release after writing")
+
+    async def rename(self, folder: str, old: str, new: str) -> None:
+        ino = await self.folder(folder)
+        await self.fs.rename(ino, old.encode(), ino, new.encode(), 0, None)  # type: ignore[arg-type]
+        self.check(f"rename {old} -> {new}")
+
+    async def unlink(self, folder: str, name: str) -> None:
+        await self.fs.unlink(await self.folder(folder), name.encode(), None)  # type: ignore[arg-type]
+        self.check(f"unlink {name}")
