@@ -32,6 +32,11 @@ def hash_head(fd: int, *, limit: int | None, keep: int) -> tuple[str, int, bytes
 
     With ``limit``, reading stops one byte past it: a file that grew is
     noticed (its size is wrong) without reading what was appended.
+    A short read is the end of the file (these are regular files on a
+    local disk), so a file that fits one read costs one ``pread``: the
+    mount's cold opens of small notes are on this path. Were a read ever
+    short for another reason, the size would come out wrong: a refusal,
+    never an acceptance.
     Memory stays bounded by ``keep`` and one chunk, whatever the size.
     """
     digest = hashlib.sha256()
@@ -40,13 +45,13 @@ def hash_head(fd: int, *, limit: int | None, keep: int) -> tuple[str, int, bytes
     while limit is None or size <= limit:
         want = HASH_CHUNK if limit is None else min(HASH_CHUNK, limit + 1 - size)
         chunk = os.pread(fd, want, size)
-        if not chunk:
-            break
         digest.update(chunk)
         if kept < keep:
             head.append(chunk[:keep - kept])
             kept += len(head[-1])
         size += len(chunk)
+        if len(chunk) < want:
+            break
     return digest.hexdigest(), size, b"".join(head)
 
 
