@@ -21,6 +21,7 @@ import os
 import pyfuse3
 
 from scopefs.catalog.errors import Conflict
+from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
@@ -126,31 +127,43 @@ class Commits:
             draft = node.draft
             if draft is None or not draft.dirty or not node.attached or node.kind is not Kind.NOTE:
                 return
-            current = mount.layers.note_of(node)
-            if current is not None and draft.holds(current.size, current.sha256):
-                draft.dirty = False  # an unchanged save is not a new revision
-                return
-            mount.check_copy(node)
-            draft.dirty = False  # writes landing during the commit mark it dirty again
             try:
-                result = await self._commit_following(node, draft)
+                saved = await self.save(node, draft, node.parts, node.resource_id)
             except BaseException:
-                draft.dirty = True
                 mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
-            node.committed_revision = result.revision_id
+            if saved is None:
+                return
+            node.committed_revision = saved.revision_id
             await mount.sync()
-            self.bind(node, result.resource_id)
+            self.bind(node, saved.resource_id)
 
-    async def _commit_following(self, node: Node, draft: Draft) -> WriteResult:
-        """Commit to the note ``node`` is; once more where it is now, if another session moved it."""
-        mount = self._mount
-        parts = node.parts
+    async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None) -> WriteResult | None:
+        """``draft`` as the next revision of the note ``expected`` (None: a new note) at ``parts``.
+
+        None, and no revision, when the draft holds exactly the revision the
+        view shows of that note: a save that changed nothing. The caller
+        holds ``node.commit_lock``; a failure leaves the draft dirty.
+        """
+        current = self._mount.layers.note_for(expected)
+        if current is not None and draft.holds(current.size, current.sha256):
+            draft.dirty = False
+            return None
+        self._mount.check_copy(node)
+        draft.dirty = False  # writes landing during the commit mark it dirty again
         try:
-            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft,
-                                       node.resource_id)
+            return await self._commit_following(node, draft, parts, expected)
+        except BaseException:
+            draft.dirty = True
+            raise
+
+    async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None) -> WriteResult:
+        """Commit to the note meant; once more where it is now, if it is ``node``'s and another session moved it."""
+        mount = self._mount
+        try:
+            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft, expected)
         except Conflict as conflict:
-            if node.resource_id is None:
+            if expected is None or node.resource_id != expected:
                 raise
             try:
                 await mount.sync()  # the view catches up: a moved note's node has its new path

@@ -134,25 +134,23 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         draft = await self._commits.ensure_draft(node, truncate=False)
-        mount.check_copy(node)
         replacing = target.resource_id if target is not None else None  # the note saved over, if any
         cancelled = None
         if removal is not None and not removal.in_flight and layers.removed.get(dst) is removal:
             layers.cancel_removal(dst)
             cancelled, replacing = removal, removal.resource_id
-        current = layers.note_for(replacing)
-        if current is not None and draft.holds(current.size, current.sha256):
+        try:
+            saved = await self._commits.save(node, draft, dst, replacing)
+        except BaseException:
+            if cancelled is not None and dst not in layers.removed:
+                layers.removed[dst] = cancelled  # the unlink made here stands
+            raise
+        if saved is None:  # the same bytes as the note it replaces: that note, unchanged
+            current = layers.note_for(replacing)
+            assert current is not None
             resource_id, revision_id = current.resource_id, current.revision_id
         else:
-            draft.dirty = False  # writes landing during the commit mark it dirty again
-            try:
-                result = await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, dst, draft, replacing)
-            except BaseException:
-                draft.dirty = True
-                if cancelled is not None and dst not in layers.removed:
-                    layers.removed[dst] = cancelled  # the unlink made here stands
-                raise
-            resource_id, revision_id = result.resource_id, result.revision_id
+            resource_id, revision_id = saved.resource_id, saved.revision_id
         layers.drop_local(src)
         self._replace_target(target, dst)
         node.parts = dst
