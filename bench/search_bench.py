@@ -469,7 +469,7 @@ def unfiltered(home: Home, query: str, arm: str) -> list[search_mod.Hit]:
     for candidate in ranked[:LIMIT]:
         data = search_mod._read(home, conn, AGENT, candidate)
         hits.append(search_mod.Hit(candidate.path, candidate.start_line, candidate.end_line, candidate.score,
-                                   snippet(data, candidate.start_line, candidate.end_line)))
+                                   snippet(data, candidate.start_line, candidate.end_line), candidate.resource_id))
     return hits
 
 

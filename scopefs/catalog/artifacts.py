@@ -10,11 +10,14 @@ it is returned. ``MAX_NOTE_BYTES`` bounds every note, wherever it is written.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from scopefs.catalog.digests import Sink, hash_head, hash_streamed
+from scopefs.catalog.digests import HASH_CHUNK, Sink, hash_head, hash_streamed
 from scopefs.catalog.errors import IntegrityError, StorageError, TooLarge
 from scopefs.catalog.fsafe import UnsafeEntry, open_dir, open_dir_beneath, open_regular
 from scopefs.catalog.home import Home
@@ -138,3 +141,66 @@ def read_verified(home: Home, agent_id: str, store: StoreRow, revision: Revision
         return verify(fd, revision.size, revision.content_sha256, keep=revision.size if keep is None else keep)
     finally:
         os.close(fd)
+
+
+Stamp = tuple[int, int, int, int, int]  # device, inode, size, mtime and ctime (ns) of an open artifact
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    """What any write, truncate, chmod or replacement of the file changes (ctime cannot be set back)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+@dataclass(frozen=True)
+class VerifiedArtifact:
+    """An open artifact whose whole content matched the catalog, and its stamp when it did."""
+
+    fd: int
+    size: int
+    stamp: Stamp
+
+
+@contextlib.contextmanager
+def opened_verified(home: Home, agent_id: str, store: StoreRow, revision: RevisionRow) -> Iterator[VerifiedArtifact]:
+    """The revision's artifact, open and hashed whole before the caller sees a byte of it.
+
+    For content too large to hold (``read_verified`` holds it all): the hash
+    reads the file in bounded chunks and keeps nothing, and
+    ``copy_verified`` then serves the bytes from this same descriptor, as a
+    mount does after its open. A file that changed while it was hashed is
+    refused here. The descriptor is closed when the block ends.
+    """
+    store_fd = open_store_dir(home, agent_id, store.path_key)
+    try:
+        fd, st = open_artifact_stat(store_fd, revision.locator)
+    finally:
+        os.close(store_fd)
+    try:
+        stamp = _stamp(st)
+        if st.st_size != revision.size:
+            raise mismatch()  # known without reading a byte
+        verify(fd, revision.size, revision.content_sha256)
+        if _stamp(os.fstat(fd)) != stamp:
+            raise mismatch()  # changed while it was hashed
+        yield VerifiedArtifact(fd, revision.size, stamp)
+    finally:
+        os.close(fd)
+
+
+def copy_verified(artifact: VerifiedArtifact, write: Callable[[bytes], object]) -> None:
+    """Hand a verified artifact's bytes to ``write`` in chunks of ``HASH_CHUNK``.
+
+    Each chunk is read again from the verified descriptor, and the file's
+    stamp is compared after the read (a rewrite during it is caught too)
+    and before the chunk is handed on, so no byte written into the file
+    after it verified is ever passed on: a change raises ``mismatch()``
+    and what ``write`` received by then is a verified prefix. Memory stays
+    at one chunk whatever the size.
+    """
+    offset = 0
+    while offset < artifact.size:
+        chunk = os.pread(artifact.fd, min(HASH_CHUNK, artifact.size - offset), offset)
+        if not chunk or _stamp(os.fstat(artifact.fd)) != artifact.stamp:
+            raise mismatch()  # shrank or changed after it verified
+        write(chunk)
+        offset += len(chunk)

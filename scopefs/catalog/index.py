@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,16 +122,44 @@ def retire(conn: apsw.Connection, agent_id: str, revision_id: str) -> None:
         conn.execute("DELETE FROM search_indexed WHERE agent_id = ? AND revision_id = ?", (agent_id, revision_id))
 
 
-# Active revisions whose rows are missing or were made by another model than the current one.
+# Active revisions whose rows are missing (never made, or retired by a search that found the
+# artifact tampered), and those whose rows another model than the current one made.
+_UNINDEXED = " AND NOT EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id)"
 _STALE = (" AND (NOT EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id)"
           "      OR EXISTS (SELECT 1 FROM search_indexed i WHERE i.revision_id = v.revision_id AND i.chunks > 0"
           "                 AND i.model IS NOT (SELECT name FROM search_model WHERE singleton = 1)))")
+_ORDER = " ORDER BY v.revision_id"
+_IN_BATCH = 500  # revision ids per query (SQLite's default limit on variables is 32766)
 
 
 def stale_count(conn: apsw.Connection, agent_id: str) -> int:
     """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
     return int(scalar(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
                             " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,)))
+
+
+def index_again(home: Home, agent_id: str, revision_ids: Iterable[str]) -> int:
+    """Index those of ``revision_ids`` that are active but have no rows; how many now have them.
+
+    Called with revisions whose artifact a read has just verified (the
+    command line's ``read``, a mount's open). A search that met a tampered
+    artifact retired its rows; once the artifact is restored, the first
+    read that verifies it makes the note searchable again, without waiting
+    for ``doctor --fix``. The rows are cut from the artifact verified once
+    more here, never from what the caller read.
+    """
+    conn = home.catalog(agent_id)
+    wanted = sorted(set(revision_ids))
+    rows: list[tuple[Any, ...]] = []
+    for start in range(0, len(wanted), _IN_BATCH):
+        batch = wanted[start:start + _IN_BATCH]
+        rows += conn.execute(ACTIVE_WITH_STORE + f" AND v.revision_id IN ({','.join('?' * len(batch))})"
+                             + _UNINDEXED + _ORDER, (agent_id, agent_id, agent_id, *batch)).fetchall()
+    if not rows:
+        return 0
+    report = ReindexReport()
+    _rebuild(home, conn, agent_id, current_model(conn), rows, report, None)
+    return report.revisions - len(report.failed)
 
 
 @dataclass
@@ -141,8 +169,6 @@ class ReindexReport:
     failed: list[str] = field(default_factory=list)  # revision ids whose artifact failed verification
     model: str = ""
 
-
-_ORDER = " ORDER BY v.revision_id"
 
 
 def reindex(home: Home, agent_id: str, *, model: str | None = None, only_stale: bool = False,

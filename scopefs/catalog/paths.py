@@ -18,6 +18,13 @@ MAX_DEPTH = 32
 
 Parts = tuple[str, ...]  # a virtual path's components, root first: ("private", "notes", "x.md")
 
+# Unicode categories no name may hold: controls (C0, DEL, C1), format
+# characters (zero-width, bidi overrides), surrogates, private use and
+# unassigned code points, and the line and paragraph separators U+2028 and
+# U+2029 (Zl, Zp): line-based tools split on them, so a name holding one
+# would read as two lines of ``ls`` or ``search`` output.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
 
 def _reject(why: str) -> BadInput:
     return BadInput(f"invalid path: {why}")
@@ -39,8 +46,8 @@ def validate_component(name: str) -> str:
         raise _reject("'.' and '..' are not allowed")
     if "/" in name or "\x00" in name:
         raise _reject("'/' or NUL inside a name")
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") for ch in name):
-        raise _reject("control, format or unassigned characters are not allowed")
+    if any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in name):
+        raise _reject("control, format, line-separator or unassigned characters are not allowed")
     if unicodedata.normalize("NFC", name) != name:
         raise _reject("names must be in Unicode NFC form")
     return name
@@ -50,8 +57,9 @@ def split_virtual_path(path: str) -> tuple[str, ...]:
     """Components of a relative virtual path, refusing anything unclean.
 
     Refused: absolute paths, ``.`` and ``..``, empty components (``a//b``),
-    NUL and control characters, non-UTF-8 (surrogate-escaped) text, names
-    over 255 bytes, paths over 4096 bytes, non-NFC names.
+    NUL, control, format and line/paragraph separator characters, non-UTF-8
+    (surrogate-escaped) text, names over 255 bytes, paths over 4096 bytes,
+    non-NFC names.
     """
     if not isinstance(path, str):
         raise _reject("not text")

@@ -55,6 +55,7 @@ from scopefs.catalog.index import current_model, retire
 from scopefs.catalog.policy import Op
 from scopefs.catalog.postfilter import Postfilter
 from scopefs.catalog.prefilter import Scope, predicate, scope_for
+from scopefs.catalog.printable import printable
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import active_with_store
 
@@ -82,6 +83,7 @@ class Hit:
     end_line: int
     score: float
     snippet: str
+    resource_id: str  # whose words these are: never printed, but held results follow it (``vfs.queries``)
 
     @property
     def citation(self) -> str:
@@ -108,11 +110,15 @@ class Outcome:
         return {"results": [hit.as_dict() for hit in self.hits], "arms": list(self.arms)}
 
     def lines(self) -> list[str]:
-        """For people: a citation and score line per hit, then its snippet indented."""
+        """For people: a citation and score line per hit, then its snippet indented.
+
+        Escaped (``catalog.printable``): a snippet is someone's note, and it
+        must not drive the reader's terminal or split a line.
+        """
         lines: list[str] = []
         for hit in self.hits:
-            lines.append(f"{hit.citation}  score {hit.score:.4f}")
-            lines.extend("    " + line for line in hit.snippet.split("\n"))
+            lines.append(printable(f"{hit.citation}  score {hit.score:.4f}"))
+            lines.extend("    " + printable(line) for line in hit.snippet.split("\n"))
         return lines or ["no results"]
 
 
@@ -443,7 +449,8 @@ def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, r
         store = scope.store(candidate.store_id)
         assert store is not None  # the postfilter admitted it: its store is in the view
         hits.append(Hit(f"{store.mount.root}/{candidate.path}", candidate.start_line, candidate.end_line,
-                        candidate.score, snippet(data, candidate.start_line, candidate.end_line)))
+                        candidate.score, snippet(data, candidate.start_line, candidate.end_line),
+                        candidate.resource_id))
         exposed[candidate.revision_id] = candidate.store_id
     return hits, exposed
 

@@ -54,6 +54,12 @@ from scopefs.writer import lock
 from scopefs.writer.commit import roll_back
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
+# What a finding left unfixed means for people, and what brings it back (doctor prints it).
+HINTS = {
+    "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
+                           "tampered and retired their rows); 'scopefs doctor --fix', or a read that verifies "
+                           "each one, indexes them again",
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,11 @@ class Finding:
     @property
     def integrity(self) -> bool:
         return self.kind in INTEGRITY_KINDS
+
+    @property
+    def hint(self) -> str | None:
+        """What the finding means and how to clear it, while nothing was done about it."""
+        return HINTS.get(self.kind) if self.action is None else None
 
 
 @dataclass(frozen=True)
