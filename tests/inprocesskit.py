@@ -11,13 +11,18 @@ nothing (``no_kernel``). Real mounts are ``mountkit.py``.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pyfuse3
 import pytest
+import trio
 
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
+from tests.conftest import Scenario
 
 
 async def errno_of(call: Awaitable[object]) -> int:
@@ -35,6 +40,26 @@ def no_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(pyfuse3, "notify_store", lambda *args, **kwargs: None)
     monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *args, **kwargs: None)
     yield
+
+
+def run_alice_mount(scenario: Scenario, script: Callable[[ScopeFS, Tool], Awaitable[None]]) -> None:
+    """``script(fs, tool)`` against an in-process mount of Alice's DM session."""
+    home = Home.open(scenario.cli.home)
+    fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
+    try:
+        trio.run(script, fs, Tool(fs))
+    finally:
+        fs.artifacts.close()
+        home.close()
+
+
+def as_alice(scenario: Scenario, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(home, alice_session, *args)`` as another session of Alice's runs it (the CLI, another mount)."""
+    home = Home.open(scenario.cli.home)
+    try:
+        return fn(home, scenario.alice_session, *args)
+    finally:
+        home.close()
 
 
 class Tool:

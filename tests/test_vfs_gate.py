@@ -97,8 +97,18 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
         gate.dismiss(mine)
         assert await errno_of(fs.read(reader.fh, 0, 4096)) == errno.EACCES
         assert await errno_of(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
-        gate.admit(mine)  # admitted again (another sandbox in the same namespace): usable again
-        assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
+        # Admitted again: the kernel reuses a freed namespace's number for the next sandbox, and a
+        # descriptor passed out of the old one must not come back to life in it.
+        gate.admit(mine)
+        assert await errno_of(fs.read(reader.fh, 0, 4096)) == errno.EACCES
+        assert await errno_of(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
+        fresh = await fs.open(ino, os.O_RDONLY, me)  # the control: the new sandbox's own opens work
+        assert await fs.read(fresh.fh, 0, 4096) == ALICE_FACT
+        folder = await fs.opendir(pyfuse3.ROOT_INODE, me)
+        gate.dismiss(mine)
+        assert await errno_of(fs.readdir(folder, 0, None)) == errno.EACCES  # type: ignore[arg-type]
+        await fs.releasedir(folder)
+        await fs.release(fresh.fh)
         await fs.release(reader.fh)
         await fs.release(writer.fh)
 

@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 import trio
 
 from scopefs.catalog.errors import Denied
-from scopefs.catalog.home import Home
 from scopefs.catalog.reader import read_note
-from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, table_dump
-from tests.inprocesskit import Tool, errno_of, no_kernel
+from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -35,80 +31,61 @@ NOTE = "private/notes/allergy.md"
 DIR = "private/notes"
 
 
-def _run(scenario: Scenario, script: Callable[[ScopeFS, Tool], Awaitable[None]]) -> None:
-    home = Home.open(scenario.cli.home)
-    fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
-    try:
-        trio.run(script, fs, Tool(fs))
-    finally:
-        fs.artifacts.close()
-        home.close()
-
-
-def _other(scenario: Scenario, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn`` as another session of Alice's runs it (the CLI, another mount)."""
-    home = Home.open(scenario.cli.home)
-    try:
-        return fn(home, scenario.alice_session, *args)
-    finally:
-        home.close()
-
-
 def _read(scenario: Scenario, path: str) -> bytes:
-    return _other(scenario, read_note, path)  # type: ignore[no-any-return]
+    return as_alice(scenario, read_note, path)  # type: ignore[no-any-return]
 
 
 def test_a_save_after_unlink_never_lands_in_the_note_moved_onto_the_name(scenario: Scenario) -> None:
     """vim unlinks R and writes the name anew; meanwhile R moved away and S moved onto the name."""
-    _other(scenario, write_note, f"{DIR}/other.md", b"S's own content\n")
+    as_alice(scenario, write_note, f"{DIR}/other.md", b"S's own content\n")
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
         await tool.unlink(DIR, "allergy.md")
-        _other(scenario, rename_note, NOTE, f"{DIR}/moved.md")
-        _other(scenario, rename_note, f"{DIR}/other.md", NOTE)
+        as_alice(scenario, rename_note, NOTE, f"{DIR}/moved.md")
+        as_alice(scenario, rename_note, f"{DIR}/other.md", NOTE)
         await fs.sync()
         folder = await tool.folder(DIR)
         assert await errno_of(fs.create(folder, b"allergy.md", 0o600, os.O_WRONLY | os.O_CREAT,
                                       None)) == errno.EAGAIN  # type: ignore[arg-type]
         tool.check("the refused create")
 
-    _run(scenario, script)
+    run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == b"S's own content\n"
     assert _read(scenario, f"{DIR}/moved.md") == ALICE_FACT  # R, moved, untouched
 
 
 def test_a_rename_never_replaces_a_note_it_did_not_see(scenario: Scenario) -> None:
     """``mv a.md allergy.md`` means to replace R; another session put U there; U stays, the mv fails."""
-    _other(scenario, write_note, f"{DIR}/a.md", b"a\n")
-    _other(scenario, write_note, f"{DIR}/u.md", b"U must survive\n")
+    as_alice(scenario, write_note, f"{DIR}/a.md", b"a\n")
+    as_alice(scenario, write_note, f"{DIR}/u.md", b"U must survive\n")
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
         await tool.ino(NOTE)
         await tool.ino(f"{DIR}/a.md")
-        _other(scenario, rename_note, NOTE, f"{DIR}/moved.md")
-        _other(scenario, rename_note, f"{DIR}/u.md", NOTE)
+        as_alice(scenario, rename_note, NOTE, f"{DIR}/moved.md")
+        as_alice(scenario, rename_note, f"{DIR}/u.md", NOTE)
         folder = await tool.folder(DIR)  # the mount has not polled since
         assert await errno_of(fs.rename(folder, b"a.md", folder, b"allergy.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
         tool.check("the refused rename")
 
-    _run(scenario, script)
+    run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == b"U must survive\n"
     assert _read(scenario, f"{DIR}/a.md") == b"a\n"
 
 
 def test_a_rename_onto_a_name_it_saw_empty_never_replaces_a_newcomer(scenario: Scenario) -> None:
-    _other(scenario, write_note, f"{DIR}/a.md", b"a\n")
+    as_alice(scenario, write_note, f"{DIR}/a.md", b"a\n")
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
         await tool.ino(f"{DIR}/a.md")
-        _other(scenario, write_note, f"{DIR}/b.md", b"B arrived meanwhile\n")
+        as_alice(scenario, write_note, f"{DIR}/b.md", b"B arrived meanwhile\n")
         folder = await tool.folder(DIR)  # b.md is not in this mount's view yet
         assert await errno_of(fs.rename(folder, b"a.md", folder, b"b.md", 0, None)) == errno.EAGAIN  # type: ignore[arg-type]
 
-    _run(scenario, script)
+    run_alice_mount(scenario, script)
     assert _read(scenario, f"{DIR}/b.md") == b"B arrived meanwhile\n"
 
 
@@ -124,7 +101,7 @@ def test_a_close_and_a_rename_of_a_new_file_at_once_make_one_note(scenario: Scen
         await fs.release(info.fh)
         tool.check("close and rename at once")
 
-    _run(scenario, script)
+    run_alice_mount(scenario, script)
     assert _read(scenario, f"{DIR}/final.md") == b"one file\n"
     with pytest.raises(Denied):
         _read(scenario, f"{DIR}/new.md")
@@ -141,6 +118,6 @@ def test_a_backup_renamed_back_while_open_is_its_note_again_with_no_new_revision
 
     catalog = scenario.cli.home / "agents" / "main" / "catalog.sqlite"
     before, revisions = _read(scenario, NOTE), len(table_dump(catalog)["revisions"])
-    _run(scenario, script)
+    run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == before
     assert len(table_dump(catalog)["revisions"]) == revisions  # the same bytes are not a new revision

@@ -3,17 +3,22 @@
 A Unix seqpacket socket in a root-only directory; the server listens only
 to root peers. The launcher says ``admit <pid namespace inode>`` for the
 sandbox it is starting and keeps the connection open while the sandbox
-runs: the admission ends when the connection closes, so a launcher that
-dies cannot leave a namespace admitted. Kept free of trio and pyfuse3 so
+runs, and says ``dismiss`` once it is gone; the admission also ends when
+the connection closes, so a launcher that dies cannot leave a namespace
+admitted. Kept free of trio and pyfuse3 so
 that starting a command stays cheap.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Self
 
 MAX_MESSAGE = 64
+DISMISS_TIMEOUT_S = 60.0  # dropping the pages of many files can take a while; a dead server answers at once
+
+log = logging.getLogger("scopefs.sandbox")
 
 
 class Admission:
@@ -32,7 +37,23 @@ class Admission:
             raise
 
     def close(self) -> None:
-        self._sock.close()
+        """End the admission and wait until the mount dropped the pages the sandbox opened.
+
+        Called once the sandbox is gone. A server that does not answer (it
+        died, or it is stopping) ends the admission anyway: the connection
+        closes.
+        """
+        answer = b""
+        try:
+            self._sock.settimeout(DISMISS_TIMEOUT_S)
+            self._sock.send(b"dismiss")
+            answer = self._sock.recv(MAX_MESSAGE)
+        except OSError:
+            pass
+        finally:
+            self._sock.close()
+        if answer != b"ok":  # the namespace is refused all the same (the connection closed); say what is unsure
+            log.warning("the mount did not confirm that the sandbox's pages were dropped")
 
     def __enter__(self) -> Self:
         return self

@@ -3,9 +3,12 @@
 A Unix seqpacket socket in a root-only directory. Only a root peer is
 listened to (``SO_PEERCRED``). The launcher connects, says
 ``admit <pid namespace inode>`` for the sandbox it is starting, and keeps
-the connection open while the sandbox runs: the admission ends when the
-connection closes, so a launcher that dies cannot leave a namespace
-admitted. Messages are tiny and bounded; anything else is answered ``no``.
+the connection open while the sandbox runs. Once the sandbox is gone it
+says ``dismiss`` and waits for ``ok``: by then the namespace is refused
+and the pages of every file it opened are dropped (``vfs.gate``). The
+admission also ends when the connection closes, so a launcher that dies
+cannot leave a namespace admitted. Messages are tiny and bounded;
+anything else is answered ``no``.
 """
 
 from __future__ import annotations
@@ -65,10 +68,20 @@ async def _converse(conn: trio.socket.SocketType, gate: Gate) -> None:
                     gate.admit(int(arg))
                     held.append(int(arg))
                     await conn.send(b"ok")
+                elif verb == b"dismiss" and not arg:
+                    await _dismiss(gate, held)
+                    await conn.send(b"ok")
                 else:
                     await conn.send(b"no")
         except OSError:
             return
         finally:
-            for namespace in held:
-                gate.dismiss(namespace)
+            await _dismiss(gate, held)
+
+
+async def _dismiss(gate: Gate, held: list[int]) -> None:
+    """End every admission ``held`` (at once, before any await), then drop what they opened."""
+    gone = [namespace for namespace in held if gate.dismiss(namespace)]
+    held.clear()
+    for namespace in gone:
+        await gate.dismissed(namespace)

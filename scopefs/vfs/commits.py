@@ -69,7 +69,7 @@ class Commits:
             mount.check_writable(node.parts)
         await self.ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
         await mount.handles.quiesce(node)
-        fh = mount.handles.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
@@ -102,11 +102,13 @@ class Commits:
             layers.add_local(node)
         await mount.handles.quiesce(node)
         node.lookups += 1
-        return node, mount.handles.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        return node, mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
 
     def write(self, handle: Handle, off: int, buf: bytes) -> int:
         if not handle.writable or handle.node.draft is None:
             raise fail(errno.EBADF)
+        if not self._mount.view.usable or handle.node.left_view:
+            raise fail(errno.EACCES)  # the view went (revoked), or the note left it: nothing written could be saved
         handle.wrote = True
         return handle.node.draft.write(off, buf)
 
@@ -125,8 +127,16 @@ class Commits:
         mount = self._mount
         async with node.commit_lock:
             draft = node.draft
-            if draft is None or not draft.dirty or not node.attached or node.kind is not Kind.NOTE:
+            if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
                 return
+            if not mount.view.usable:
+                # Revoked with bytes not committed: the close or fsync that asks
+                # must fail, never report success for data that is gone.
+                raise fail(errno.EACCES)
+            if not node.attached:
+                if node.left_view:
+                    raise fail(errno.EACCES)  # removed by another session, or the view went and came back
+                return  # unlinked here while open: its writes go with it, as on any filesystem
             try:
                 saved = await self.save(node, draft, node.parts, node.resource_id)
             except BaseException:
@@ -187,6 +197,7 @@ class Commits:
         node.resource_id = resource_id
         node.frozen = None  # a backup renamed back is its note again
         node.attached = True
+        node.left_view = False
         node.forget_pages()
         layers.by_resource[resource_id] = node
 

@@ -37,6 +37,7 @@ from scopefs.catalog.visible import VisibleNote
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
+RETRY_HASHED = 10_000  # verified revisions kept for another indexing attempt after a failed one
 WHOLE_BYTES = 256 << 10  # files up to this size are hashed from one read whose bytes are kept
 
 
@@ -70,6 +71,9 @@ class Artifacts:
         self._store_fds: dict[str, int] = {}
         self._verified: dict[str, Stamp] = {}  # revision id -> stamp of the file that hashed right
         self._kept: OrderedDict[str, int] = OrderedDict()  # revision id -> open fd of that file
+        # Revisions whose hash matched since ``take_hashed``: appended from worker threads too
+        # (one append is atomic), read on the trio thread.
+        self._hashed: list[str] = []
 
     def close(self) -> None:
         for fd in [*self._store_fds.values(), *self._kept.values()]:
@@ -137,6 +141,7 @@ class Artifacts:
                     verify(fd, note.size, note.sha256, sink=sink)
                 if Stamp.of(fd) != stamp:
                     raise mismatch()  # changed while it was hashed
+                self._hashed.append(note.revision_id)
                 if started - stamp.ctime_ns > RACY_NS:
                     self._verified[note.revision_id] = stamp
             if keep and note.revision_id in self._verified and note.revision_id not in self._kept:
@@ -147,6 +152,16 @@ class Artifacts:
             os.close(fd)
             raise
         return fd, stamp, verified
+
+    def take_hashed(self) -> list[str]:
+        """The revisions hashed and matched since the last call (``vfs.follow`` indexes them again
+        if a search had retired their rows)."""
+        taken, self._hashed = self._hashed, []
+        return taken
+
+    def hashed_again(self, revision_ids: list[str]) -> None:
+        """Put back what ``take_hashed`` gave when it could not be handled (at most ``RETRY_HASHED``)."""
+        self._hashed[:0] = revision_ids[:RETRY_HASHED]
 
     def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, refused if the file changed since it was verified."""

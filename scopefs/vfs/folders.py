@@ -5,32 +5,69 @@ in this mount's overlay, where it stays until it holds a note or is
 removed; ``rmdir`` of a folder of the view settles the removals of its
 notes first, and the folder goes with them. A listing is taken whole when
 it starts, so entries do not shift under a reader that asks in pieces.
+
+An open folder is a handle of its own, like an open file: it remembers
+the sandbox that opened it, and ``readdir`` (which carries no caller)
+lists nothing once that sandbox is gone, so a folder descriptor passed
+out of a sandbox cannot watch the folder afterwards.
 """
 
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 
 import pyfuse3
 
 from scopefs.vfs.attributes import attributes
+from scopefs.vfs.handles import REVOKED
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.removals import Removals
 
 
+@dataclass(eq=False)
+class FolderHandle:
+    """One open folder: which, who opened it, and the names its listing holds once it started."""
+
+    ino: int
+    pid_namespace: int | None  # on a sandbox's mount: the admitted pid namespace that opened it
+    names: list[str] | None = None
+
+
 class Folders:
-    """``mkdir``, ``rmdir`` and ``readdir`` of one mount."""
+    """``opendir``, ``readdir``, ``mkdir`` and ``rmdir`` of one mount."""
 
     def __init__(self, mount: MountState, removals: Removals) -> None:
         self._mount = mount
         self._removals = removals
-        self._listings: dict[int, list[str]] = {}  # open folder handle -> the names it lists
+        self._open: dict[int, FolderHandle] = {}  # folder handle number -> the open folder
+        self._next_fh = 1
+
+    def opendir(self, ino: int, pid_namespace: int | None) -> int:
+        self._mount.folder(ino)
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._open[fh] = FolderHandle(ino, pid_namespace)
+        return fh
+
+    def revoke(self, pid_namespace: int) -> None:
+        """Folders opened from ``pid_namespace`` (now dismissed) list nothing again (``HandleTable.revoke``)."""
+        for handle in self._open.values():
+            if handle.pid_namespace == pid_namespace:
+                handle.pid_namespace = REVOKED
+
+    def opened(self, fh: int) -> Node:
+        """The folder an open handle is on (EBADF for an unknown handle, EACCES once its sandbox is gone)."""
+        handle = self._open.get(fh)
+        if handle is None:
+            raise fail(errno.EBADF)
+        self._mount.check_opener(handle.pid_namespace)
+        return self._mount.folder(handle.ino)
 
     def mkdir(self, parent_ino: int, name: bytes) -> Node:
         mount = self._mount
         layers = mount.layers
-        parent, text, parts = mount.new_child(parent_ino, name)
+        parent, text, parts = mount.new_child(parent_ino, name, folder=True)
         mount.check_new_name(parent, text)
         node = layers.inodes.new(Kind.DIR, parts)
         layers.add_local(node)
@@ -60,12 +97,13 @@ class Folders:
 
     def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         mount = self._mount
-        node = mount.folder(fh)
+        node = self.opened(fh)
         if node.kind is Kind.QUERIES:
             return  # lists nothing: a listing must never run a search
-        if start_id == 0 or fh not in self._listings:
-            self._listings[fh] = mount.layers.names(node.parts)
-        names = self._listings[fh]
+        handle = self._open[fh]
+        if start_id == 0 or handle.names is None:
+            handle.names = mount.layers.names(node.parts)
+        names = handle.names
         for index in range(start_id, len(names)):
             child = mount.layers.lookup(node.parts + (names[index],))
             if child is None:
@@ -75,4 +113,4 @@ class Folders:
             child.lookups += 1
 
     def releasedir(self, fh: int) -> None:
-        self._listings.pop(fh, None)
+        self._open.pop(fh, None)

@@ -7,7 +7,8 @@ changed from invalidations sent here, on their own thread, never from a
 request handler (an invalidation can wait on a page that a READ in
 flight has locked, and that READ waits on this loop). Removals whose
 grace period ended are tombstoned, and the read audit is written in
-batches. A failure of one round is logged by type and the next round
+batches, and revisions verified here are indexed again if a search had
+retired their rows. A failure of one round is logged by type and the next round
 tries again: nothing in here may end the mount.
 """
 
@@ -20,6 +21,7 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.audit import record_many
+from scopefs.catalog.index import index_again
 from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.mount import MountState
 from scopefs.vfs.reads import Reads
@@ -43,6 +45,7 @@ class Follow:
         nursery.start_soon(self._every, POLL_S, self._mount.sync)
         nursery.start_soon(self._every, POLL_S, self._removals.settle)
         nursery.start_soon(self._every, AUDIT_FLUSH_S, self.flush_audit)
+        nursery.start_soon(self._every, AUDIT_FLUSH_S, self.index_verified)
         nursery.start_soon(self._invalidate)
 
     async def shutdown(self) -> None:
@@ -58,6 +61,17 @@ class Follow:
                 await self._mount.catalog(record_many, self._mount.home.state(), batch)
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+
+    async def index_verified(self) -> None:
+        """Revisions this mount verified get their search rows back if a search had retired them
+        (``catalog.index.index_again``): restoring an artifact needs no ``doctor --fix``."""
+        hashed = self._mount.artifacts.take_hashed()
+        if hashed:
+            try:
+                await self._mount.catalog(index_again, self._mount.home, self._mount.agent_id, hashed)
+            except BaseException:
+                self._mount.artifacts.hashed_again(hashed)  # a verified revision is not hashed twice: retry
+                raise
 
     @staticmethod
     async def _every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:

@@ -89,13 +89,16 @@ class ScopeFS(pyfuse3.Operations):
         super().__init__()
         self.mount = mount = MountState(home, session_id, view, gate=gate, owner=owner)
         self.queries = Queries(mount.layers.inodes, functools.partial(mount.catalog, search, home, session_id),
-                               lambda: mount.view)
+                               lambda: mount.view, mount.sync)
         self.reads = Reads(mount, self.queries)
         self.commits = Commits(mount, self.reads)
         self.renames = Renames(mount, self.commits)
         self.removals = Removals(mount)
         self.folders = Folders(mount, self.removals)
         self.follow = Follow(mount, self.reads, self.removals)
+        if gate is not None:
+            gate.on_gone = self._revoke
+            gate.on_dismissed = mount.dismissed
         self.terminated = False  # set by the server when a signal, not the kernel, ends the mount
 
     @property
@@ -114,6 +117,15 @@ class ScopeFS(pyfuse3.Operations):
 
     async def shutdown(self) -> None:
         await self.follow.shutdown()
+
+    def _revoke(self, pid_namespace: int) -> None:
+        """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``)."""
+        self.mount.handles.revoke(pid_namespace)
+        self.folders.revoke(pid_namespace)
+
+    async def close_view(self) -> None:
+        """Before the server lets go of the kernel (``vfs.server``): see ``MountState.close_view``."""
+        await self.mount.close_view()
 
     # -- attributes ----------------------------------------------------------
 
@@ -166,9 +178,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        self.mount.admit(ctx)
-        self.mount.folder(inode)
-        return inode
+        return self.folders.opendir(inode, self.mount.opener(ctx))
 
     @guarded
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -247,7 +257,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        await self.removals.settle(prefix=self.mount.folder(fh).parts)
+        await self.removals.settle(prefix=self.folders.opened(fh).parts)
 
     # -- refused ---------------------------------------------------------------
 

@@ -11,10 +11,23 @@ refused too.
 
 The check runs on every request that carries a context (lookups, opens,
 creates, renames, attribute reads...). Requests without one act on a
-handle that an admitted open created; reads and writes through it also
-stop when its namespace is dismissed (a descriptor passed out of the
-sandbox is then useless), while flush and release still run, since they
-finish what the sandbox already wrote.
+handle that an admitted open created (a file's or a folder's); reads,
+writes and listings through it also stop when its namespace is dismissed
+(a descriptor passed out of the sandbox is then useless), while flush and
+release still run, since they finish what the sandbox already wrote.
+
+The handles a namespace opened are revoked the moment its last admission
+ends (``on_gone``): the kernel reuses a freed namespace's inode number for
+the next namespace it makes, so a later sandbox admitted under the same
+number must not bring a passed-out descriptor back to life.
+
+A read served from the kernel's page cache reaches no server at all, so a
+dismissal also drops the pages of every file that namespace opened
+(``on_dismissed``, which the mount sets) before the launcher hears that
+the admission ended: once ``scopefs run`` returns, a descriptor its
+sandbox passed out reads nothing more. Another sandbox of the same
+session that is still running may bring a page back into the cache; a
+descriptor held from a finished one can read that page while it stays.
 The pid in the context is the caller's thread id in this server's pid
 namespace, resolved through ``/proc`` per request, never cached: a pid can
 be reused by another process, a namespace inode cannot while it is alive.
@@ -23,6 +36,7 @@ be reused by another process, a namespace inode cannot while it is alive.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the launcher imports this module; it must not pull pyfuse3 in
@@ -45,16 +59,37 @@ class Gate:
     def __init__(self, uid: int) -> None:
         self.uid = uid
         self._namespaces: dict[int, int] = {}  # namespace inode -> how many admissions hold it
+        # Set by the mount: revoke a namespace's handles the moment it is gone (no await), and
+        # then drop the pages of what it opened.
+        self.on_gone: Callable[[int], None] | None = None
+        self.on_dismissed: Callable[[int], Awaitable[None]] | None = None
 
     def admit(self, namespace: int) -> None:
         self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
 
-    def dismiss(self, namespace: int) -> None:
+    def dismiss(self, namespace: int) -> bool:
+        """One admission of ``namespace`` ends; True if none is left (its handles are revoked now,
+        and the caller awaits ``dismissed`` for its pages)."""
         left = self._namespaces.get(namespace, 0) - 1
         if left > 0:
             self._namespaces[namespace] = left
-        else:
-            self._namespaces.pop(namespace, None)
+            return False
+        if self._namespaces.pop(namespace, None) is None:
+            return False
+        if self.on_gone is not None:
+            self.on_gone(namespace)
+        return True
+
+    def dismiss_all(self) -> None:
+        """The mount stops: every admission ends at once (their pages are the mount's to drop)."""
+        for namespace in list(self._namespaces):
+            self._namespaces[namespace] = 1
+            self.dismiss(namespace)
+
+    async def dismissed(self, namespace: int) -> None:
+        """After the last admission of ``namespace`` ended: its pages go (see the module docstring)."""
+        if self.on_dismissed is not None:
+            await self.on_dismissed(namespace)
 
     @property
     def admitted(self) -> frozenset[int]:

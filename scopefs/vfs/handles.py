@@ -41,6 +41,8 @@ from scopefs.vfs.inodes import Node
 from scopefs.vfs.pages import PageStream
 from scopefs.vfs.querytree import Results
 
+REVOKED = -1  # a handle's pid namespace once its sandbox was dismissed: no namespace has this number
+
 
 @dataclass(eq=False)
 class Handle:
@@ -63,6 +65,7 @@ class HandleTable:
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._streams: dict[int, PageStream] = {}  # inode -> the open streaming unverified pages into it
+        self._opened_by: dict[int, set[int]] = {}  # admitted pid namespace -> inodes it opened files on
 
     def __getitem__(self, fh: int) -> Handle:
         return self._handles[fh]
@@ -82,7 +85,26 @@ class HandleTable:
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         self._handles[fh] = handle
         handle.node.opens += 1
+        if handle.pid_namespace is not None:
+            self._opened_by.setdefault(handle.pid_namespace, set()).add(handle.node.ino)
         return fh
+
+    def opened_by(self, pid_namespace: int) -> set[int]:
+        """The inodes ``pid_namespace`` opened files on, forgotten here (it was dismissed)."""
+        return self._opened_by.pop(pid_namespace, set())
+
+    def revoke(self, pid_namespace: int) -> None:
+        """Handles opened from ``pid_namespace`` (now dismissed) never work again.
+
+        The kernel reuses a freed namespace's inode number for the next
+        namespace it makes, so a later sandbox may be admitted under the
+        same number: a handle that kept it would come back to life in a
+        descriptor passed out of the old one.
+        """
+        for handle in self._handles.values():
+            if handle.pid_namespace == pid_namespace:
+                handle.pid_namespace = REVOKED
+
 
     def take(self, fh: int) -> Handle | None:
         """Remove ``fh`` (the kernel released it); the node's ``opens`` is the caller's to settle."""

@@ -76,6 +76,9 @@ class Node:
     draft: Draft | None = None  # bytes being written (note) or held (scratch)
     frozen: VisibleNote | None = None  # a scratch name holding a note's revision (vim's backup)
     attached: bool = True  # still has a name in this mount
+    # Detached because the view stopped showing its note (another session removed it, the evidence
+    # went), not by this mount's own unlink or rename: writes to it fail rather than vanish.
+    left_view: bool = False
     opens: int = 0
     lookups: int = 0
     cached_revision: str | None = None  # the revision whose pages the kernel may keep

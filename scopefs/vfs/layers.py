@@ -221,6 +221,7 @@ class Layers:
             out.append(Invalidation(node.ino, parent.ino if parent else None, note.parts[-1]))
             node.forget_pages()
             if current is None:
+                node.left_view = True
                 self.detach(node)
             else:
                 node.parts = current.parts

@@ -27,7 +27,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -35,7 +35,7 @@ import trio
 
 from scopefs.catalog.audit import AuditEvent
 from scopefs.catalog.home import Home
-from scopefs.catalog.paths import Parts
+from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
 from scopefs.vfs.content import Artifacts
@@ -44,6 +44,7 @@ from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
+from scopefs.vfs.pages import PageStream, drop_pages_of
 from scopefs.vfs.querytree import is_query_path
 
 T = TypeVar("T")
@@ -65,7 +66,8 @@ class MountState:
         self.session_id = session_id
         self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
         self.layers = Layers(view)
-        self.artifacts = Artifacts(home, view.access.agent_id)
+        self.agent_id = view.access.agent_id
+        self.artifacts = Artifacts(home, self.agent_id)
         self.handles = HandleTable()
         self.uid, self.gid = owner if owner is not None else (os.getuid(), os.getgid())
         self.started_ns = time.time_ns()  # the time of every folder, constant: it says nothing of writes
@@ -121,6 +123,33 @@ class MountState:
         node.forget_pages()
         self._invalidations.send_nowait(Invalidation(node.ino))
 
+    async def drop_pages_now(self, nodes: Iterable[Node]) -> None:
+        """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued).
+
+        On a worker: an invalidation can wait on a page that a READ in
+        flight holds, and this loop answers that READ meanwhile.
+        """
+        inos = []
+        for node in nodes:
+            if node.kind in (Kind.NOTE, Kind.SCRATCH):  # folders have no pages; query results are direct_io
+                node.forget_pages()
+                inos.append(node.ino)
+        if inos:
+            await trio.to_thread.run_sync(drop_pages_of, inos)
+
+    async def dismissed(self, pid_namespace: int) -> None:
+        """A sandbox is gone: drop the pages of every file it opened (``vfs.gate`` says why)."""
+        inodes = self.layers.inodes
+        await self.drop_pages_now(node for ino in self.handles.opened_by(pid_namespace)
+                                  if (node := inodes.get(ino)) is not None)
+
+    async def close_view(self) -> None:
+        """Before the connection to the kernel closes (a stop by signal): no sandbox is admitted any
+        more, so nothing can bring a page back, and then no page of the view may outlive the connection."""
+        if self.gate is not None:
+            self.gate.dismiss_all()
+        await self.drop_pages_now(list(self.layers.inodes.nodes.values()))
+
     def event(self, operation: str, decision: str, reason: Reason, note: VisibleNote) -> AuditEvent:
         return self.view.access.event(operation, decision, reason, store_id=note.store_id,
                                       revision_id=note.revision_id)
@@ -165,9 +194,24 @@ class MountState:
             raise fail(errno.EACCES)
         return namespace
 
+    def give(self, handle: Handle, stream: PageStream | None = None) -> int:
+        """A file handle for ``handle``, if the sandbox that asked is still admitted.
+
+        Checked again here, with no await before the handle is in the
+        table, because an open awaits (a hash, a stream, another open's
+        stream) and its sandbox may be dismissed meanwhile: a handle given
+        after that would outlive the dismissal's revocation.
+        """
+        self.check_opener(handle.pid_namespace)
+        return self.handles.give(handle, stream)
+
     def check_handle(self, handle: Handle) -> None:
         """Reads and writes need the pid namespace that opened the handle to be admitted still."""
-        if self.gate is not None and not self.gate.holds(handle.pid_namespace):
+        self.check_opener(handle.pid_namespace)
+
+    def check_opener(self, pid_namespace: int | None) -> None:
+        """EACCES on a sandbox's mount once the pid namespace that opened a file or folder is gone."""
+        if self.gate is not None and not self.gate.holds(pid_namespace):
             raise fail(errno.EACCES)
 
     # -- nodes by number and name ----------------------------------------------
@@ -187,16 +231,18 @@ class MountState:
             raise fail(errno.ENOENT if not found.attached else errno.ENOTDIR)
         return found
 
-    def new_child(self, parent_ino: int, name: bytes) -> tuple[Node, str, Parts]:
+    def new_child(self, parent_ino: int, name: bytes, *, folder: bool = False) -> tuple[Node, str, Parts]:
         """The folder, the decoded name and the path of a name about to be made in it.
 
-        Refused where nothing may be made (EACCES, EROFS) and where the name
-        is taken (EEXIST); a look-alike of a sibling is the caller's to check,
-        since a name cancelling a removal here is not new.
+        Refused where nothing may be made (EACCES, EROFS), where the path
+        could never be a note's (ENAMETOOLONG, ``check_fits``) and where the
+        name is taken (EEXIST); a look-alike of a sibling is the caller's to
+        check, since a name cancelling a removal here is not new.
         """
         parent = self.folder(parent_ino)
         text = child_name(name)
         parts = parent.parts + (text,)
+        check_fits(parts, folder=folder)
         self.check_writable(parts)
         if self.layers.lookup(parts) is not None:
             raise fail(errno.EEXIST)
@@ -219,6 +265,20 @@ def child_name(name: bytes) -> str:
         return decode(name)
     except BadName as exc:
         raise fail(exc.errno) from None
+
+
+def check_fits(parts: Parts, *, folder: bool = False) -> None:
+    """ENAMETOOLONG for a path the writer would refuse (``catalog.paths``: depth, bytes).
+
+    Checked where the name is made (create, mkdir, rename), not at the
+    close that commits it: by then the tool believes the file exists, and
+    a refusal at close loses its data. A ``folder`` must leave room for
+    one note of a single byte in it, or nothing could ever be saved there.
+    """
+    depth = len(parts) + (1 if folder else 0)
+    size = sum(len(part.encode("utf-8")) for part in parts) + len(parts) - 1 + (2 if folder else 0)
+    if depth > MAX_DEPTH or size > MAX_PATH_BYTES:
+        raise fail(errno.ENAMETOOLONG)
 
 
 def copied_from(node: Node) -> str | None:

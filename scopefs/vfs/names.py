@@ -1,7 +1,9 @@
 """Names arriving from the kernel: decoded, validated, compared for look-alikes.
 
 The kernel hands us raw bytes. A name we cannot hold as a note path (not
-UTF-8, not NFC, control or format characters, too long) can never exist,
+UTF-8, not NFC, control or format characters, the line and paragraph
+separators U+2028 and U+2029, too long: ``catalog.paths.validate_component``
+decides, for the mount and the command line alike) can never exist,
 so looking it up answers "no such file" like any missing name, and
 creating it is refused with a clear errno. A new name that merely looks
 like a sibling (``note.md`` and ``nоte.md`` with a Cyrillic o, or a

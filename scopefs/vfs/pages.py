@@ -71,5 +71,13 @@ def drop_pages(ino: int) -> None:
     try:
         pyfuse3.invalidate_inode(ino, attr_only=False)
     except OSError as exc:
-        if exc.errno != errno.ENOENT:  # ENOENT: the kernel does not know the inode, nothing cached
+        # ENOENT: the kernel does not know the inode; ENODEV, ENOTCONN: the connection is gone, and the
+        # kernel has nothing of this mount left to drop through it.
+        if exc.errno not in (errno.ENOENT, errno.ENODEV, errno.ENOTCONN):
             log.warning("pages of an inode were not dropped (%s)", errno.errorcode.get(exc.errno or 0, "?"))
+
+
+def drop_pages_of(inos: list[int]) -> None:
+    """``drop_pages`` for each of ``inos``, in one trip to a worker."""
+    for ino in inos:
+        drop_pages(ino)

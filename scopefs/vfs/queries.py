@@ -32,8 +32,12 @@ Why it is built this way:
   (``private/notes/x.md``; inside a sandbox ``/memory/private/notes/x.md``).
 * Everything here is read-only, refused like a read-only root (``EROFS``;
   in a sandbox the kernel refuses first, from the modes, with ``EACCES``).
-* A results file held open stops serving (``EACCES``) once the view goes
-  (a revoked binding) or a note it quotes leaves the view, as a held note
+* Results follow the resources they quote, never the paths the view
+  happened to show: a hit the view does not show yet (a note committed
+  through another mount a moment ago) makes the mount catch up first, and
+  a hit it still does not show is left out. A results file held open
+  stops serving (``EACCES``) once the view goes (a revoked binding) or a
+  note it quotes leaves the view (tombstoned, denied), as a held note
   does; a view without evidence has no ``.search`` at all (``ENOENT``).
 * Query text, principal ids, paths and snippets are never logged: they are
   the caller's words and the view's content.
@@ -45,6 +49,7 @@ they spell; ``json `` (with a space) or ``JSON`` searches for the word.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -111,10 +116,12 @@ def _search_errno(exc: Exception) -> int:
 class Queries:
     """The query tree of one mount: a node per path the kernel knows, no more."""
 
-    def __init__(self, inodes: Inodes, search: Search, view: Callable[[], VisibleView]) -> None:
+    def __init__(self, inodes: Inodes, search: Search, view: Callable[[], VisibleView],
+                 sync: Callable[[], Awaitable[None]]) -> None:
         self._inodes = inodes
         self._search = search
         self._view = view
+        self._sync = sync
         self._known: dict[Parts, Node] = {}
         self._paths: dict[int, Parts] = {}  # inode -> its path in _known
 
@@ -144,11 +151,25 @@ class Queries:
             outcome = await self._search(text, about=folder.about)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an errno, logged by type at most
             raise pyfuse3.FUSEError(_search_errno(exc)) from None
+        outcome = await self._shown(outcome)
+        data = render_json(outcome) if folder.as_json else render_text(outcome)
+        quoted = frozenset(hit.resource_id for hit in outcome.hits)
+        return self._node(parts, Kind.RESULTS, Results(data, quoted, time.time_ns()))
+
+    async def _shown(self, outcome: Outcome) -> Outcome:
+        """``outcome`` without hits this view does not show (after catching up once, if it lags)."""
+        if not self._view().usable:
+            raise pyfuse3.FUSEError(errno.ENOENT)  # revoked while searching: as if it came first
+        if any(hit.resource_id not in self._view().by_resource for hit in outcome.hits):
+            try:
+                await self._sync()  # a note committed through another mount since this one's last sync
+            except Exception:  # noqa: BLE001 - the hits it cannot confirm are left out below
+                pass
         view = self._view()
         if not view.usable:
-            raise pyfuse3.FUSEError(errno.ENOENT)  # revoked while searching: as if it came first
-        data = render_json(outcome) if folder.as_json else render_text(outcome)
-        return self._node(parts, Kind.RESULTS, Results(data, _quoted(view, outcome), time.time_ns()))
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        hits = tuple(hit for hit in outcome.hits if hit.resource_id in view.by_resource)
+        return outcome if len(hits) == len(outcome.hits) else dataclasses.replace(outcome, hits=hits)
 
     def _node(self, parts: Parts, kind: Kind, query: Folder | Results) -> Node:
         """The node of ``parts``, now holding ``query``: the one the kernel knows, if it knows one.
@@ -188,17 +209,3 @@ class Queries:
 
     def read(self, results: Results, off: int, size: int) -> bytes:
         return self.check(results).data[off:off + size]
-
-
-def _quoted(view: VisibleView, outcome: Outcome) -> frozenset[str]:
-    """Resources of the view that ``outcome`` quotes.
-
-    A hit the view does not show yet (a note committed a moment ago, before
-    the mount's next sync) is not tracked: the search itself authorized it.
-    """
-    quoted = set()
-    for hit in outcome.hits:
-        note = view.notes.get(tuple(hit.path.split("/")))
-        if note is not None:
-            quoted.add(note.resource_id)
-    return frozenset(quoted)

@@ -55,12 +55,12 @@ class Reads:
         mount = self._mount
         if node.kind is Kind.RESULTS:
             handle = Handle(node, pid_namespace=pid_namespace, results=self._queries.opened(node))
-            return pyfuse3.FileInfo(fh=mount.handles.give(handle), direct_io=True,
+            return pyfuse3.FileInfo(fh=mount.give(handle), direct_io=True,
                                     keep_cache=False)  # the kernel keeps nothing: each cat searches anew
         if node.draft is not None:
             mount.check_copy(node)
             await mount.handles.quiesce(node)
-            return pyfuse3.FileInfo(fh=mount.handles.give(Handle(node, pid_namespace=pid_namespace)),
+            return pyfuse3.FileInfo(fh=mount.give(Handle(node, pid_namespace=pid_namespace)),
                                     keep_cache=False)
         note = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
         if note is None or not mount.view.usable:
@@ -88,13 +88,18 @@ class Reads:
                     await trio.to_thread.run_sync(drop_pages, node.ino)
                     node.stale_pages = False
                 await mount.handles.quiesce(node)  # another open's stream settles first: see vfs.handles
+            mount.check_opener(pid_namespace)  # dismissed while this open awaited: store nothing, give nothing
             keep = self._keep_cache(node, note, verified, stream)
             node.cached_revision = note.revision_id
             self.expose(note)
             handle = Handle(node, note=note, fd=fd, stamp=stamp, pid_namespace=pid_namespace)
-            fh = mount.handles.give(handle, stream)
+            fh = mount.give(handle, stream)
         except BaseException:
             os.close(fd)
+            if stream is not None and stream.touched:  # pages stored for an open that gives no handle
+                node.forget_pages()
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(drop_pages, node.ino)
             raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 

@@ -24,7 +24,7 @@ from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Removal
-from scopefs.vfs.mount import MountState, child_name, fail
+from scopefs.vfs.mount import MountState, check_fits, child_name, fail
 from scopefs.vfs.scratch import is_scratch
 
 RENAME_NOREPLACE = 1
@@ -48,6 +48,7 @@ class Renames:
         old_parent, new_parent = mount.folder(parent_ino_old), mount.folder(parent_ino_new)
         dst_name = child_name(name_new)
         dst = new_parent.parts + (dst_name,)
+        check_fits(dst, folder=node.kind is Kind.DIR)
         mount.check_writable(src)
         mount.check_writable(dst)
         src_root, dst_root = layers.mount_for(src), layers.mount_for(dst)  # the view roots they lie under

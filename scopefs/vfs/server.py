@@ -43,6 +43,10 @@ async def _stop_on_signal(fs: ScopeFS) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for _ in signals:
             fs.terminated = True
+            # The connection closes next, and pages cached by then would stay
+            # readable through any descriptor still open (one passed out of a
+            # sandbox, say): the kernel drops them first.
+            await fs.close_view()
             pyfuse3.terminate()
             return
 
