@@ -9,8 +9,10 @@ them fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from scopefs.sandbox import uids
@@ -18,6 +20,20 @@ from scopefs.sandbox import uids
 MOUNTS = uids.RUN_ROOT / "mounts"
 UIDS = uids.RUN_ROOT / "uids"
 CONTROL = uids.RUN_ROOT / "control"
+
+
+@contextlib.contextmanager
+def stdout_into(path: Path) -> Iterator[None]:
+    """This process's descriptor 1 writes to ``path`` for the block: ``launch.run`` hands the
+    sandbox the launcher's own stdout, and a test wants to read what the command printed."""
+    with open(path, "wb") as sink:
+        saved = os.dup(1)
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def sandbox_processes() -> set[tuple[int, int]]:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ALICE_FACT, BOB_FACT, SCOPEFS, Scenario
 from tests.mountkit import wait_until
-from tests.sandboxrun import leftovers, sandbox_processes, server_processes, settle
+from tests.sandboxrun import leftovers, sandbox_processes, server_processes, settle, stdout_into
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def test_a_kept_mount_is_reused_and_taken_down(scenario: Scenario) -> None:
             result = scenario.cli("run", scenario.alice_session, "--", "cat", "private/notes/allergy.md")
             assert result.code == 0 and result.out == ALICE_FACT
             assert server_processes() - before["servers"] == kept  # no mount per command
-        assert scenario.cli("session", "up", scenario.alice_session).code == 2
+        assert scenario.cli("session", "up", scenario.alice_session).code == 1  # a conflict: it is up
     finally:
         scenario.cli("session", "down", scenario.alice_session, check=True)
     assert settle(before) == {}
@@ -253,16 +253,10 @@ def test_an_unadmitted_sandbox_of_the_session_uid_is_refused(scenario: Scenario,
     proc, target = _session_mount(scenario)
     out = tmp_path / "out"
     try:
-        with open(out, "wb") as sink:
-            saved = os.dup(1)
-            os.dup2(sink.fileno(), 1)
-            try:
-                admitted = run(target, ["cat", "/memory/private/notes/allergy.md"])
-                unadmitted = run(dataclasses.replace(target, control=None),
-                                 ["sh", "-c", "cat /memory/private/notes/allergy.md 2>&1; ls /memory 2>&1; true"])
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
+        with stdout_into(out):
+            admitted = run(target, ["cat", "/memory/private/notes/allergy.md"])
+            unadmitted = run(dataclasses.replace(target, control=None),
+                             ["sh", "-c", "cat /memory/private/notes/allergy.md 2>&1; ls /memory 2>&1; true"])
     finally:
         sessions.stop_server(proc.pid, target.mountpoint)
         proc.wait()

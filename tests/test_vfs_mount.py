@@ -401,10 +401,10 @@ def test_an_unusable_mountpoint_is_bad_input_and_mounts_nothing(scenario: Scenar
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_live_mount_is_never_mounted_over(scenario: Scenario, mounts: Mounts, mode: str) -> None:  # noqa: F811
-    """Stacking Bob's view on Alice's live one is bad input in both modes."""
+    """Stacking Bob's view on Alice's live one is refused in both modes (exit 1: the first mount won)."""
     live = mounts.mount(scenario.alice_session, "live")
     code, err, added = _attempt_mount(scenario, scenario.bob_session, live, foreground=MODES[mode])
-    assert (code, added) == (2, 0), (code, added, err)
+    assert (code, added) == (1, 0), (code, added, err)
     assert err.startswith("scopefs: ") and err.count("\n") == 1, err
     assert (live / NOTE).read_bytes() == ALICE_FACT  # still Alice's view, not Bob's
 

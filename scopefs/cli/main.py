@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
 
 from scopefs.catalog.durations import parse_duration_us
 from scopefs.catalog.errors import BadInput, Denied, ScopefsError
 from scopefs.catalog.home import Home, resolve_home, validate_agent_name
-from scopefs.cli.output import emit, fail
+from scopefs.cli.output import OutputLost, drop_stdout, emit, fail, lost_output, write_bytes, write_text
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +33,14 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments"):
             message = "unrecognized arguments"
         raise BadInput(f"{message} (see '{self.prog} --help')")
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        """Help through ``cli.output``: argparse's own writer drops a write error,
+        so ``--help > /dev/full`` would exit 0 having printed nothing."""
+        if file is not None:
+            super().print_help(file)
+        else:
+            write_text(self.format_help())
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -170,19 +182,20 @@ def cmd_session_open(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from scopefs.catalog.reader import read_note
+    """Raw bytes are streamed (hashed whole first, then copied in chunks), so a
+    note of any size reads in bounded memory; ``--json`` needs it whole."""
+    from scopefs.catalog.reader import read_note, stream_note
 
     home = _home(args)
+    if not args.json:
+        stream_note(home, args.session, args.path, write_bytes, actor_id=args.actor)
+        return 0
     data = read_note(home, args.session, args.path, actor_id=args.actor)
-    if args.json:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ScopefsError("note is not UTF-8 text; read it without --json") from None
-        emit(True, {"content": text, "size": len(data)})
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScopefsError("note is not UTF-8 text; read it without --json") from None
+    emit(True, {"content": text, "size": len(data)})
     return 0
 
 
@@ -192,12 +205,34 @@ def cmd_write(args: argparse.Namespace) -> int:
     if sys.stdin is None:
         raise BadInput("write reads the note from stdin, which is closed")
     home = _home(args)
-    result = write_note(home, args.session, args.path, sys.stdin.buffer, actor_id=args.actor)
+    result = write_note(home, args.session, args.path, cast(BinaryIO, _Input(sys.stdin.buffer)),
+                        actor_id=args.actor)
     emit(args.json, {"resource_id": result.resource_id, "revision_id": result.revision_id,
                      "revision": result.revision_no, "sha256": result.sha256, "size": result.size,
                      "created": result.created},
          [f"{args.path}: revision {result.revision_no} ({result.size} bytes)"])
     return 0
+
+
+class _Input:
+    """stdin for the writer: a read that fails is bad input (exit 2), not a storage failure.
+
+    Stdin opened write-only (``0>file``), say, fails its first read with
+    EBADF; the writer would report any OSError as its own staging trouble
+    (exit 1). Nothing is committed either way: the staged copy is dropped.
+    (Stdin that is a directory never gets here: the interpreter refuses to
+    start with one, see the README.)
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._raw.read(size)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
+            raise BadInput(f"cannot read the note from stdin: {reason}") from None
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -265,9 +300,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         findings.extend(inspect(home, agent_id, fix=args.fix))
     code = doctor_exit_code(findings)
     lines = [f"{f.agent_id}: {f.kind}" + (f" {f.ref}" if f.ref else "") + (f": {f.action}" if f.action else "")
-             for f in findings] or ["ok: the artifact area matches the catalog"]
+             + (f" ({f.hint})" if f.hint else "") for f in findings] or ["ok: the artifact area matches the catalog"]
     emit(args.json, {"findings": [{"kind": f.kind, "agent_id": f.agent_id, "ref_id": f.ref, "action": f.action,
-                                   "integrity": f.integrity} for f in findings], "exit_code": code}, lines)
+                                   "integrity": f.integrity, "hint": f.hint} for f in findings],
+                     "exit_code": code}, lines)
     return code
 
 
@@ -281,10 +317,24 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
         load_session(home, args.session)  # unknown sessions: exit 2 before anything is mounted
         where = mounts.absolute(args.mountpoint)
-        mounts.check_mountpoint(where)
-        serve(home, args.session, where,
-              on_ready=lambda: emit(args.json, {"mountpoint": where, "session_id": args.session,
-                                                "pid": os.getpid()}, [f"mounted at {where} (foreground)"]))
+        lost: list[OutputLost] = []
+        with mounts.claim(home, where) as let_go:  # held until the mount answers: no mount stacks on ours
+
+            def ready() -> None:
+                let_go()
+                try:
+                    emit(args.json, {"mountpoint": where, "session_id": args.session, "pid": os.getpid()},
+                         [f"mounted at {where} (foreground)"])
+                except OutputLost as exc:
+                    # Nobody hears that the mount is up: take it down the way a signal does (settled,
+                    # unmounted), and report once it is gone; raised in here, it would end the
+                    # server's loop without either.
+                    lost.append(exc)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            serve(home, args.session, where, on_ready=ready)
+        if lost:
+            raise lost[0]
         return 0
     load_session(home, args.session)
     record = mounts.start(home, args.session, args.mountpoint)
@@ -315,9 +365,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
     load_session(home, args.session)  # unknown sessions: exit 2 before anything is started
     launch.preflight()  # refuse before mounting anything if no safe sandbox can be built
-    found = sessions.kept(home, args.session)
-    if found is not None:
-        return launch.run(found[1], argv, timeout=timeout)
+    kept = sessions.for_run(home, args.session)  # a revoked session: exit 3, kept mount or not
+    if kept is not None:
+        return launch.run(kept, argv, timeout=timeout)
     proc, target = sessions.start(home, args.session, tied=True)
     try:
         return launch.run(target, argv, timeout=timeout)
@@ -524,7 +574,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(as_json, exc.exit_code, str(exc))
     except KeyboardInterrupt:
         return fail(as_json, 1, "interrupted")
-    except BrokenPipeError:
+    except OutputLost as exc:  # before OSError: stdout failing is not storage trouble
+        return lost_output(exc)
+    except BrokenPipeError:  # a closed stdout written to outside ``cli.output``: quiet, as before
+        drop_stdout()
         return 1
     except Exception as exc:  # noqa: BLE001 - sorted below: storage trouble or a bug
         if not isinstance(exc, OSError) and type(exc).__module__ != "apsw":  # a bug: one line, no values

@@ -3,7 +3,11 @@
 The sandbox's whole world is its session's mount at ``/memory``, a
 read-only ``/usr`` (with the merged-/usr links and the few ``/etc`` files
 the tools read), a private size-limited ``/tmp``, a fresh ``/proc`` and a
-minimal ``/dev``. Every namespace is new: no network but ``lo``, no host
+minimal ``/dev``. The root and ``/dev`` are tmpfs that bwrap makes (owned
+by the command's uid and as large as the host's memory), so both are
+remounted read-only once built: the only places the command can write are
+``/tmp`` (also ``$HOME``, 256 MiB) and ``/memory`` as its view allows.
+Every namespace is new: no network but ``lo``, no host
 processes, no host IPC. The command runs as an unprivileged uid (inside
 and, as the launcher starts bwrap, on the host), with no
 capabilities, ``NoNewPrivs``, a seccomp filter, a new terminal session and
@@ -52,6 +56,7 @@ class Protections:
     close_fds: bool = True  # the launcher's inheritable descriptors stay outside
     drop_caps: bool = True  # off (root mode only): the command keeps every capability (--cap-add ALL)
     options_via_fd: bool = True  # bwrap's options come from a descriptor, not its argv (/proc/1/cmdline)
+    read_only_root: bool = True  # / and /dev read-only: no unbounded tmpfs beside the 256 MiB /tmp
 
 
 FULL = Protections()
@@ -96,8 +101,10 @@ def options(layout: Layout, protections: Protections, *, passwd_fd: int, group_f
     args += ["--perms", "0444", "--ro-bind-data", str(passwd_fd), "/etc/passwd",
              "--perms", "0444", "--ro-bind-data", str(group_fd), "/etc/group",
              "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", "/tmp",
-             "--bind" if layout.writable else "--ro-bind", layout.mountpoint, MEMORY, "--chdir", MEMORY,
-             "--clearenv"]
+             "--bind" if layout.writable else "--ro-bind", layout.mountpoint, MEMORY]
+    if protections.read_only_root:  # last: every mount point above is made on the root before it
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    args += ["--chdir", MEMORY, "--clearenv"]
     env = dict(BASE_ENV)
     if layout.tty and layout.term:
         env["TERM"] = layout.term

@@ -6,6 +6,15 @@ server in ``$SCOPEFS_HOME/mounts/`` (0700; file names are hashes of the
 mount point, never identities). ``stop`` unmounts with ``fusermount3 -u``
 and waits for the server to settle and exit.
 
+Checking a mount point and mounting on it is one step (``claim``): a lock
+file of the registry (per mount point) is held from the check to the
+record, and an ``flock`` on the directory itself keeps other homes out
+too, so concurrent mounts on one directory never stack (one wins, the
+others are told it is a mount point already). ``stop`` takes the same
+registry lock. A mount point inside the home or inside ``/run/scopefs``,
+or one that holds either, is refused: a view mounted there would hide
+the broker's own files from the broker.
+
 A server that died (SIGKILL, OOM) leaves the kernel's mount behind. Its
 callers do not hang: with the FUSE connection gone every access fails at
 once with ``ENOTCONN`` ("Transport endpoint is not connected"). ``stop``
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -25,11 +35,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from scopefs.catalog.errors import BadInput, Denied, StorageError
+from scopefs.catalog.errors import BadInput, Conflict, Denied, StorageError
 from scopefs.catalog.home import Home
+from scopefs.sandbox.places import RUN_ROOT
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -91,14 +103,94 @@ def _is_stale(mountpoint: str) -> bool:
     return False
 
 
+class RegistryLock:
+    """An exclusive ``flock`` on a lock file of the home's registry, held until ``release``.
+
+    It makes a check and what the check allows (starting a server and
+    recording it, or stopping one and removing its record) one step for
+    every scopefs process of the home: the waiting process then sees what
+    the first one did. The holder removes the file before it lets go, so
+    the registry keeps no lock files; a waiter that then gets the lock of
+    a removed file sees that it is no longer the file at that name and
+    tries again. Names are hashes, never identities.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+        while self._fd < 0:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+            if _is_at(fd, path):
+                self._fd = fd
+            else:
+                os.close(fd)  # its holder removed it: lock the file now at that name
+
+    def release(self) -> None:
+        """Remove the lock file and let the next process in (idempotent)."""
+        if self._fd >= 0:
+            with contextlib.suppress(FileNotFoundError):
+                self._path.unlink()
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RegistryLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file that ``path`` names now."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def registry_lock(home: Home, name: str) -> RegistryLock:
+    """Lock ``$SCOPEFS_HOME/mounts/<name>.lock`` (``name`` is a hash)."""
+    return RegistryLock(_registry(home) / f"{name}.lock")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
+def check_outside_broker(home: Home, mountpoint: str) -> None:
+    """BadInput if ``mountpoint`` is in the home or /run/scopefs, or holds either (both sides resolved).
+
+    A view mounted inside the home hides the folder it covers from the
+    broker (every write through staging fails); one over a folder that
+    holds the home or /run/scopefs hides the catalog, or the sandbox
+    places, control sockets and uid locks, from every scopefs process.
+    """
+    for label, folder in (("the scopefs home", home.root), ("/run/scopefs", RUN_ROOT)):
+        broker = os.path.realpath(folder)
+        if mountpoint == broker:
+            raise BadInput(f"mount point {mountpoint} is {label}; choose a directory outside it")
+        if _inside(mountpoint, broker):
+            raise BadInput(f"mount point {mountpoint} is inside {label}; choose a directory outside it")
+        if _inside(broker, mountpoint):
+            raise BadInput(f"mount point {mountpoint} holds {label}; choose a directory outside it")
+
+
 def check_mountpoint(mountpoint: str) -> None:
-    """BadInput unless ``mountpoint`` is an empty directory nothing is mounted on."""
+    """BadInput unless ``mountpoint`` is an empty directory; Conflict if something is mounted on it
+    (exit 1, as when a concurrent writer won: whoever mounted there first keeps it)."""
     fstype = mounted_fstype(mountpoint)
     if fstype is not None:
         if fstype == FSTYPE and _is_stale(mountpoint):
             raise BadInput(f"{mountpoint} holds a stale scopefs mount (its server died); "
                            f"run 'scopefs umount {mountpoint}' first")
-        raise BadInput(f"{mountpoint} is already a mount point")
+        raise Conflict(f"{mountpoint} is already a mount point")
     if not os.path.isdir(mountpoint):
         raise BadInput(f"mount point {mountpoint} is not a directory")
     with os.scandir(mountpoint) as entries:
@@ -154,15 +246,61 @@ def spawn_server(module: str, args: list[str], log_path: Path) -> tuple[subproce
     return proc, details if isinstance(details, dict) else {}
 
 
+def _hold_directory(mountpoint: str) -> int:
+    """An exclusive ``flock`` on the mount point's own directory: it keeps out a mount by another home
+    (whose registry lock is another file) until this one has mounted or given up."""
+    try:
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        check_mountpoint(mountpoint)  # it changed under us: say what it is now
+        raise BadInput(f"mount point {mountpoint} cannot be opened") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def claim(home: Home, mountpoint: str) -> Iterator[Callable[[], None]]:
+    """Hold ``mountpoint`` (absolute and resolved) for one mount; yields the function that lets go.
+
+    Refuses, with BadInput, a mount point in or around the broker's
+    folders, one something is mounted on (ours or not), a non-directory
+    and a non-empty one. The check is made again once the locks are held,
+    so of concurrent mounts on one directory only the first mounts; the
+    caller lets go once its mount answers (or at the end of the block).
+    """
+    check_outside_broker(home, mountpoint)
+    lock = registry_lock(home, _record_path(home, mountpoint).name)
+    fd = -1
+
+    def let_go() -> None:
+        nonlocal fd
+        if fd >= 0:
+            os.close(fd)
+            fd = -1
+        lock.release()
+
+    try:
+        check_mountpoint(mountpoint)  # from mountinfo first: never open a directory something is mounted on
+        fd = _hold_directory(mountpoint)
+        check_mountpoint(mountpoint)  # another home may have mounted here while we waited
+        yield let_go
+    finally:
+        let_go()
+
+
 def start(home: Home, session_id: str, mountpoint: str) -> MountRecord:
     """Mount in the background; returns once the mount answers."""
     mountpoint = absolute(mountpoint)
-    check_mountpoint(mountpoint)
     record_path = _record_path(home, mountpoint)
-    proc, _ = spawn_server("scopefs.vfs.server", ["--home", str(home.root), session_id, mountpoint],
-                           Path(str(record_path) + ".log"))
-    record = MountRecord(mountpoint, session_id, proc.pid)
-    write_record(record_path, record.__dict__)
+    with claim(home, mountpoint):
+        proc, _ = spawn_server("scopefs.vfs.server", ["--home", str(home.root), session_id, mountpoint],
+                               Path(str(record_path) + ".log"))
+        record = MountRecord(mountpoint, session_id, proc.pid)
+        write_record(record_path, record.__dict__)
     return record
 
 
@@ -218,6 +356,12 @@ def stop(home: Home, mountpoint: str) -> MountRecord | None:
     """Unmount and wait for the server to exit; also clears a stale mount."""
     mountpoint = absolute(mountpoint)
     record_path = _record_path(home, mountpoint)
+    with registry_lock(home, record_path.name):
+        return _stop_locked(mountpoint, record_path)
+
+
+def _stop_locked(mountpoint: str, record_path: Path) -> MountRecord | None:
+    """``stop`` with the mount point's registry lock held (so no mount starts or record changes meanwhile)."""
     record = _load_record(record_path)
     fstype = mounted_fstype(mountpoint)
     if fstype is None:

@@ -9,7 +9,16 @@ that server is tied to the launcher (the kernel sends it SIGTERM if the
 launcher dies), so nothing outlives a killed launcher.
 
 Kept mounts are recorded in ``$SCOPEFS_HOME/mounts/`` under a hash of the
-session id, never the id itself.
+session id, never the id itself. ``keep`` and ``release`` hold the
+session's lock file there (same hash) from the check to the record, so of
+concurrent ``session up`` calls exactly one starts a server, and ``session
+down`` always finds the one that is up.
+
+A kept mount was authorized when its server started, but the session's
+evidence can go later (a revoked binding empties the view, the server
+stays). ``for_run`` therefore authorizes the session on every run, kept
+mount or not, exactly as a server starting for one command would: a
+revoked session is refused (exit 3) and nothing runs.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from scopefs.catalog.errors import BadInput, StorageError
+from scopefs.catalog.access import authorize_session
+from scopefs.catalog.errors import BadInput, Conflict, StorageError
 from scopefs.catalog.home import Home
+from scopefs.catalog.policy import Op
 from scopefs.sandbox import mounts, uids
 from scopefs.sandbox.launch import Target
 from scopefs.sandbox.places import control_dir, mounts_dir
@@ -38,6 +49,11 @@ def _record_path(home: Home, session_id: str) -> Path:
     registry = home.root / "mounts"
     registry.mkdir(mode=0o700, exist_ok=True)
     return registry / f"sandbox-{digest}"
+
+
+def _lock(home: Home, session_id: str) -> mounts.RegistryLock:
+    """The session's lock: held by ``keep`` and ``release`` across check, start or stop, and record."""
+    return mounts.registry_lock(home, _record_path(home, session_id).name)
 
 
 def _target(details: dict[str, object]) -> Target:
@@ -124,20 +140,30 @@ def kept(home: Home, session_id: str) -> tuple[int, Target] | None:
     return pid, target
 
 
+def for_run(home: Home, session_id: str) -> Target | None:
+    """Authorize the session for a run (Denied, audited, if its evidence is gone); then its kept
+    mount, if one is up (None: the run starts a mount of its own, which authorizes the same way)."""
+    authorize_session(home, session_id, Op.RETRIEVE)
+    found = kept(home, session_id)
+    return None if found is None else found[1]
+
+
 def keep(home: Home, session_id: str) -> tuple[int, Target]:
-    """Start a kept mount for the session (BadInput if one is already up)."""
-    if kept(home, session_id) is not None:
-        raise BadInput("this session's sandbox mount is already up")
-    proc, target = start(home, session_id, tied=False)
-    mounts.write_record(_record_path(home, session_id), {"pid": proc.pid, **target.__dict__})
+    """Start a kept mount for the session (Conflict, exit 1, if one is already up or came up while we waited)."""
+    with _lock(home, session_id):
+        if kept(home, session_id) is not None:
+            raise Conflict("this session's sandbox mount is already up")
+        proc, target = start(home, session_id, tied=False)
+        mounts.write_record(_record_path(home, session_id), {"pid": proc.pid, **target.__dict__})
     return proc.pid, target
 
 
 def release(home: Home, session_id: str) -> None:
     """Stop the session's kept mount (BadInput if none is up)."""
-    path = _record_path(home, session_id)
-    found = kept(home, session_id)
-    path.unlink(missing_ok=True)
-    if found is None:
-        raise BadInput("this session has no sandbox mount up")
-    stop_server(found[0], found[1].mountpoint)
+    with _lock(home, session_id):
+        path = _record_path(home, session_id)
+        found = kept(home, session_id)
+        path.unlink(missing_ok=True)
+        if found is None:
+            raise BadInput("this session has no sandbox mount up")
+        stop_server(found[0], found[1].mountpoint)
