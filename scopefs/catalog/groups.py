@@ -57,6 +57,14 @@ def add_conversation(state: apsw.Connection, key: bytes, agent_id: str, channel:
     return conversation_id, True
 
 
+def find_conversation(state: apsw.Connection, key: bytes, agent_id: str, channel: str, account: str,
+                      conversation: str) -> str | None:
+    """The conversation registered for these provider facts, or None (a gateway knows only the facts)."""
+    row = one(state, "SELECT conversation_id FROM conversations WHERE agent_id = ? AND lookup_key = ?",
+              (agent_id, conversation_lookup_key(key, agent_id, channel, account, conversation)))
+    return None if row is None else row[0]
+
+
 def conversation_agent(state: apsw.Connection, conversation_id: str) -> str | None:
     """The agent a conversation is registered for, or None if unknown."""
     if not ids.looks_like("principal", conversation_id):
