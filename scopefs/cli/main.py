@@ -343,6 +343,17 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scopefs.api.server import serve
+
+    home = _home(args)
+    token_file = Path(args.token_file) if args.token_file else None
+    serve(home, Path(args.socket), allow_uids=args.allow_uid, http=args.http, token_file=token_file)
+    return 0
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     from scopefs.sandbox import mounts
 
@@ -535,6 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session")
     p.add_argument("--timeout", metavar="DURATION", help="kill the sandbox after this long (exit 124)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
+
+    p = command("serve", cmd_serve, "serve the gateway API on a Unix socket (and loopback HTTP with a token)")
+    p.add_argument("--socket", required=True, metavar="PATH")
+    p.add_argument("--allow-uid", type=int, action="append", default=[], metavar="UID",
+                   help="a peer uid allowed on the socket, besides root and this user (repeatable)")
+    p.add_argument("--http", metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs --token-file)")
+    p.add_argument("--token-file", metavar="F", help="a 0600 file holding the bearer token for --http")
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

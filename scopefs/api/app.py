@@ -1,0 +1,222 @@
+"""The HTTP face of the API: FastAPI routes over ``service.Service``, one per operation.
+
+FastAPI gives the routes their OpenAPI description from the request
+models (``/openapi.json``), which the test suite checks with schemathesis.
+The models forbid unknown fields, so a client that names a principal or a
+session is refused before anything runs. Everything else is the
+service's: a route only moves the object in and the answer out, with the
+answer's stable code as the HTTP status (``STATUS``).
+
+Who may call: on the Unix socket the peer's uid was checked when it
+connected (``server``); over loopback TCP every request must carry
+``Authorization: Bearer <token>``. Requests run one at a time on a worker
+thread (the catalog's connections are not shared), and a body over
+``MAX_BODY_BYTES`` is refused before it is read whole.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Literal
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from scopefs.api.service import MAX_WRITE_CHARS, Service
+from scopefs.catalog.excerpt import MAX_LINES
+
+MAX_BODY_BYTES = 4 * MAX_WRITE_CHARS + 4096  # the largest write, every character escaped, and its envelope
+STATUS = {"bad-input": 400, "denied": 403, "integrity": 409, "failed": 500}
+NONCE_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpenRequest(_Strict):
+    """Verified ingress facts; none at all opens the ambiguous view."""
+
+    agent: str = Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    channel: str | None = Field(default=None, min_length=1, max_length=256)
+    account: str | None = Field(default=None, min_length=1, max_length=256)
+    sender: str | None = Field(default=None, min_length=1, max_length=256)
+    conversation: str | None = Field(default=None, min_length=1, max_length=256)
+    ttl_s: int = Field(default=3600, ge=1, le=24 * 3600)
+
+
+class SearchArgs(_Strict):
+    query: str = Field(min_length=1, max_length=1000)
+    limit: int = Field(default=10, ge=1, le=100)
+
+
+class ReadArgs(_Strict):
+    path: str = Field(min_length=1, max_length=4096)
+    from_: int = Field(default=1, ge=1, alias="from")
+    lines: int | None = Field(default=None, ge=1, le=MAX_LINES)
+
+
+class WriteArgs(_Strict):
+    path: str = Field(min_length=1, max_length=4096)
+    content: str = Field(max_length=MAX_WRITE_CHARS)
+
+
+class ListArgs(_Strict):
+    path: str = Field(default="", max_length=4096)
+
+
+class _Call(_Strict):
+    capability: str = Field(min_length=1, max_length=1024)
+    nonce: str = Field(pattern=NONCE_PATTERN)
+    ts: int = Field(description="microseconds since the epoch when the request was made")
+
+
+class SearchRequest(_Call):
+    args: SearchArgs
+
+
+class ReadRequest(_Call):
+    args: ReadArgs
+
+
+class WriteRequest(_Call):
+    args: WriteArgs
+
+
+class ListRequest(_Call):
+    args: ListArgs
+
+
+class ErrorBody(BaseModel):
+    code: Literal["bad-input", "denied", "integrity", "failed"]
+    message: str
+    reason: str | None = None
+
+
+class Answer(BaseModel):
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+
+
+def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
+    """The ASGI application; ``token`` is required of every request that did not come over the Unix socket."""
+    app = FastAPI(title="scopefs gateway API", version="1", docs_url=None, redoc_url=None,
+                  responses={code: {"model": Answer} for code in (400, 401, 403, 409, 413, 500)})
+    limiter = anyio.CapacityLimiter(1)
+
+    async def run(body: dict[str, Any]) -> JSONResponse:
+        answer = await anyio.to_thread.run_sync(service.handle, body, limiter=limiter)
+        status = 200 if answer["ok"] else STATUS.get(answer["error"]["code"], 500)
+        return JSONResponse(answer, status_code=status)
+
+    def call(op: str, request: _Call) -> dict[str, Any]:
+        return {"op": op, **request.model_dump(by_alias=True, exclude_unset=True)}
+
+    @app.post("/v1/open", response_model=Answer)
+    async def open_session(request: OpenRequest) -> JSONResponse:
+        return await run({"op": "open", **request.model_dump(exclude_unset=True)})
+
+    @app.post("/v1/search", response_model=Answer)
+    async def search(request: SearchRequest) -> JSONResponse:
+        return await run(call("search", request))
+
+    @app.post("/v1/read", response_model=Answer)
+    async def read(request: ReadRequest) -> JSONResponse:
+        return await run(call("read", request))
+
+    @app.post("/v1/write", response_model=Answer)
+    async def write(request: WriteRequest) -> JSONResponse:
+        return await run(call("write", request))
+
+    @app.post("/v1/list", response_model=Answer)
+    async def list_folder(request: ListRequest) -> JSONResponse:
+        return await run(call("list", request))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = sorted({".".join(str(p) for p in error.get("loc", ())[1:]) or "body" for error in exc.errors()})
+        message = "invalid request: " + ", ".join(fields)[:300]  # field names only, never a value sent
+        return JSONResponse({"ok": False, "error": {"code": "bad-input", "message": message}}, status_code=400)
+
+    return _Guard(app, token)
+
+
+class _Guard:
+    """The bearer token for TCP callers, and the body bound for everyone, before FastAPI sees a byte."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self._app = app
+        self._token = token.encode() if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        public = scope.get("method") == "GET" and scope.get("path") == "/openapi.json"  # the package's own shape
+        if not public and not _over_unix_socket(scope) and not self._authorized(scope):
+            await _refuse(send, 401, "a bearer token is required here")
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+            await _refuse(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
+            return
+        body = await _read_body(receive)
+        if body is None:
+            await _refuse(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
+            return
+        await self._app(scope, _replay(body, receive), send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._token is None:
+            return False
+        given = dict(scope.get("headers", [])).get(b"authorization", b"")
+        return hmac.compare_digest(given, b"Bearer " + self._token)
+
+
+def _over_unix_socket(scope: Scope) -> bool:
+    """uvicorn names a Unix socket's server as (path, None); TCP as (host, port)."""
+    server = scope.get("server")
+    return isinstance(server, (tuple, list)) and len(server) == 2 and server[1] is None
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body (None past ``MAX_BODY_BYTES``, or if the client left): small enough to hold."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then waits for the disconnect."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    body = ('{"ok": false, "error": {"code": "bad-input", "message": "' + message + '"}}').encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
