@@ -114,9 +114,9 @@ def _tcp(server: Server, body: bytes, headers: dict[str, str]) -> tuple[int, dic
 
 def test_each_gateway_session_sees_only_its_own_view(scenario: Scenario, server: Server) -> None:
     client = server.client
-    alice = client.open("main", channel=CHANNEL, account=ACCOUNT, sender=ALICE_SENDER)["capability"]
-    bob = client.open("main", channel=CHANNEL, account=ACCOUNT, sender=BOB_SENDER)["capability"]
-    group = client.open("main", channel=CHANNEL, account=ACCOUNT, conversation=GROUP_CONVERSATION)
+    alice = client.open("main", chat="direct", channel=CHANNEL, account=ACCOUNT, sender=ALICE_SENDER)["capability"]
+    bob = client.open("main", chat="direct", channel=CHANNEL, account=ACCOUNT, sender=BOB_SENDER)["capability"]
+    group = client.open("main", chat="group", channel=CHANNEL, account=ACCOUNT, conversation=GROUP_CONVERSATION)
     assert client.read(alice, "private/notes/allergy.md")["text"] == ALICE_FACT.decode()
     assert "A1c3" not in client.read(bob, "private/notes/allergy.md")["text"]
     hits = client.search(alice, "allergic")["results"]
@@ -160,9 +160,33 @@ def test_loopback_http_needs_the_token(server: Server) -> None:
     assert status == 200 and answer["result"]["subject"] == "ambiguous"
 
 
+def test_the_description_is_public_and_a_trickled_body_is_bounded(server: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("GET", "/openapi.json")
+        response = conn.getresponse()
+        assert response.status == 200 and "/v1/open" in json.loads(response.read())["paths"]
+        # Chunked, no length declared: refused once it grows past the bound, not read whole.
+        conn.putrequest("POST", "/v1/open")
+        conn.putheader("authorization", f"Bearer {server.token}")
+        conn.putheader("transfer-encoding", "chunked")
+        conn.endheaders()
+        piece = b" " * (1 << 20)
+        try:
+            for _ in range(MAX_BODY_BYTES // len(piece) + 2):
+                conn.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            conn.send(b"0\r\n\r\n")
+        except OSError:
+            pass  # the server may close as soon as it refused
+        assert conn.getresponse().status == 413
+    finally:
+        conn.close()
+    assert server.client.open("main")["subject"] == "ambiguous"  # still answering
+
+
 def test_bad_requests_get_a_stable_code_and_change_nothing(scenario: Scenario, server: Server) -> None:
     client = server.client
-    capability = client.open("main", channel=CHANNEL, account=ACCOUNT, sender=ALICE_SENDER)["capability"]
+    capability = client.open("main", chat="direct", channel=CHANNEL, account=ACCOUNT, sender=ALICE_SENDER)["capability"]
     before = snapshot(scenario.cli.home)
     auth = {"authorization": f"Bearer {server.token}"}
     assert _tcp(server, b"{not json", auth)[1]["error"]["code"] == "bad-input"

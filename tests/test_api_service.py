@@ -11,13 +11,17 @@ that bad input changes nothing.
 from __future__ import annotations
 
 import secrets
+import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from scopefs.api.service import Service
-from scopefs.catalog.excerpt import MAX_CHARS, MAX_LINES, excerpt
+from scopefs.catalog.excerpt import MAX_CHARS, MAX_LINES, Window, excerpt
 from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
@@ -79,14 +83,18 @@ def _open(service: Service, **facts: str) -> dict[str, Any]:
 
 
 def _dm(service: Service, sender: str) -> str:
-    return _open(service, channel=CHANNEL, account=ACCOUNT, sender=sender)["capability"]  # type: ignore[no-any-return]
+    return _open(service, chat="direct", channel=CHANNEL, account=ACCOUNT,  # type: ignore[no-any-return]
+                 sender=sender)["capability"]
+
+
+def _group(service: Service, **facts: str) -> dict[str, Any]:
+    return _open(service, chat="group", channel=CHANNEL, account=ACCOUNT, conversation=GROUP_CONVERSATION, **facts)
 
 
 def test_each_capability_sees_only_its_own_view(scenario: Scenario, api: tuple[Service, Clock]) -> None:
     service, clock = api
     alice, bob = _dm(service, ALICE_SENDER), _dm(service, BOB_SENDER)
-    group = _open(service, channel=CHANNEL, account=ACCOUNT, conversation=GROUP_CONVERSATION,
-                  sender=ALICE_SENDER)
+    group = _group(service, sender=ALICE_SENDER)
     assert group["subject"] == "conversation" and "channel" in group["roots"] and "private" not in group["roots"]
     note = "private/notes/allergy.md"
     assert _ok(_call(service, clock, alice, "read", path=note))["text"] == ALICE_FACT.decode()
@@ -104,10 +112,15 @@ def test_each_capability_sees_only_its_own_view(scenario: Scenario, api: tuple[S
 
 def test_no_verifiable_identity_opens_the_ambiguous_view(scenario: Scenario, api: tuple[Service, Clock]) -> None:
     service, _ = api
-    for facts in ({}, {"channel": CHANNEL, "account": ACCOUNT, "sender": "tg-sender-nobody-1"},
-                  {"channel": CHANNEL, "account": ACCOUNT, "conversation": "tg-chat-unregistered-1"}):
+    for facts in ({}, {"chat": "direct", "channel": CHANNEL, "account": ACCOUNT, "sender": "tg-sender-nobody-1"},
+                  {"chat": "group", "channel": CHANNEL, "account": ACCOUNT, "conversation": "tg-chat-unregistered-1"}):
         opened = _open(service, **facts)
         assert opened["subject"] == "ambiguous" and opened["roots"] == ["agent-shared"], facts
+    # A group message whose conversation got lost is not a direct message: it is refused, not guessed.
+    _refused(service.handle({"op": "open", "agent": "main", "chat": "group", "channel": CHANNEL, "account": ACCOUNT,
+                             "sender": ALICE_SENDER}), "bad-input")
+    _refused(service.handle({"op": "open", "agent": "main", "channel": CHANNEL, "account": ACCOUNT,
+                             "sender": ALICE_SENDER}), "bad-input")
 
 
 def test_a_client_cannot_name_a_principal_a_session_or_a_store(scenario: Scenario,
@@ -161,15 +174,32 @@ def test_a_replayed_or_stale_request_is_refused(scenario: Scenario, api: tuple[S
     clock.now += 10 * 60 * 1_000_000
     stale = {**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now - 10 * 60 * 1_000_000}
     _refused(service.handle(stale), "denied", "invalid-context")
-    before_start = {**request, "nonce": secrets.token_urlsafe(16), "ts": START_US - 1}
-    _refused(service.handle(before_start), "denied", "invalid-context")
+    from_the_future = {**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now + 60 * 1_000_000}
+    _refused(service.handle(from_the_future), "denied", "invalid-context")
+    # Within the window, but made before this server started: a restart never reopens the window.
+    restarted_clock = Clock()
+    restarted_clock.now = START_US + 30 * 1_000_000
+    restarted = Service(Home.open(scenario.cli.home), clock=restarted_clock)
+    own = _dm(restarted, ALICE_SENDER)
+    early = {**request, "capability": own, "nonce": secrets.token_urlsafe(16), "ts": START_US + 29 * 1_000_000}
+    _refused(restarted.handle(early), "denied", "invalid-context")
+    _ok(restarted.handle({**early, "nonce": secrets.token_urlsafe(16), "ts": restarted_clock.now}))  # the control
+    # Another server process of the same home: the first one's capabilities are not its own.
+    _refused(restarted.handle({**request, "nonce": secrets.token_urlsafe(16), "ts": restarted_clock.now}),
+             "denied", "invalid-context")
+    # A wall clock stepped back does not revive a nonce already forgotten.
+    sent = {**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now}
+    _ok(service.handle(dict(sent)))
+    clock.now += 3 * 60 * 1_000_000  # past the window: the guard forgets the nonce at its next call
+    _ok(service.handle({**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now}))
+    clock.now = sent["ts"]  # the clock steps back to when it was sent
+    _refused(service.handle(dict(sent)), "denied", "invalid-context")
 
 
 def test_a_capability_outlives_no_change_of_policy_or_evidence(scenario: Scenario,
                                                                api: tuple[Service, Clock]) -> None:
     service, clock = api
-    alice, group = _dm(service, ALICE_SENDER), _open(service, channel=CHANNEL, account=ACCOUNT,
-                                                      conversation=GROUP_CONVERSATION)["capability"]
+    alice, group = _dm(service, ALICE_SENDER), _group(service)["capability"]
     _ok(_call(service, clock, group, "list", path="channel"))
     home = Home.open(scenario.cli.home)
     try:
@@ -179,10 +209,37 @@ def test_a_capability_outlives_no_change_of_policy_or_evidence(scenario: Scenari
     finally:
         home.close()
     _refused(_call(service, clock, group, "list", path="channel"), "denied", "plan-expired")
-    reopened = _open(service, channel=CHANNEL, account=ACCOUNT, conversation=GROUP_CONVERSATION)["capability"]
+    reopened = _group(service)["capability"]
     _ok(_call(service, clock, reopened, "list", path="channel"))  # the control: a fresh capability works
     scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
     _refused(_call(service, clock, alice, "read", path="private/notes/allergy.md"), "denied", "identity-revoked")
+
+
+def test_a_group_actor_ends_with_the_binding_that_verified_them(scenario: Scenario,
+                                                                  api: tuple[Service, Clock]) -> None:
+    service, clock = api
+    group = _group(service, sender=ALICE_SENDER)["capability"]
+    unattributed = _group(service)["capability"]
+    _ok(_call(service, clock, group, "list", path="channel"))
+    scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
+    _refused(_call(service, clock, group, "list", path="channel"), "denied", "identity-revoked")
+    _ok(_call(service, clock, unattributed, "list", path="channel"))  # the control: the group itself is fine
+
+
+def test_a_policy_entry_reaching_its_expiry_is_a_new_revision(scenario: Scenario,
+                                                              api: tuple[Service, Clock]) -> None:
+    service, clock = api
+    home = Home.open(scenario.cli.home)
+    try:
+        add_entry(home.catalog("main"), "main", target_kind="store", target_id=_store_of(home, "channel"),
+                  effect=Effect.DENY, capability=Op.DEPOSIT, audience_kind=AudienceKind.SUBJECT_KIND,
+                  audience_id="ambiguous", expires_at=time.time_ns() // 1000 + 1_000_000)
+    finally:
+        home.close()
+    group = _group(service)["capability"]
+    _ok(_call(service, clock, group, "list", path="channel"))
+    time.sleep(1.2)  # the entry expires: what decides the view changed, though no row did
+    _refused(_call(service, clock, group, "list", path="channel"), "denied", "plan-expired")
 
 
 def _store_of(home: Home, scope_kind: str) -> str:
@@ -213,3 +270,53 @@ def test_excerpt_bounds_characters_and_cuts_only_a_line_longer_than_the_budget()
     huge = excerpt(("y" * (MAX_CHARS + 10) + "\nafter\n").encode())
     assert (len(huge.text), huge.next_from) == (MAX_CHARS, 2)
     assert excerpt(b"one\n", 5).next_from is None and excerpt(b"one\n", 5).text == ""
+
+
+def test_a_window_of_a_large_note_costs_a_scan_not_the_note(scenario: Scenario, api: tuple[Service, Clock]) -> None:
+    from scopefs.writer.transaction import write_note
+
+    service, clock = api
+    alice = _dm(service, ALICE_SENDER)
+    home = Home.open(scenario.cli.home)
+    try:
+        write_note(home, scenario.alice_session, "private/big.md", b"".join(b"line %d\n" % i for i in range(4_000_000)))
+    finally:
+        home.close()
+    tracemalloc.start()
+    try:
+        window = _ok(_call(service, clock, alice, "read", path="private/big.md", **{"from": 3_999_998}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert window["text"] == "line 3999997\nline 3999998\nline 3999999\n" and window["nextFrom"] is None
+    assert peak < 16 << 20, peak  # the note is about 50 MiB
+
+
+@hypothesis.given(st.lists(st.sampled_from(["", "a", "é", "\u2028", "x" * 700, "y" * 13_000]), max_size=200),
+                  st.booleans(), st.integers(1, 210), st.one_of(st.none(), st.integers(1, 130)),
+                  st.integers(1, 9000))
+@hypothesis.settings(max_examples=200, deadline=None)
+def test_a_window_fed_in_any_chunks_is_the_reference_window(lines: list[str], newline_at_end: bool, start: int,
+                                                            count: int | None, chunk: int) -> None:
+    """Only \\n ends a line (as the index counts them); the budget cuts on line boundaries."""
+    text = "\n".join(lines) + ("\n" if newline_at_end and lines else "")
+    data = text.encode()
+    window = Window(start, count)
+    for at in range(0, len(data), chunk):
+        if window.feed(data[at:at + chunk]):
+            break
+    got = window.result()
+    parts = text.split("\n")
+    whole = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    taken: list[str] = []
+    used = 0
+    for line in whole[start - 1:start - 1 + min(count or MAX_LINES, MAX_LINES)]:
+        if used + len(line) > MAX_CHARS:
+            if not taken:
+                taken.append(line[:MAX_CHARS])
+            break
+        taken.append(line)
+        used += len(line)
+    more = start - 1 + len(taken) < len(whole)
+    assert (got.text, got.lines, got.next_from) == ("".join(taken), len(taken), start + len(taken) if more and taken
+                                                    else None)

@@ -30,6 +30,7 @@ from scopefs.api.service import MAX_WRITE_CHARS, Service
 from scopefs.catalog.excerpt import MAX_LINES
 
 MAX_BODY_BYTES = 4 * MAX_WRITE_CHARS + 4096  # the largest write, every character escaped, and its envelope
+BODY_DEADLINE_S = 30.0
 STATUS = {"bad-input": 400, "denied": 403, "integrity": 409, "failed": 500}
 NONCE_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
@@ -42,6 +43,7 @@ class OpenRequest(_Strict):
     """Verified ingress facts; none at all opens the ambiguous view."""
 
     agent: str = Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    chat: Literal["direct", "group"] | None = None
     channel: str | None = Field(default=None, min_length=1, max_length=256)
     account: str | None = Field(default=None, min_length=1, max_length=256)
     sender: str | None = Field(default=None, min_length=1, max_length=256)
@@ -157,15 +159,19 @@ class _Guard:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        public = scope.get("method") == "GET" and scope.get("path") == "/openapi.json"  # the package's own shape
-        if not public and not _over_unix_socket(scope) and not self._authorized(scope):
+        if scope.get("method") == "GET" and scope.get("path") == "/openapi.json":
+            await self._app(scope, _no_body(receive), send)  # the package's own shape: public, no body read
+            return
+        if not _over_unix_socket(scope) and not self._authorized(scope):
             await _refuse(send, 401, "a bearer token is required here")
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
             await _refuse(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
             return
-        body = await _read_body(receive)
+        body = None
+        with anyio.move_on_after(BODY_DEADLINE_S):  # a client that trickles its body is dropped
+            body = await _read_body(receive)
         if body is None:
             await _refuse(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
             return
@@ -199,6 +205,14 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _no_body(receive: Receive) -> Receive:
+    """A ``receive`` for a route that takes no body: an empty one, whatever was sent."""
+    async def empty() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return empty
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -1,13 +1,17 @@
 """Opaque, expiring session capabilities: what a gateway holds instead of ids.
 
-A capability seals (AES-256-GCM, a key derived from the home's
-``hmac.key``) the session it acts for, the verified actor, the agent and
-the policy revision it was issued under. The client learns none of them
-and can change none: a forged, altered or truncated token fails to open,
-and one issued by another home (another key) too. Nothing is stored, so
-issuing costs no write; a capability ends when it expires, when the
-session's evidence goes (checked on every request by the catalog), or
-when the policy revision it names is no longer current (``policy``).
+A capability seals (AES-256-GCM under the home's own ``api.key``, made
+on first use, 0600) the session it acts for, the verified actor and the
+binding that verified it, the agent, the policy revision it was issued
+under and the server process that issued it. The client learns none of
+them and can change none: a forged, altered or truncated token fails to
+open, and one issued by another home (another key) too. Nothing is
+stored, so issuing costs no write; a capability ends when it expires,
+when its server stops (its nonces died with it, ``replay``), when the
+session's or the actor's evidence goes, or when the policy revision it
+names is no longer current (``revision``). ``api.key`` is its own file so
+that capabilities can be revoked all at once (delete it) without
+touching the bindings' keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from scopefs.catalog import ids
 from scopefs.catalog.errors import Denied
 from scopefs.catalog.home import Home
-from scopefs.catalog.identity import lookup_key
 from scopefs.catalog.reasons import Reason
 
 PREFIX = "scap1_"
@@ -37,15 +40,17 @@ class Grant:
     """What a capability lets its holder do: act in one session, as one actor, until a time."""
 
     grant_id: str  # names this capability in replay checks and audits (never the token itself)
+    server_id: str  # the server process that issued it: only that one holds its nonces
     session_id: str
     agent_id: str
     actor_id: str | None
+    actor_binding_id: str | None  # the binding the actor was verified through: it must stay live
     policy_revision: str
     expires_us: int
 
 
 def _key(home: Home) -> bytes:
-    return lookup_key(home.hmac_key(), "api-capability-key")
+    return home.api_key()
 
 
 def new_grant_id() -> str:

@@ -6,7 +6,8 @@ session again, so nothing authorized under old rules outlives a change of
 them. The fingerprint covers the session's subject, the actor, the view's
 roots and what their placement grants (a role that expired removes a
 root), and every policy entry of the agent (count, newest revision, how
-many revoked): any change of any of them is a new revision. Coarse on
+many revoked, how many expired by now): any change of any of them, an
+entry reaching its expiry included, is a new revision. Coarse on
 purpose: a change elsewhere in the agent costs a client one re-open,
 never a stale grant.
 """
@@ -22,8 +23,9 @@ from scopefs.catalog.db import one
 
 def policy_revision(access: Access) -> str:
     catalog = access.home.catalog(access.agent_id)
-    entries = one(catalog, "SELECT count(*), coalesce(max(policy_revision), 0), count(revoked_at)"
-                           " FROM policy_entries WHERE agent_id = ?", (access.agent_id,))
+    entries = one(catalog, "SELECT count(*), coalesce(max(policy_revision), 0), count(revoked_at),"
+                           " count(CASE WHEN expires_at <= ? THEN 1 END)"
+                           " FROM policy_entries WHERE agent_id = ?", (access.now, access.agent_id))
     subject = access.session.subject
     facts = {
         "subject": [subject.kind.value, subject.principal_id],

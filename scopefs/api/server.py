@@ -33,6 +33,7 @@ log = logging.getLogger("scopefs.api")
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 MIN_TOKEN_CHARS = 32
+MAX_CONNECTIONS = 512  # beyond this uvicorn answers 503 at once: file descriptors stay bounded
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -46,14 +47,20 @@ def _gated_protocol(allowed: frozenset[int]) -> type[H11Protocol]:
     class Gated(H11Protocol):
         """uvicorn's HTTP/1.1 protocol, refusing a Unix peer whose uid is not allowed, at once."""
 
+        refused = False
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             sock = transport.get_extra_info("socket")
             uid = peer_uid(sock) if sock is not None else None
             if sock is not None and sock.family == socket.AF_UNIX and uid not in allowed:
-                log.warning("refused a connection from uid %s", uid)  # a uid is not an identity of ours
+                self.refused = True  # no log line: a refused peer must not be able to flood the log
                 transport.close()
                 return
             super().connection_made(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.refused:  # a refused connection never set up what uvicorn tears down
+                super().connection_lost(exc)
 
     return Gated
 
@@ -126,8 +133,10 @@ def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((host, port))
         sockets.append(tcp)
-    options: dict[str, Any] = {"http": _gated_protocol(allowed), "lifespan": "off", "log_level": "warning",
-                               "access_log": False, "server_header": False, "date_header": False}
+    options: dict[str, Any] = {"http": _gated_protocol(allowed), "ws": "none", "lifespan": "off",
+                               "log_level": "warning", "access_log": False, "server_header": False,
+                               "date_header": False, "limit_concurrency": MAX_CONNECTIONS,
+                               "timeout_keep_alive": 5}
     config = uvicorn.Config(make_app(Service(home), token=token), **options)
     # uvicorn shuts down gracefully on SIGINT and SIGTERM and then raises the signal again with
     # the handlers it found: these end the run here, so the socket is removed on the way out.

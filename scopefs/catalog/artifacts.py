@@ -187,6 +187,10 @@ def opened_verified(home: Home, agent_id: str, store: StoreRow, revision: Revisi
         os.close(fd)
 
 
+class StopCopy(Exception):
+    """Raised by a ``copy_verified`` writer that has all it wants: the copy ends, quietly."""
+
+
 def copy_verified(artifact: VerifiedArtifact, write: Callable[[bytes], object]) -> None:
     """Hand a verified artifact's bytes to ``write`` in chunks of ``HASH_CHUNK``.
 
@@ -195,12 +199,16 @@ def copy_verified(artifact: VerifiedArtifact, write: Callable[[bytes], object]) 
     and before the chunk is handed on, so no byte written into the file
     after it verified is ever passed on: a change raises ``mismatch()``
     and what ``write`` received by then is a verified prefix. Memory stays
-    at one chunk whatever the size.
+    at one chunk whatever the size. A writer that has all it wants raises
+    ``StopCopy``, which ends the copy without an error.
     """
     offset = 0
     while offset < artifact.size:
         chunk = os.pread(artifact.fd, min(HASH_CHUNK, artifact.size - offset), offset)
         if not chunk or _stamp(os.fstat(artifact.fd)) != artifact.stamp:
             raise mismatch()  # shrank or changed after it verified
-        write(chunk)
+        try:
+            write(chunk)
+        except StopCopy:
+            return
         offset += len(chunk)

@@ -33,6 +33,7 @@ from scopefs.catalog.schema.agent import AGENT_SCHEMA
 from scopefs.catalog.schema.state import STATE_SCHEMA
 
 HMAC_KEY_BYTES = 32
+API_KEY_BYTES = 32
 _AGENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 DEFAULT_HOME = ".scopefs"
 
@@ -62,6 +63,34 @@ def _check_private(path: Path, *, want_dir: bool, mode: int) -> None:
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise StorageError(f"{path.name} in the scopefs home is accessible to others"
                            f" (mode {stat.S_IMODE(st.st_mode):o}, want {mode:o})")
+
+
+def make_secret(path: Path, nbytes: int) -> bool:
+    """Create ``path`` exclusively (0600) with ``nbytes`` random bytes, synced with its folder.
+
+    False if it exists already (it is then left as it is; ``read_secret`` checks it).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, os.urandom(nbytes))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+    return True
+
+
+def read_secret(path: Path, nbytes: int) -> bytes:
+    """A key file's bytes: refused if others may read it, it is a link, or its length is wrong."""
+    _check_private(path, want_dir=False, mode=0o600)
+    with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+        key = fh.read(nbytes + 1)
+    if len(key) != nbytes:
+        raise StorageError(f"{path.name} has the wrong length; refusing to use it")
+    return key
 
 
 class Home:
@@ -123,18 +152,7 @@ class Home:
         _check_private(root, want_dir=True, mode=0o700)
         (root / "agents").mkdir(mode=0o700, exist_ok=True)
         fsync_dir(root)
-        key_path = root / "hmac.key"
-        try:
-            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            try:
-                os.write(fd, os.urandom(HMAC_KEY_BYTES))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(root)
+        if make_secret(root / "hmac.key", HMAC_KEY_BYTES):
             created = True
         home = cls(root)
         conn = connect(home.state_path, create=True)
@@ -164,13 +182,18 @@ class Home:
     # -- resources ------------------------------------------------------
     def hmac_key(self) -> bytes:
         if self._key is None:
-            _check_private(self.key_path, want_dir=False, mode=0o600)
-            with open(self.key_path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-                key = fh.read(HMAC_KEY_BYTES + 1)
-            if len(key) != HMAC_KEY_BYTES:
-                raise StorageError("hmac.key has the wrong length; refusing to use it")
-            self._key = key
+            self._key = read_secret(self.key_path, HMAC_KEY_BYTES)
         return self._key
+
+    def api_key(self) -> bytes:
+        """The key that seals the gateway API's capabilities (``api.key``, made on first use).
+
+        A file of its own, not derived from ``hmac.key``: deleting it revokes
+        every capability at once and touches no binding.
+        """
+        path = self.root / "api.key"
+        make_secret(path, API_KEY_BYTES)
+        return read_secret(path, API_KEY_BYTES)
 
     def state(self) -> apsw.Connection:
         if self._state is None:

@@ -16,9 +16,10 @@ import logging
 from collections.abc import Callable
 
 from scopefs.catalog.access import Access, Target, authorize_session, decide, resolve
-from scopefs.catalog.artifacts import copy_verified, opened_verified, read_verified
+from scopefs.catalog.artifacts import StopCopy, copy_verified, opened_verified, read_verified
 from scopefs.catalog.audit import record, record_quietly
 from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.excerpt import Excerpt, Window
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import index_again
 from scopefs.catalog.paths import split_virtual_path
@@ -62,6 +63,18 @@ def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes],
         _audit(home, access, target, "error", Reason.REVISION_STALE, quietly=True)
         raise
     _searchable_again(home, access, target)
+
+
+def read_window(home: Home, session_id: str, path: str, window: Window, *,
+                actor_id: str | None = None) -> Excerpt:
+    """A bounded window of a note (``catalog.excerpt``): ``stream_note``, read only as far as it needs."""
+
+    def feed(chunk: bytes) -> None:
+        if window.feed(chunk):
+            raise StopCopy
+
+    stream_note(home, session_id, path, feed, actor_id=actor_id)
+    return window.result()
 
 
 def _searchable_again(home: Home, access: Access, target: Target) -> None:
