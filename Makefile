@@ -15,8 +15,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the power-loss tests; ripgrep/findutils/grep/coreutils/python3: the tools
 # the mount tests and benchmarks run on a mounted view.
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
+# npm: installs Node 24 and OpenClaw for the plugin's test (make openclaw);
+# only when no npm is on PATH (nodesource's nodejs ships its own).
+DEB_PACKAGES += $(if $(shell command -v npm),,npm)
 
-.PHONY: all deps venv bytecode lint test coverage lock demo bench bench-fuse bench-fuse-quick bench-sandbox bench-search clean
+.PHONY: all deps venv bytecode lint openclaw test coverage lock demo bench bench-fuse bench-fuse-quick bench-sandbox bench-search clean
 
 all: test
 
@@ -53,12 +56,40 @@ lint: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: deps venv bytecode
+# OpenClaw for tests/test_openclaw.py, outside the clone so it survives
+# clean clones: Node 24 from the node@24 npm package (it ships no npm, so the
+# system npm runs under whichever node is first on PATH) and openclaw, both
+# pinned. Installed into a fresh folder and renamed into place once both
+# versions check, so an interrupted install is redone, a complete one skipped.
+NODE_VERSION := 24.21.0
+OPENCLAW_VERSION := 2026.9.6
+OPENCLAW_DIR ?= /var/cache/scopefs/openclaw-$(OPENCLAW_VERSION)
+NPM_CACHE ?= /var/cache/scopefs/npm
+NPM_INSTALL := npm install --no-audit --no-fund --prefer-offline --loglevel=error
+export SCOPEFS_OPENCLAW_DIR := $(OPENCLAW_DIR)
+
+openclaw: deps
+	@oc="$(OPENCLAW_DIR)"; \
+	complete() { [ "$$(PATH="$$1/node/node_modules/.bin:$$PATH" node --version 2>/dev/null)" = "v$(NODE_VERSION)" ] && \
+	  [ "$$(PATH="$$1/node/node_modules/.bin:$$PATH" node -p 'require(process.argv[1]).version' \
+	        "$$1/app/node_modules/openclaw/package.json" 2>/dev/null)" = "$(OPENCLAW_VERSION)" ]; }; \
+	if complete "$$oc"; then exit 0; fi; \
+	echo "installing Node $(NODE_VERSION) and openclaw@$(OPENCLAW_VERSION) into $$oc"; \
+	$(SUDO) mkdir -p "$$(dirname "$$oc")" "$(NPM_CACHE)" && $(SUDO) chown "$$(id -u):$$(id -g)" "$$(dirname "$$oc")" "$(NPM_CACHE)" && \
+	tmp="$$oc.partial" && rm -rf "$$tmp" && mkdir -p "$$tmp" && \
+	export npm_config_cache="$(NPM_CACHE)" npm_config_update_notifier=false && \
+	$(NPM_INSTALL) --prefix "$$tmp/node" node@$(NODE_VERSION) >/dev/null && \
+	export PATH="$$tmp/node/node_modules/.bin:$$PATH" && \
+	$(NPM_INSTALL) --prefix "$$tmp/app" openclaw@$(OPENCLAW_VERSION) >/dev/null && \
+	complete "$$tmp" && rm -rf "$$oc" && mv "$$tmp" "$$oc" && complete "$$oc" || \
+	{ echo "make openclaw: the install into $$oc did not complete" >&2; exit 1; }
+
+test: deps venv bytecode openclaw
 	$(BIN)/pytest -q
 
 # The whole suite under coverage, with branches, including the command line
 # and mount servers that tests start as subprocesses; a report, no threshold.
-coverage: deps venv bytecode
+coverage: deps venv bytecode openclaw
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	$(BIN)/coverage run -m pytest -q
 	$(BIN)/coverage combine -q
