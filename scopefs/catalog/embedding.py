@@ -88,9 +88,17 @@ def _bucket(feature: str, dimension: int) -> tuple[int, float]:
     return digest % dimension, (1.0 if digest >> 31 else -1.0)
 
 
-@functools.lru_cache(maxsize=1 << 15)  # words are at most 64 characters: bounded memory
+CACHED_WORD_CHARS = 24  # longer words are rare in prose and costly to keep: computed each time (20 us)
+
+
 def _word_buckets(word: str, dimension: int) -> tuple[tuple[int, float], ...]:
     """A word's feature and its character trigrams, as (bucket, signed weight)."""
+    if len(word) > CACHED_WORD_CHARS:
+        return _word_features(word, dimension)
+    return _cached_word_features(word, dimension)
+
+
+def _word_features(word: str, dimension: int) -> tuple[tuple[int, float], ...]:
     bucket, sign = _bucket("w:" + word, dimension)
     out = [(bucket, sign)]
     padded = f"^{word}$"
@@ -98,6 +106,12 @@ def _word_buckets(word: str, dimension: int) -> tuple[tuple[int, float], ...]:
         bucket, sign = _bucket("c:" + padded[i:i + 3], dimension)
         out.append((bucket, 0.25 * sign))
     return tuple(out)
+
+
+# Bounded in bytes, not only in count: a long-running process (scopefs serve, a mount) meets new
+# words with every write, and 32,768 entries of 64-character words (65 features, about 7.5 KB each)
+# held some 240 MB. Now at most 8,192 words of at most 24 characters (about 2.9 KB): 24 MB.
+_cached_word_features = functools.lru_cache(maxsize=1 << 13)(_word_features)
 
 
 class WordLlamaEmbedder:
