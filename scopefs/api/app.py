@@ -17,6 +17,7 @@ thread (the catalog's connections are not shared), and a body over
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
@@ -116,28 +117,13 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
         status = 200 if answer["ok"] else STATUS.get(answer["error"]["code"], 500)
         return JSONResponse(answer, status_code=status)
 
-    def call(op: str, request: _Call) -> dict[str, Any]:
-        return {"op": op, **request.model_dump(by_alias=True, exclude_unset=True)}
-
     @app.post("/v1/open", response_model=Answer)
     async def open_session(request: OpenRequest) -> JSONResponse:
         return await run({"op": "open", **request.model_dump(exclude_unset=True)})
 
-    @app.post("/v1/search", response_model=Answer)
-    async def search(request: SearchRequest) -> JSONResponse:
-        return await run(call("search", request))
-
-    @app.post("/v1/read", response_model=Answer)
-    async def read(request: ReadRequest) -> JSONResponse:
-        return await run(call("read", request))
-
-    @app.post("/v1/write", response_model=Answer)
-    async def write(request: WriteRequest) -> JSONResponse:
-        return await run(call("write", request))
-
-    @app.post("/v1/list", response_model=Answer)
-    async def list_folder(request: ListRequest) -> JSONResponse:
-        return await run(call("list", request))
+    for op, model in (("search", SearchRequest), ("read", ReadRequest), ("write", WriteRequest),
+                      ("list", ListRequest)):
+        app.post(f"/v1/{op}", response_model=Answer, name=op)(_route(op, model, run))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -146,6 +132,18 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
         return JSONResponse({"ok": False, "error": {"code": "bad-input", "message": message}}, status_code=400)
 
     return _Guard(app, token)
+
+
+def _route(op: str, model: type[_Call], run: Callable[[dict[str, Any]], Awaitable[JSONResponse]]
+           ) -> Callable[..., Awaitable[JSONResponse]]:
+    """The endpoint of one capability-bound operation: its body model is what FastAPI validates and
+    describes in the OpenAPI document (set as the annotation, since the model is chosen here)."""
+    async def endpoint(request: _Call) -> JSONResponse:
+        return await run({"op": op, **request.model_dump(by_alias=True, exclude_unset=True)})
+
+    endpoint.__annotations__ = {"request": model, "return": JSONResponse}
+    endpoint.__name__ = f"{op}_operation"
+    return endpoint
 
 
 class _Guard:
