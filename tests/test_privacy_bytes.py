@@ -32,9 +32,9 @@ def _text_cells(db) -> list[tuple[str, str, object]]:
     conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
     cells = []
     for (table,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
-        cursor = conn.execute(f'SELECT * FROM "{table}"')
-        columns = [d[0] for d in cursor.getdescription()]
-        for row in cursor:
+        # From the schema: a cursor over an empty table has no row to describe.
+        columns = [info[1] for info in conn.execute(f'PRAGMA table_info("{table}")')]
+        for row in conn.execute(f'SELECT * FROM "{table}"'):
             cells.extend((table, col, value) for col, value in zip(columns, row, strict=True))
     conn.close()
     return cells

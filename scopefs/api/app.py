@@ -9,8 +9,10 @@ answer's stable code as the HTTP status (``STATUS``).
 
 Who may call: on the Unix socket the peer's uid was checked when it
 connected (``server``); over loopback TCP every request must carry
-``Authorization: Bearer <token>``. Requests run one at a time on a worker
-thread (the catalog's connections are not shared), and a body over
+``Authorization: Bearer <token>``. Requests run on worker threads, as
+many at once as the service has homes (``Service.workers``: each request
+holds a home, its own catalog connections, while it runs); the others
+wait here, on the event loop, not on a thread. A body over
 ``MAX_BODY_BYTES`` is refused before it is read whole.
 """
 
@@ -24,7 +26,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scopefs.api.service import MAX_WRITE_CHARS, Service
@@ -32,7 +34,7 @@ from scopefs.catalog.excerpt import MAX_LINES
 
 MAX_BODY_BYTES = 4 * MAX_WRITE_CHARS + 4096  # the largest write, every character escaped, and its envelope
 BODY_DEADLINE_S = 30.0
-STATUS = {"bad-input": 400, "denied": 403, "integrity": 409, "failed": 500}
+STATUS = {"bad-input": 400, "denied": 403, "conflict": 409, "integrity": 409, "failed": 500}
 NONCE_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
 
@@ -50,17 +52,28 @@ class OpenRequest(_Strict):
     sender: str | None = Field(default=None, min_length=1, max_length=256)
     conversation: str | None = Field(default=None, min_length=1, max_length=256)
     ttl_s: int = Field(default=3600, ge=1, le=24 * 3600)
+    session_key: str | None = Field(default=None, min_length=1, max_length=512,
+                                    description="the gateway's key for this logical session (OpenClaw's"
+                                                " sessionKey): reused while its subject holds")
+    sandboxed: StrictBool | None = Field(default=None, description="the gateway's own classification of the"
+                                                                   " session; recorded, never a grant")
+
+
+RUN = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+            description="the gateway's run id: receipts of one run add up to its exposure set")
 
 
 class SearchArgs(_Strict):
     query: str = Field(min_length=1, max_length=1000)
     limit: int = Field(default=10, ge=1, le=100)
+    run: str | None = RUN
 
 
 class ReadArgs(_Strict):
     path: str = Field(min_length=1, max_length=4096)
     from_: int = Field(default=1, ge=1, alias="from")
     lines: int | None = Field(default=None, ge=1, le=MAX_LINES)
+    run: str | None = RUN
 
 
 class WriteArgs(_Strict):
@@ -70,6 +83,16 @@ class WriteArgs(_Strict):
 
 class ListArgs(_Strict):
     path: str = Field(default="", max_length=4096)
+
+
+class CloseArgs(_Strict):
+    pass
+
+
+class MountArgs(_Strict):
+    mountpoint: str = Field(min_length=1, max_length=4096)
+    uid: int = Field(ge=1, le=2**31 - 1, description="the only uid the mount answers (the sandbox's)")
+    gid: int | None = Field(default=None, ge=1, le=2**31 - 1)
 
 
 class _Call(_Strict):
@@ -94,8 +117,16 @@ class ListRequest(_Call):
     args: ListArgs
 
 
+class CloseRequest(_Call):
+    args: CloseArgs = CloseArgs()
+
+
+class MountRequest(_Call):
+    args: MountArgs
+
+
 class ErrorBody(BaseModel):
-    code: Literal["bad-input", "denied", "integrity", "failed"]
+    code: Literal["bad-input", "denied", "conflict", "integrity", "failed"]
     message: str
     reason: str | None = None
 
@@ -110,7 +141,7 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
     """The ASGI application; ``token`` is required of every request that did not come over the Unix socket."""
     app = FastAPI(title="scopefs gateway API", version="1", docs_url=None, redoc_url=None,
                   responses={code: {"model": Answer} for code in (400, 401, 403, 409, 413, 500)})
-    limiter = anyio.CapacityLimiter(1)
+    limiter = anyio.CapacityLimiter(service.workers)  # a thread per home: none waits inside for a home
 
     async def run(body: dict[str, Any]) -> JSONResponse:
         answer = await anyio.to_thread.run_sync(service.handle, body, limiter=limiter)
@@ -122,7 +153,7 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
         return await run({"op": "open", **request.model_dump(exclude_unset=True)})
 
     for op, model in (("search", SearchRequest), ("read", ReadRequest), ("write", WriteRequest),
-                      ("list", ListRequest)):
+                      ("list", ListRequest), ("close", CloseRequest), ("mount", MountRequest)):
         app.post(f"/v1/{op}", response_model=Answer, name=op)(_route(op, model, run))
 
     @app.exception_handler(RequestValidationError)

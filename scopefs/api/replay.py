@@ -10,12 +10,18 @@ other process, and no later start of this one, can be replayed into.
 revive nonces already forgotten). Memory is bounded: past
 ``max_entries`` live nonces, or ``per_grant`` of one capability, new
 requests are refused (fail closed) until old ones age out.
+
+One guard serves every worker of a server (``service``): a check is one
+step under the guard's lock, so a nonce sent twice at once, on two
+threads, is accepted exactly once, and the counts behind the bounds
+never lose an update.
 """
 
 from __future__ import annotations
 
 import heapq
 import re
+import threading
 
 from scopefs.catalog.errors import BadInput, Denied
 from scopefs.catalog.reasons import Reason
@@ -40,6 +46,7 @@ class ReplayGuard:
         self._seen: set[tuple[str, str]] = set()
         self._by_grant: dict[str, int] = {}
         self._expiry: list[tuple[int, str, str]] = []  # (expires, grant, nonce), a heap
+        self._lock = threading.Lock()  # the guard is the process's: every worker thread checks here
 
     def check(self, grant_id: str, nonce: object, at_us: object, now_us: int) -> None:
         """Accept a request once (BadInput for a malformed nonce or time, Denied for a replay)."""
@@ -47,6 +54,10 @@ class ReplayGuard:
             raise BadInput("nonce must be 16 to 64 characters of [A-Za-z0-9_-]")
         if not isinstance(at_us, int) or isinstance(at_us, bool):
             raise BadInput("ts must be an integer (microseconds since the epoch)")
+        with self._lock:
+            self._admit(grant_id, nonce, at_us, now_us)
+
+    def _admit(self, grant_id: str, nonce: str, at_us: int, now_us: int) -> None:
         now_us = self._latest_us = max(now_us, self._latest_us)
         self._prune(now_us)
         if now_us - at_us > self._window_us or at_us - now_us > FUTURE_S * 1_000_000 or at_us < self._started_us:

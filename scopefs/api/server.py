@@ -5,7 +5,9 @@ answers only peers whose uid is allowed (``SO_PEERCRED``, checked when
 the connection is made, before a byte is read; root and the serving
 user by default). ``--http 127.0.0.1:PORT --token-file F`` adds a
 loopback TCP listener on which every request needs the token. Both go
-to one ASGI application (``app.make_app``) under uvicorn.
+to one ASGI application (``app.make_app``) under uvicorn. ``--workers N``
+requests run at once, each on a home of its own (``workers``); the
+server closes every one of them on its way out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from scopefs.api.app import make_app
 from scopefs.api.service import Service
+from scopefs.api.workers import WorkerHomes, check_workers, default_workers
 from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
 
@@ -120,12 +123,17 @@ def _stopped(signum: int, frame: object) -> None:
 
 
 def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http: str | None = None,
-          token_file: Path | None = None) -> None:
-    """Serve until SIGINT or SIGTERM (uvicorn's own handling lets requests in flight finish)."""
+          token_file: Path | None = None, workers: int | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (uvicorn's own handling lets requests in flight finish).
+
+    ``workers``: requests answered at once (``default_workers()`` if None); ``home`` is the first's.
+    """
+    size = check_workers(default_workers() if workers is None else workers)
     allowed = frozenset({0, os.getuid(), *allow_uids})
     token = read_token(token_file) if token_file is not None else None
     if http is not None and token is None:
         raise BadInput("--http needs --token-file")
+    home.api_key()  # made (on first use) now, not by requests racing on several workers to make it
     sockets = [_unix_listener(socket_path)]
     if http is not None:
         host, port = loopback(http)
@@ -137,7 +145,8 @@ def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http
                                "log_level": "warning", "access_log": False, "server_header": False,
                                "date_header": False, "limit_concurrency": MAX_CONNECTIONS,
                                "timeout_keep_alive": 5}
-    config = uvicorn.Config(make_app(Service(home), token=token), **options)
+    homes = WorkerHomes(home, size)
+    config = uvicorn.Config(make_app(Service(homes), token=token), **options)
     # uvicorn shuts down gracefully on SIGINT and SIGTERM and then raises the signal again with
     # the handlers it found: these end the run here, so the socket is removed on the way out.
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -151,3 +160,4 @@ def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http
         for sock in sockets:
             sock.close()
         socket_path.unlink(missing_ok=True)
+        homes.close()

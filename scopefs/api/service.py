@@ -19,6 +19,11 @@ everything a request may do is decided here and below. Two kinds:
   the operation runs as the command line's does (``search``, ``read`` of
   a bounded window, ``write``, ``list``).
 
+Requests may run at once on several threads: each leases a home of its
+own for its whole run (``workers``), while the replay window and its
+per-capability quota are this object's, one for the process, behind a
+lock (``replay``).
+
 Answers are ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
 {"code", "reason"?, "message"}}`` with the exit-code classes of the
 command line as stable codes (``bad-input``, ``denied``, ``integrity``,
@@ -35,11 +40,12 @@ from typing import Any
 from scopefs.api import capabilities
 from scopefs.api.capabilities import Grant
 from scopefs.api.replay import ReplayGuard
-from scopefs.api.revision import policy_revision
-from scopefs.catalog import ids
+from scopefs.api.workers import WorkerHomes
+from scopefs.catalog import exposures, ids
 from scopefs.catalog.access import authorize_session
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.errors import BadInput, Denied, IntegrityError, ScopefsError
+from scopefs.catalog.epoch import policy_revision
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError
 from scopefs.catalog.excerpt import Window
 from scopefs.catalog.groups import find_conversation
 from scopefs.catalog.home import Home
@@ -57,69 +63,88 @@ CAPABILITY_TTL_S = 3600
 MAX_TTL_S = 24 * 3600
 MAX_WRITE_CHARS = 1 << 20  # a JSON request holds text; larger notes go through a mount or the CLI
 
-_OPEN_FIELDS = frozenset({"op", "agent", "chat", "channel", "account", "sender", "conversation", "ttl_s"})
+_OPEN_FIELDS = frozenset({"op", "agent", "chat", "channel", "account", "sender", "conversation", "ttl_s",
+                          "session_key", "sandboxed"})
 _CALL_FIELDS = frozenset({"op", "capability", "nonce", "ts", "args"})
 _ARGS: dict[str, frozenset[str]] = {
-    "search": frozenset({"query", "limit"}),
-    "read": frozenset({"path", "from", "lines"}),
+    "search": frozenset({"query", "limit", "run"}),
+    "read": frozenset({"path", "from", "lines", "run"}),
     "write": frozenset({"path", "content"}),
     "list": frozenset({"path"}),
+    "close": frozenset(),
+    "mount": frozenset({"mountpoint", "uid", "gid"}),
 }
 
 
 class Service:
-    """The API of one home, for one server process (its replay window is this process's)."""
+    """The API of one home, for one server process (its replay window is this process's).
 
-    def __init__(self, home: Home, *, clock: Callable[[], int] = now_us) -> None:
-        self._home = home
+    ``homes``: one home (requests then take turns on it) or a ``WorkerHomes`` of them
+    (as many requests at once as it has homes). ``handle`` may be
+    called from any thread.
+    """
+
+    def __init__(self, homes: Home | WorkerHomes, *, clock: Callable[[], int] = now_us) -> None:
+        self._homes = homes if isinstance(homes, WorkerHomes) else WorkerHomes(homes, 1)
         self._clock = clock
         self._replay = ReplayGuard(clock())
         self._server_id = ids.random_token()  # capabilities of another process (or start) are not ours
 
+    @property
+    def workers(self) -> int:
+        """How many requests may run at once (one home each)."""
+        return self._homes.size
+
     def handle(self, request: object) -> dict[str, Any]:
         """The answer to one request object; never raises for anything a client can send."""
         try:
-            return {"ok": True, "result": self._dispatch(request)}
+            with self._homes.lease() as home:
+                return {"ok": True, "result": self._dispatch(home, request)}
         except ScopefsError as exc:
             return {"ok": False, "error": _error(exc)}
         except Exception as exc:  # noqa: BLE001 - storage trouble or a bug: by type only, never a value
             log.error("an API request failed (%s)", type(exc).__name__)
             return {"ok": False, "error": {"code": "failed", "message": f"the request failed ({type(exc).__name__})"}}
 
-    def _dispatch(self, request: object) -> dict[str, Any]:
+    def _dispatch(self, home: Home, request: object) -> dict[str, Any]:
         if not isinstance(request, dict):
             raise BadInput("a request is a JSON object")
         op = request.get("op")
         if op == "open":
             _only(request, _OPEN_FIELDS)
-            return self._open(request)
+            return self._open(home, request)
         if op not in _ARGS:
-            raise BadInput("unknown op (open, search, read, write, list)")
+            raise BadInput("unknown op (open, search, read, write, list, close, mount)")
         _only(request, _CALL_FIELDS)
         args = request.get("args", {})
         if not isinstance(args, dict):
             raise BadInput("args must be an object")
         _only(args, _ARGS[op], what="args")
-        grant = self._admit(request)
-        return _OPERATIONS[op](self._home, grant, args)
+        grant = self._admit(home, request)
+        return _OPERATIONS[op](home, grant, args)
 
-    def _open(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _open(self, home: Home, request: dict[str, Any]) -> dict[str, Any]:
         agent = _text(request, "agent")
         ttl = request.get("ttl_s", CAPABILITY_TTL_S)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
             raise BadInput(f"ttl_s must be 1 to {MAX_TTL_S} seconds")
-        opening, actor, actor_binding = self._opening(agent, request)
-        session = open_session(self._home, agent, opening)
-        access = authorize_session(self._home, session.session_id, Op.RETRIEVE, actor_id=actor)
+        if request.get("sandboxed") is not None and not isinstance(request.get("sandboxed"), bool):
+            raise BadInput("sandboxed must be true or false")
+        session_key = request.get("session_key")
+        if session_key is not None and not isinstance(session_key, str):
+            raise BadInput("session_key must be text")
+        opening, actor, actor_binding = self._opening(home, agent, request)
+        session = open_session(home, agent, opening, session_key=session_key)
+        access = authorize_session(home, session.session_id, Op.RETRIEVE, actor_id=actor)
         expires = self._clock() + ttl * 1_000_000
         grant = Grant(capabilities.new_grant_id(), self._server_id, session.session_id, agent, actor, actor_binding,
                       policy_revision(access), expires)
-        return {"capability": capabilities.issue(self._home, grant), "subject": session.subject.kind.value,
-                "roots": list(access.view.roots()), "expires_us": expires}
+        return {"capability": capabilities.issue(home, grant), "subject": session.subject.kind.value,
+                "roots": list(access.view.roots()), "capture": access.view.capture, "expires_us": expires}
 
-    def _opening(self, agent: str, request: dict[str, Any]) -> tuple[Opening, str | None, str | None]:
+    def _opening(self, home: Home, agent: str, request: dict[str, Any]) -> tuple[Opening, str | None, str | None]:
         """The session these facts open, the verified actor (None: unattributed) and its binding."""
-        state, key = self._home.state(), self._home.hmac_key()
+        state, key = home.state(), home.hmac_key()
         chat = request.get("chat")
         if chat is None:
             if any(request.get(f) is not None for f in ("channel", "account", "sender", "conversation")):
@@ -142,19 +167,19 @@ class Service:
             found = resolve_binding(state, key, channel, account, _text(request, "sender"))
         return Group(conversation_id), found[1] if found else None, found[0] if found else None
 
-    def _admit(self, request: dict[str, Any]) -> Grant:
+    def _admit(self, home: Home, request: dict[str, Any]) -> Grant:
         """The grant of a request that may run now (Denied, audited by the catalog, otherwise)."""
         now = self._clock()
-        grant = capabilities.open_grant(self._home, request.get("capability"), now)
+        grant = capabilities.open_grant(home, request.get("capability"), now)
         if grant.server_id != self._server_id:
             raise capabilities.invalid()  # another server's, or this one's before a restart
         self._replay.check(grant.grant_id, request.get("nonce"), request.get("ts"), now)
         try:
-            access = authorize_session(self._home, grant.session_id, Op.RETRIEVE, actor_id=grant.actor_id)
+            access = authorize_session(home, grant.session_id, Op.RETRIEVE, actor_id=grant.actor_id)
         except BadInput:
             raise capabilities.invalid() from None  # its session is gone: say nothing of it
         if grant.actor_binding_id is not None and grant.actor_id is not None \
-                and not binding_live(self._home.state(), grant.actor_binding_id, grant.actor_id):
+                and not binding_live(home.state(), grant.actor_binding_id, grant.actor_id):
             raise access.refuse(Op.RETRIEVE, Reason.IDENTITY_REVOKED)  # the actor was verified through it
         if access.agent_id != grant.agent_id or policy_revision(access) != grant.policy_revision:
             raise access.refuse(Op.RETRIEVE, Reason.PLAN_EXPIRED)
@@ -165,16 +190,33 @@ def _search(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     limit = args.get("limit", 10)
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise BadInput("limit must be an integer")
+    _run(args)
     outcome = search(home, grant.session_id, _text(args, "query"), limit=limit, actor_id=grant.actor_id)
-    return outcome.payload()
+    receipt = _receipt(home, grant, args, "search",
+                       [exposures.Exposed(hit.revision_id, hit.resource_id) for hit in outcome.hits])
+    return {**outcome.payload(), "receipt": receipt}
 
 
 def _read(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     path = _text(args, "path")
-    window = read_window(home, grant.session_id, path, Window(args.get("from", 1), args.get("lines")),
-                         actor_id=grant.actor_id)
+    _run(args)
+    window, exposed = read_window(home, grant.session_id, path, Window(args.get("from", 1), args.get("lines")),
+                                  actor_id=grant.actor_id)
+    receipt = _receipt(home, grant, args, "read", [exposed])  # recorded before the text leaves
     return {"path": path, "text": window.text, "from": window.from_line, "lines": window.lines,
-            "nextFrom": window.next_from}
+            "nextFrom": window.next_from, "receipt": receipt}
+
+
+def _run(args: dict[str, Any]) -> None:
+    """BadInput for a malformed run id, before anything is read (bad input changes nothing)."""
+    if args.get("run") is not None:
+        exposures.check_run_id(args["run"])
+
+
+def _receipt(home: Home, grant: Grant, args: dict[str, Any], operation: str,
+             exposed: list[exposures.Exposed]) -> dict[str, Any]:
+    return exposures.record(home, session_id=grant.session_id, agent_id=grant.agent_id, run_id=args.get("run"),
+                            operation=operation, exposed=exposed, policy_revision=grant.policy_revision).as_dict()
 
 
 def _write(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
@@ -197,8 +239,27 @@ def _list(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     return {"entries": [{"name": e.name, "folder": e.is_dir, "size": e.size} for e in entries]}
 
 
+def _close(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    """End the session: every capability of it is refused from now on, and its mounts stop."""
+    from scopefs.catalog.sessions import close_session
+
+    return {"closed": close_session(home, grant.session_id)}
+
+
+def _mount(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    """Mount the session for a sandbox the gateway runs (``scopefs mount --for-uid``); it stops when the
+    session ends."""
+    from scopefs.sandbox import external
+
+    uid, gid = args.get("uid"), args.get("gid", args.get("uid"))
+    if not isinstance(uid, int) or not isinstance(gid, int) or isinstance(uid, bool) or isinstance(gid, bool):
+        raise BadInput("uid and gid must be integers")
+    record = external.start(home, grant.session_id, _text(args, "mountpoint"), uid, gid)
+    return {"mountpoint": record.mountpoint, "for_uid": uid, "for_gid": gid}
+
+
 _OPERATIONS: dict[str, Callable[[Home, Grant, dict[str, Any]], dict[str, Any]]] = {
-    "search": _search, "read": _read, "write": _write, "list": _list,
+    "search": _search, "read": _read, "write": _write, "list": _list, "close": _close, "mount": _mount,
 }
 
 
@@ -221,6 +282,8 @@ def _error(exc: ScopefsError) -> dict[str, Any]:
         code = "bad-input"
     elif isinstance(exc, Denied):
         code = "denied"
+    elif isinstance(exc, Conflict):
+        code = "conflict"  # another writer changed the note first: nothing was changed, retry is safe
     elif isinstance(exc, IntegrityError):
         code = "integrity"
     else:

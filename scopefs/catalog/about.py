@@ -29,8 +29,9 @@ from scopefs.catalog.reasons import Reason
 def attach(home: Home, session_id: str, path: str, principal_id: str, *, remove: bool = False) -> bool:
     """Attach (or with ``remove``, detach) a verified subject; True if anything changed."""
     get_principal(home.state(), principal_id)  # BadInput for an unknown or malformed id
-    access = authorize_session(home, session_id, Op.REPLACE)
-    target = existing_target(access, split_virtual_path(path), Op.REPLACE)
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.REPLACE, parts=parts)
+    target = existing_target(access, parts, Op.REPLACE)
     assert target.resource is not None and target.store is not None
     catalog = home.catalog(access.agent_id)
     with immediate(catalog):
@@ -50,8 +51,9 @@ def attach(home: Home, session_id: str, path: str, principal_id: str, *, remove:
 
 def subjects_of(home: Home, session_id: str, path: str) -> list[str]:
     """The verified subject principals of a note the session can read."""
-    access = authorize_session(home, session_id, Op.READ)
-    target = existing_target(access, split_virtual_path(path), Op.READ)
+    parts = split_virtual_path(path)
+    access = authorize_session(home, session_id, Op.READ, parts=parts)
+    target = existing_target(access, parts, Op.READ)
     assert target.resource is not None
     return [row[0] for row in home.catalog(access.agent_id).execute(
         "SELECT principal_id FROM resource_subjects WHERE agent_id = ? AND resource_id = ? ORDER BY principal_id",

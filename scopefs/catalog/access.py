@@ -10,6 +10,7 @@ hidden note and a missing note look the same to the caller.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from scopefs.catalog.audit import AuditEvent, record_quietly
@@ -19,8 +20,9 @@ from scopefs.catalog.groups import membership_expiry, role_memberships
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import binding_live, get_principal
 from scopefs.catalog.policy import Decision, Entry, Mount, Op, ResourceState, evaluate
+from scopefs.catalog.pools import memory_for
 from scopefs.catalog.reasons import Reason, public_reason
-from scopefs.catalog.sessions import SessionRecord, load_session
+from scopefs.catalog.sessions import SessionRecord, load_session, rebound
 from scopefs.catalog.stores import (
     ResourceRow,
     RevisionRow,
@@ -38,17 +40,40 @@ READ_LIKE = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE, Op.EXPORT})
 
 @dataclass(frozen=True)
 class Access:
-    """An authorized session for one operation: subject, actor, view, time."""
+    """An authorized session for one operation: subject, actor, view, time.
+
+    ``cell`` is the catalog the operation works in: the session's own agent
+    cell (""), or a shared pool's once ``narrowed`` to a path under it.
+    Everything that reads or writes a store takes ``agent_id``, which names
+    that cell, so one code path serves agents and pools alike.
+    """
 
     home: Home
     session: SessionRecord
     actor_id: str | None
     view: View
     now: int
+    cell: str = ""
 
     @property
     def agent_id(self) -> str:
-        return self.session.agent_id
+        return self.cell or self.session.agent_id
+
+    def cells(self) -> tuple[str, ...]:
+        """The cells this view reaches, the session's own first."""
+        found = dict.fromkeys(m.cell for m in self.view.mounts)
+        return tuple(sorted(found, key=lambda c: (c != "", c)))
+
+    def in_cell(self, cell: str) -> Access:
+        """This access confined to one cell: only that cell's mounts, queries in that cell's catalog."""
+        mounts = tuple(m for m in self.view.mounts if m.cell == cell)
+        excluded = self.view.excluded if cell == "" else ()
+        return dataclasses.replace(self, cell=cell, view=View(self.view.subject, mounts, excluded, self.view.capture))
+
+    def narrowed(self, parts: tuple[str, ...]) -> Access:
+        """Confined to the cell that holds ``parts`` (the own cell for a path under no mount)."""
+        found = self.view.mount_for(parts)
+        return self.in_cell(found[0].cell if found is not None else "")
 
     def event(self, operation: Op | str, decision: str, reason: Reason | str, *, store_id: str | None = None,
               revision_id: str | None = None) -> AuditEvent:
@@ -103,6 +128,8 @@ def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
     """Recheck the evidence behind the subject; it may have been revoked."""
     if session.closed_at is not None:
         return Reason.INVALID_CONTEXT
+    if rebound(home, session):
+        return Reason.SESSION_REBOUND  # its gateway key now names another session: never followed
     subject = session.subject
     if subject.kind is SubjectKind.AMBIGUOUS:
         return None
@@ -122,7 +149,7 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     """
     session = load_session(home, session_id)
     now = now_us()
-    view = memory_view(session.subject, _roles(home, session), now)
+    view = memory_view(session.subject, _roles(home, session), now, memory_for(home, session.agent_id))
     problem = _evidence_problem(home, session)
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
@@ -131,12 +158,17 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     return Access(home, session, actor_id, view, now), problem
 
 
-def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None) -> Access:
-    """Load the session and recheck its evidence, or raise Denied (audited)."""
+def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None,
+                      parts: tuple[str, ...] | None = None) -> Access:
+    """Load the session and recheck its evidence, or raise Denied (audited).
+
+    ``parts``: the path the operation acts on; the access is then confined
+    to the cell that holds it (``Access.narrowed``).
+    """
     access, problem = current_access(home, session_id, actor_id=actor_id)
     if problem is not None:
         raise access.refuse(operation, problem)
-    return access
+    return access if parts is None else access.narrowed(parts)
 
 
 def revalidate(access: Access, operation: Op) -> None:

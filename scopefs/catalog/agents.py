@@ -15,10 +15,14 @@ from scopefs.catalog.schema import ensure_schema
 from scopefs.catalog.schema.agent import AGENT_SCHEMA
 
 
-def add_agent(home: Home, agent_id: str) -> bool:
-    """Create the agent; returns False if it already existed (no change)."""
-    validate_agent_name(agent_id)
-    for path in (home.agent_dir(agent_id), home.scopes_dir(agent_id).parent, home.scopes_dir(agent_id),
+def make_cell(home: Home, agent_id: str) -> None:
+    """A cell's directories and catalog (an agent's or a pool's), made idempotently.
+
+    Not registered here: the caller registers the cell last, so that an
+    interrupted creation leaves nothing any session can use.
+    """
+    cell = home.agent_dir(agent_id)
+    for path in (cell.parent, cell, home.scopes_dir(agent_id).parent, home.scopes_dir(agent_id),
                  home.staging_dir(agent_id), home.quarantine_dir(agent_id)):
         path.mkdir(mode=0o700, exist_ok=True)
         fsync_dir(path.parent)  # the new name is durable before anything relies on it
@@ -31,6 +35,12 @@ def add_agent(home: Home, agent_id: str) -> bool:
     finally:
         conn.close()
     fsync_dir(home.agent_dir(agent_id))
+
+
+def add_agent(home: Home, agent_id: str) -> bool:
+    """Create the agent; returns False if it already existed (no change)."""
+    validate_agent_name(agent_id)
+    make_cell(home, agent_id)
     state = home.state()
     with immediate(state):
         if one(state, "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)) is not None:

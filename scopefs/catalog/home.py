@@ -10,6 +10,11 @@ Layout (DESIGN.md §3)::
       agents/<agent>/staging/      staged files before rename
       agents/<agent>/quarantine/   orphans moved aside by doctor --fix
       agents/<agent>/writer.lock   shared by writers, exclusive for recovery
+      pools/<pool>/...             a shared pool: a cell of its own, laid out like an agent's
+
+A *cell* is one catalog file with its artifact area: every agent is one,
+and so is every shared pool (cell id ``pool:<name>``). Code that works on
+"an agent's" catalog, staging or lock works on any cell by its id.
 
 A home with loose permissions is refused rather than used: the key and the
 artifacts are only as private as the directory that holds them.
@@ -36,6 +41,19 @@ HMAC_KEY_BYTES = 32
 API_KEY_BYTES = 32
 _AGENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 DEFAULT_HOME = ".scopefs"
+POOL_CELL_PREFIX = "pool:"
+
+
+def pool_cell(pool_name: str) -> str:
+    """The cell id of a shared pool."""
+    return POOL_CELL_PREFIX + validate_pool_name(pool_name)
+
+
+def validate_pool_name(name: str) -> str:
+    if not isinstance(name, str) or _AGENT_NAME.fullmatch(name) is None or name in ("own", "none"):
+        raise BadInput("invalid pool name: use 1-32 characters a-z, 0-9 and '-', starting with a letter"
+                       " (not 'own' or 'none')")
+    return name
 
 
 def resolve_home(arg: str | None) -> Path:
@@ -118,6 +136,9 @@ class Home:
         return self.root / "hmac.key"
 
     def agent_dir(self, agent_id: str) -> Path:
+        """The directory of a cell: an agent's, or a shared pool's (``pool:<name>``)."""
+        if agent_id.startswith(POOL_CELL_PREFIX):
+            return self.root / "pools" / validate_pool_name(agent_id[len(POOL_CELL_PREFIX):])
         return self.root / "agents" / validate_agent_name(agent_id)
 
     def catalog_path(self, agent_id: str) -> Path:
@@ -203,6 +224,10 @@ class Home:
         return self._state
 
     def agent_exists(self, agent_id: str) -> bool:
+        """Whether the cell is registered: an agent added, or a pool made by ``pools apply``."""
+        if agent_id.startswith(POOL_CELL_PREFIX):
+            name = validate_pool_name(agent_id[len(POOL_CELL_PREFIX):])
+            return one(self.state(), "SELECT 1 FROM pools WHERE pool_name = ?", (name,)) is not None
         validate_agent_name(agent_id)
         return one(self.state(), "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)) is not None
 
@@ -226,3 +251,8 @@ class Home:
 
     def agents(self) -> list[str]:
         return [row[0] for row in self.state().execute("SELECT agent_id FROM agents ORDER BY agent_id")]
+
+    def cells(self) -> list[str]:
+        """Every cell to check and recover: the agents, then the shared pools."""
+        pools = [pool_cell(row[0]) for row in self.state().execute("SELECT pool_name FROM pools ORDER BY pool_name")]
+        return [*self.agents(), *pools]

@@ -44,6 +44,8 @@ def list_folder(home: Home, session_id: str, path: str = "", *, actor_id: str | 
     parts = split_virtual_path(path) if path else ()
     access = authorize_session(home, session_id, Op.RETRIEVE, actor_id=actor_id)
     virtual = _virtual_children(access, parts)
+    if virtual is None and not parts:
+        virtual = []  # a view with no roots (an agent a pools file does not declare): the top is empty
     if virtual is not None:
         record(home.state(), access.event(Op.RETRIEVE, "allow", Reason.ALLOWED))
         return virtual
@@ -51,6 +53,7 @@ def list_folder(home: Home, session_id: str, path: str = "", *, actor_id: str | 
     if found is None:
         raise access.refuse_outside(Op.RETRIEVE, parts)
     mount, inner = found
+    access = access.in_cell(mount.cell)
     catalog = home.catalog(access.agent_id)
     store = find_store(catalog, access.agent_id, mount.scope_kind, mount.audience_id)
     children: dict[str, Listed] = {}

@@ -114,6 +114,9 @@ class Mount:
 
     ``placement`` is granted by being mounted; ``ceiling`` bounds what an
     explicit allow may add. ``placement`` is always within ``ceiling``.
+    ``cell`` names the catalog that holds the store: "" for the session's
+    own agent cell, ``pool:<name>`` for a shared pool, which is a cell of
+    its own so that no agent's database ever holds another agent's notes.
     """
 
     root: str
@@ -121,6 +124,7 @@ class Mount:
     audience_id: str
     placement: frozenset[Op]
     ceiling: frozenset[Op]
+    cell: str = ""
 
     def __post_init__(self) -> None:
         if not self.placement <= self.ceiling:

@@ -20,6 +20,7 @@ from scopefs.catalog.artifacts import StopCopy, copy_verified, opened_verified, 
 from scopefs.catalog.audit import record, record_quietly
 from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.excerpt import Excerpt, Window
+from scopefs.catalog.exposures import Exposed
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import index_again
 from scopefs.catalog.paths import split_virtual_path
@@ -43,7 +44,7 @@ def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = 
 
 
 def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes], object], *,
-                actor_id: str | None = None) -> None:
+                actor_id: str | None = None) -> Exposed:
     """``read_note`` for a note of any size: its bytes go to ``write`` in chunks.
 
     The whole artifact is hashed (keeping nothing) before the first byte
@@ -51,7 +52,8 @@ def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes],
     chunk by chunk (``artifacts.copy_verified``), so memory stays at a
     chunk or two where ``read_note`` holds the note twice over. A file
     that changes during the copy stops it with IntegrityError; what
-    ``write`` received by then was verified.
+    ``write`` received by then was verified. Returns the revision read
+    (for an exposure receipt).
     """
     access, target = _readable(home, session_id, path, actor_id)
     assert target.store is not None and target.revision is not None
@@ -63,18 +65,20 @@ def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes],
         _audit(home, access, target, "error", Reason.REVISION_STALE, quietly=True)
         raise
     _searchable_again(home, access, target)
+    return Exposed(target.revision.revision_id, target.revision.resource_id)
 
 
 def read_window(home: Home, session_id: str, path: str, window: Window, *,
-                actor_id: str | None = None) -> Excerpt:
-    """A bounded window of a note (``catalog.excerpt``): ``stream_note``, read only as far as it needs."""
+                actor_id: str | None = None) -> tuple[Excerpt, Exposed]:
+    """A bounded window of a note (``catalog.excerpt``): ``stream_note``, read only as far as it needs;
+    and the revision it came from."""
 
     def feed(chunk: bytes) -> None:
         if window.feed(chunk):
             raise StopCopy
 
-    stream_note(home, session_id, path, feed, actor_id=actor_id)
-    return window.result()
+    exposed = stream_note(home, session_id, path, feed, actor_id=actor_id)
+    return window.result(), exposed
 
 
 def _searchable_again(home: Home, access: Access, target: Target) -> None:
@@ -90,7 +94,7 @@ def _searchable_again(home: Home, access: Access, target: Target) -> None:
 def _readable(home: Home, session_id: str, path: str, actor_id: str | None) -> tuple[Access, Target]:
     """The session's access and the note at ``path``, once ``read`` of it is allowed (else raise, audited)."""
     parts = split_virtual_path(path)  # BadInput before anything is looked up
-    access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
+    access = authorize_session(home, session_id, Op.READ, actor_id=actor_id, parts=parts)
     target = resolve(access, parts)
     decision = decide(access, target, Op.READ)
     if target.mount is None:

@@ -84,6 +84,7 @@ class Hit:
     score: float
     snippet: str
     resource_id: str  # whose words these are: never printed, but held results follow it (``vfs.queries``)
+    revision_id: str = ""  # the immutable revision quoted: for exposure receipts, never printed
 
     @property
     def citation(self) -> str:
@@ -253,6 +254,19 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     if about is not None:
         get_principal(home.state(), about)  # BadInput for an unknown id; a display name is never resolved
     access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
+    hits: list[Hit] = []
+    answered: dict[str, None] = {}
+    for cell in access.cells():  # the agent's own cell, then each shared pool of the view: one index each
+        found, arms = _search_cell(home, access.in_cell(cell), query, limit, mode, about)
+        hits += found
+        answered.update(dict.fromkeys(arms))
+    hits.sort(key=lambda h: (-h.score, h.path, h.start_line))
+    return Outcome(tuple(hits[:limit]), tuple(answered))
+
+
+def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
+                 about: str | None) -> tuple[list[Hit], tuple[str, ...]]:
+    """The top ``limit`` authorized chunks of one cell's stores, audited as exposed."""
     conn = home.catalog(access.agent_id)
     scope = scope_for(conn, access.agent_id, access.session.subject, access.view.mounts, access.now, about)
     arms = _arms(conn, scope, query, mode)
@@ -280,7 +294,7 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
         retire(conn, access.agent_id, revision_id)
     record_many(home.state(), [access.event("search", "allow", Reason.ALLOWED, store_id=store_id,
                                             revision_id=revision_id) for revision_id, store_id in exposed.items()])
-    return Outcome(tuple(hits), tuple(arm.name for arm in arms))
+    return hits, tuple(arm.name for arm in arms)
 
 
 def _settled(arms: list[_Arm], hits: list[Hit], limit: int) -> bool:
@@ -450,7 +464,7 @@ def _verified(home: Home, access: Access, scope: Scope, conn: apsw.Connection, r
         assert store is not None  # the postfilter admitted it: its store is in the view
         hits.append(Hit(f"{store.mount.root}/{candidate.path}", candidate.start_line, candidate.end_line,
                         candidate.score, snippet(data, candidate.start_line, candidate.end_line),
-                        candidate.resource_id))
+                        candidate.resource_id, candidate.revision_id))
         exposed[candidate.revision_id] = candidate.store_id
     return hits, exposed
 

@@ -25,7 +25,7 @@ from scopefs.catalog.db import immediate, one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.groups import conversation_agent
 from scopefs.catalog.home import Home, validate_agent_name
-from scopefs.catalog.identity import get_principal, resolve_binding
+from scopefs.catalog.identity import get_principal, lookup_key, resolve_binding
 from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 
 
@@ -84,22 +84,74 @@ def _subject_for(home: Home, agent_id: str, opening: Opening) -> tuple[Subject, 
     return Subject(SubjectKind.AMBIGUOUS, reason=AmbiguousReason.SHARED_MAIN), None
 
 
-def open_session(home: Home, agent_id: str, opening: Opening) -> SessionRecord:
+MAX_SESSION_KEY_BYTES = 512
+
+
+def open_session(home: Home, agent_id: str, opening: Opening, *, session_key: str | None = None) -> SessionRecord:
+    """A session for ``opening``; with ``session_key``, the one already bound to that key if it still fits.
+
+    A key names a gateway's logical session (OpenClaw's ``sessionKey``).
+    Its session is reused while it is open and the facts give the same
+    subject through the same binding; otherwise a new session is opened
+    and the key bound to it, and the old session is refused from then on
+    (``session-rebound``, see ``rebound``): a key never carries one
+    subject's session over to another subject.
+    """
     validate_agent_name(agent_id)
     catalog = home.catalog(agent_id)  # BadInput for an unknown agent
     subject, binding_id = _subject_for(home, agent_id, opening)
+    mac = None
+    if session_key is not None:
+        if not isinstance(session_key, str) or not session_key or len(session_key.encode()) > MAX_SESSION_KEY_BYTES:
+            raise BadInput(f"a session key is non-empty text of at most {MAX_SESSION_KEY_BYTES} bytes")
+        mac = lookup_key(home.hmac_key(), "session-key", agent_id, session_key)
     session_id = ids.new_id("session")
     now = now_us()
     with immediate(catalog):
+        if mac is not None:
+            bound = one(catalog, "SELECT k.key_binding_id, s.session_id, s.subject_kind, s.subject_principal_id,"
+                                 " s.subject_reason, s.binding_id, s.created_at, s.closed_at"
+                                 " FROM session_keys k JOIN sessions s USING (session_id)"
+                                 " WHERE k.agent_id = ? AND k.key_mac = ? AND k.unbound_at IS NULL", (agent_id, mac))
+            if bound is not None:
+                same = (bound[2], bound[3], bound[4], bound[5]) == (
+                    subject.kind.value, subject.principal_id, subject.reason.value if subject.reason else None,
+                    binding_id)
+                if same and bound[7] is None:
+                    return SessionRecord(bound[1], agent_id, subject, binding_id, bound[6], None)
+                catalog.execute("UPDATE session_keys SET unbound_at = ? WHERE key_binding_id = ?", (now, bound[0]))
         catalog.execute(
             "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
             " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (session_id, agent_id, subject.kind.value, subject.principal_id,
              subject.reason.value if subject.reason else None, binding_id, now),
         )
+        if mac is not None:
+            catalog.execute("INSERT INTO session_keys (key_binding_id, agent_id, key_mac, session_id, bound_at)"
+                            " VALUES (?, ?, ?, ?, ?)", (ids.random_token(), agent_id, mac, session_id, now))
     with immediate(home.state()):
         home.state().execute("INSERT INTO session_index (session_id, agent_id) VALUES (?, ?)", (session_id, agent_id))
     return SessionRecord(session_id, agent_id, subject, binding_id, now, None)
+
+
+def close_session(home: Home, session_id: str) -> bool:
+    """End the session for good: every later operation, and every mount of it, is refused.
+
+    False if it was closed already (nothing changes). A key bound to it
+    opens a new session next time (``open_session`` never reuses a closed one).
+    """
+    session = load_session(home, session_id)
+    catalog = home.catalog(session.agent_id)
+    with immediate(catalog):
+        catalog.execute("UPDATE sessions SET closed_at = ? WHERE session_id = ? AND agent_id = ?"
+                        " AND closed_at IS NULL", (now_us(), session_id, session.agent_id))
+        return catalog.changes() > 0
+
+
+def rebound(home: Home, session: SessionRecord) -> bool:
+    """Whether the gateway session key this session was opened for now names another session."""
+    return one(home.catalog(session.agent_id), "SELECT 1 FROM session_keys WHERE session_id = ? AND agent_id = ?"
+               " AND unbound_at IS NOT NULL", (session.session_id, session.agent_id)) is not None
 
 
 def load_session(home: Home, session_id: str) -> SessionRecord:

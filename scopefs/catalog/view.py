@@ -16,14 +16,22 @@ which physical store that is gets resolved later, inside the agent's cell.
 
 A conversation view never contains a user's private store or any role
 store, whoever is speaking: other participants share the model context.
+
+Under a pools file (``catalog.pools``) the agent's own roots are shown
+only if the agent recalls ``own`` (read-only unless it also captures
+there), and each shared pool it may read is added as ``pools/<name>/``
+(read-only unless it is one of the pool's writers). An ambiguous view
+never gains a pool: nobody verified is there to be one of its readers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scopefs.catalog.policy import Mount, Op
+from scopefs.catalog.pools import AgentMemory
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.subject import Subject, SubjectKind
 
@@ -52,6 +60,7 @@ class View:
     subject: Subject
     mounts: tuple[Mount, ...]
     excluded: tuple[tuple[str, Reason], ...] = ()  # roots withheld, with why (for audit only)
+    capture: str | None = None  # the root this session's new memories go to (a gateway's flushes); None: nowhere
 
     def roots(self) -> tuple[str, ...]:
         return tuple(m.root for m in self.mounts)
@@ -76,8 +85,34 @@ def _shared(placement: frozenset[Op] = READ_ONLY, ceiling: frozenset[Op] = READ_
     return Mount("agent-shared", "agent-shared", AGENT_SHARED_AUDIENCE, placement, ceiling)
 
 
-def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int) -> View:
-    """The view for ``subject``; ``roles`` only counts for user subjects."""
+def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int,
+                memory: AgentMemory | None = None) -> View:
+    """The view for ``subject``; ``roles`` only counts for user subjects.
+
+    ``memory``: the agent's pools (None: no pools file, the agent's own cell only).
+    """
+    own = _own_view(subject, roles, now)
+    own_capture = next((m.root for m in own.mounts if Op.APPEND in m.placement), None)
+    if memory is None:
+        return dataclasses.replace(own, capture=own_capture)
+    mounts = list(own.mounts) if memory.own else []
+    if not memory.own_writable:
+        mounts = [_read_only(m) for m in mounts]
+    if subject.kind is not SubjectKind.AMBIGUOUS:
+        for pool in memory.pools:
+            access = READ_WRITE if pool.writable else READ_ONLY
+            mounts.append(Mount(pool.root, "agent-shared", AGENT_SHARED_AUDIENCE, access, access, cell=pool.cell))
+    capture = own_capture if memory.own_writable else next(
+        (m.root for m in mounts if m.root == f"pools/{memory.capture_pool}" and Op.APPEND in m.placement), None)
+    return View(subject, tuple(mounts), own.excluded if memory.own else (), capture)
+
+
+def _read_only(mount: Mount) -> Mount:
+    return Mount(mount.root, mount.scope_kind, mount.audience_id, mount.placement & READ_ONLY,
+                 mount.ceiling & READ_ONLY, mount.cell)
+
+
+def _own_view(subject: Subject, roles: Iterable[RoleEvidence], now: int) -> View:
     pid = subject.principal_id
     if subject.kind is SubjectKind.USER:
         assert pid is not None

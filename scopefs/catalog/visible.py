@@ -53,6 +53,7 @@ class VisibleNote:
     size: int
     locator: str
     mtime_us: int
+    cell: str  # the catalog and artifact area that hold it: the agent's, or a shared pool's
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class VisibleView:
     valid_until: int | None  # earliest policy expiry that can change a decision
     base_seq: int | None = None  # set by refresh(): the picture this one was derived from...
     delta: frozenset[tuple[str, ...]] = frozenset()  # ...and every path whose entry may differ from it
+    pool_seqs: tuple[tuple[str, int], ...] = ()  # (cell, change-log position) of each shared pool shown
 
     @property
     def usable(self) -> bool:
@@ -84,10 +86,10 @@ def _root_parts(mount: Mount) -> tuple[str, ...]:
     return tuple(mount.root.split("/"))
 
 
-def _note(store: MountedStore, row: tuple[Any, ...]) -> VisibleNote:
+def _note(access: Access, store: MountedStore, row: tuple[Any, ...]) -> VisibleNote:
     resource_id, path, revision_id, sha, size, locator, mtime = row
     return VisibleNote(_root_parts(store.mount) + tuple(path.split("/")), store.mount.root, resource_id,
-                       store.store_id, store.path_key, revision_id, sha, size, locator, mtime)
+                       store.store_id, store.path_key, revision_id, sha, size, locator, mtime, access.agent_id)
 
 
 def _expiries(entries: list[Entry], now: int) -> list[int]:
@@ -108,7 +110,7 @@ def _store_notes(conn: apsw.Connection, access: Access, store: MountedStore) -> 
         own = per_resource.get(row[0], [])
         expiries += _expiries(own, access.now)
         if _decide(access, store.mount, (*store_level, *own)):
-            notes.append(_note(store, row))
+            notes.append(_note(access, store, row))
     return notes, expiries
 
 
@@ -117,23 +119,29 @@ def _one_note(conn: apsw.Connection, access: Access, store: MountedStore, resour
     if not row:
         return None
     entries = policy_entries(conn, access.agent_id, store.store_id, resource_id)
-    return _note(store, row[0]) if _decide(access, store.mount, entries) else None
+    return _note(access, store, row[0]) if _decide(access, store.mount, entries) else None
 
 
 def build(home: Home, session_id: str) -> VisibleView:
-    """The whole picture, from scratch."""
+    """The whole picture, from scratch: the agent's own cell, then each shared pool of the view."""
     access, problem = current_access(home, session_id)
-    conn = home.catalog(access.agent_id)
-    seq = latest_seq(conn)  # before the notes: a change landing during the build is applied again, never missed
-    stores = mounted_stores(conn, access.agent_id, access.view.mounts) if problem is None else []
+    seq = latest_seq(home.catalog(access.agent_id))  # before the notes: a change landing meanwhile is applied again
+    stores: list[MountedStore] = []
     notes: dict[tuple[str, ...], VisibleNote] = {}
     expiries: list[int] = []
-    for store in stores:
-        found, when = _store_notes(conn, access, store)
-        expiries += when
-        notes.update((n.parts, n) for n in found)
+    pool_seqs: list[tuple[str, int]] = []
+    for cell in access.cells() if problem is None else ():
+        inside = access.in_cell(cell)
+        conn = home.catalog(inside.agent_id)
+        if cell:
+            pool_seqs.append((cell, latest_seq(conn)))
+        for store in mounted_stores(conn, inside.agent_id, inside.view.mounts):
+            stores.append(store)
+            found, when = _store_notes(conn, inside, store)
+            expiries += when
+            notes.update((n.parts, n) for n in found)
     return VisibleView(access, problem, tuple(stores), notes, {n.resource_id: p for p, n in notes.items()}, seq,
-                       min(expiries, default=None))
+                       min(expiries, default=None), pool_seqs=tuple(pool_seqs))
 
 
 def _same_evidence(old: VisibleView, access: Access, problem: Reason | None) -> bool:
@@ -155,7 +163,7 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     conn = home.catalog(access.agent_id)
     changes = changes_since(conn, old.seq)
     expired = old.valid_until is not None and access.now >= old.valid_until
-    if not _same_evidence(old, access, problem) or changes.overflow or expired:
+    if not _same_evidence(old, access, problem) or changes.overflow or expired or _pools_moved(home, old):
         return build(home, session_id)
     known = {s.store_id for s in old.stores}
     if any(s not in known for s in changes.store_ids) or _new_store(conn, access, old):
@@ -213,7 +221,20 @@ def _store_of(conn: apsw.Connection, agent_id: str, resource_id: str) -> str | N
 
 
 def _new_store(conn: apsw.Connection, access: Access, old: VisibleView) -> bool:
-    """A mount without a store may have gained one (the first write to it)."""
+    """A mount of the agent's own cell without a store may have gained one (the first write to it).
+
+    Shared pools are followed whole by ``_pools_moved``.
+    """
     have = {s.mount.root for s in old.stores}
     return any(find_store(conn, access.agent_id, m.scope_kind, m.audience_id) is not None
-               for m in access.view.mounts if m.root not in have)
+               for m in access.view.mounts if m.root not in have and not m.cell)
+
+
+def _pools_moved(home: Home, old: VisibleView) -> bool:
+    """Whether any shared pool of the view changed since ``old``: then the picture is built again.
+
+    One change-log query per pool. A pool's changes are not followed note
+    by note: pools are shared reference material, written far less often
+    than a person's own store.
+    """
+    return any(latest_seq(home.catalog(cell)) != seq for cell, seq in old.pool_seqs)

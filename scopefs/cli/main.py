@@ -55,9 +55,9 @@ def _home(args: argparse.Namespace) -> Home:
 
 
 def _agents(args: argparse.Namespace, home: Home) -> list[str]:
-    """``--agent`` (which must exist) or every agent of the home."""
+    """``--agent`` (which must exist) or every cell of the home: each agent, then each shared pool."""
     if not args.agent:
-        return home.agents()
+        return home.cells()
     if not home.agent_exists(validate_agent_name(args.agent)):
         raise BadInput(f"unknown agent: {args.agent}")
     return [args.agent]
@@ -78,6 +78,38 @@ def cmd_agent_add(args: argparse.Namespace) -> int:
     home = _home(args)
     created = add_agent(home, validate_agent_name(args.agent))
     emit(args.json, {"agent_id": args.agent, "created": created}, [args.agent])
+    return 0
+
+
+def cmd_pools_apply(args: argparse.Namespace) -> int:
+    from scopefs.catalog import pools
+
+    home = _home(args)
+    try:
+        with open(args.file, "rb") as fh:
+            text = fh.read(pools.MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise BadInput(f"cannot read {args.file}: {exc.strerror}") from None
+    applied = pools.apply(home, text)
+    emit(args.json, {"revision": applied.revision, "sha256": applied.sha256, "changed": applied.changed,
+                     "created_pools": list(applied.created_pools)},
+         [f"pools revision {applied.revision}: " + ("applied" if applied.changed else "unchanged (already applied)")]
+         + [f"created pool {name}" for name in applied.created_pools])
+    return 0
+
+
+def cmd_pools_show(args: argparse.Namespace) -> int:
+    from scopefs.catalog import pools
+
+    home = _home(args)
+    shown = pools.describe(home)
+    lines = [f"pools revision {shown['revision']}" if shown["applied"]
+             else "no pools file applied: every agent keeps to its own cell"]
+    for agent, got in shown["effective"].items():
+        own = ("own rw" if got["own_writable"] else "own ro") if got["own"] else "no own store"
+        pooled = ", ".join(f"pools/{name} {mode}" for name, mode in got["pools"].items())
+        lines.append(f"{agent}: {own}" + (f", {pooled}" if pooled else ""))
+    emit(args.json, shown, lines)
     return 0
 
 
@@ -149,6 +181,15 @@ def cmd_member_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_session_close(args: argparse.Namespace) -> int:
+    from scopefs.catalog.sessions import close_session
+
+    closed = close_session(_home(args), args.session)
+    emit(args.json, {"session_id": args.session, "closed": closed},
+         [f"closed {args.session}" if closed else f"{args.session} was already closed"])
+    return 0
+
+
 def cmd_session_open(args: argparse.Namespace) -> int:
     from scopefs.catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
 
@@ -171,7 +212,7 @@ def cmd_session_open(args: argparse.Namespace) -> int:
     if not args.dm and any(v is not None for v in (args.channel, args.account, args.sender)):
         raise BadInput("--channel, --account and --sender belong to --dm")
     home = _home(args)
-    session = open_session(home, validate_agent_name(args.agent), opening)
+    session = open_session(home, validate_agent_name(args.agent), opening, session_key=args.key)
     subject = session.subject
     payload = {"session_id": session.session_id, "subject": subject.kind.value,
                "subject_principal_id": subject.principal_id,
@@ -312,18 +353,24 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from scopefs.sandbox import mounts
 
     home = _home(args)
+    owner = _mount_owner(args)  # checked before anything else; the server's module is imported only for it
+    shown: dict[str, object] = {} if owner is None else {"for_uid": owner[0], "for_gid": owner[1]}
     if args.foreground:
         from scopefs.vfs.server import serve
 
         load_session(home, args.session)  # unknown sessions: exit 2 before anything is mounted
         where = mounts.absolute(args.mountpoint)
+        if owner is not None:
+            from scopefs.sandbox import external
+
+            external.check_place(where)
         lost: list[OutputLost] = []
         with mounts.claim(home, where) as let_go:  # held until the mount answers: no mount stacks on ours
 
             def ready() -> None:
                 let_go()
                 try:
-                    emit(args.json, {"mountpoint": where, "session_id": args.session, "pid": os.getpid()},
+                    emit(args.json, {"mountpoint": where, "session_id": args.session, "pid": os.getpid(), **shown},
                          [f"mounted at {where} (foreground)"])
                 except OutputLost as exc:
                     # Nobody hears that the mount is up: take it down the way a signal does (settled,
@@ -332,15 +379,36 @@ def cmd_mount(args: argparse.Namespace) -> int:
                     lost.append(exc)
                     os.kill(os.getpid(), signal.SIGTERM)
 
-            serve(home, args.session, where, on_ready=ready)
+            if owner is None:
+                serve(home, args.session, where, on_ready=ready)
+            else:
+                external.serve_for(home, args.session, where, *owner, on_ready=ready)
         if lost:
             raise lost[0]
         return 0
     load_session(home, args.session)
-    record = mounts.start(home, args.session, args.mountpoint)
-    emit(args.json, {"mountpoint": record.mountpoint, "session_id": record.session_id, "pid": record.pid},
-         [f"mounted at {record.mountpoint}"])
+    if owner is None:
+        record = mounts.start(home, args.session, args.mountpoint)
+    else:
+        from scopefs.sandbox import external
+
+        record = external.start(home, args.session, args.mountpoint, *owner)
+    emit(args.json, {"mountpoint": record.mountpoint, "session_id": record.session_id, "pid": record.pid, **shown},
+         [f"mounted at {record.mountpoint}" + (f" for uid {owner[0]}" if owner else "")])
     return 0
+
+
+def _mount_owner(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--for-uid`` and ``--for-gid`` (the gid defaults to the uid's number), checked; None for a plain mount."""
+    if args.for_uid is None:
+        if args.for_gid is not None:
+            raise BadInput("--for-gid needs --for-uid")
+        return None
+    from scopefs.sandbox import external
+
+    owner = (args.for_uid, args.for_uid if args.for_gid is None else args.for_gid)
+    external.check_owner(*owner)
+    return owner
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -350,7 +418,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     home = _home(args)
     token_file = Path(args.token_file) if args.token_file else None
-    serve(home, Path(args.socket), allow_uids=args.allow_uid, http=args.http, token_file=token_file)
+    serve(home, Path(args.socket), allow_uids=args.allow_uid, http=args.http, token_file=token_file,
+          workers=args.workers)
     return 0
 
 
@@ -444,6 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                          parser_class=_Parser)
     command("add", cmd_agent_add, "add an agent cell", agent).add_argument("agent")
 
+    pools = sub.add_parser("pools", help="shared memory pools (N:M capture and recall)").add_subparsers(
+        dest="verb", required=True, parser_class=_Parser)
+    command("apply", cmd_pools_apply, "make FILE.toml the pools declaration (atomic, idempotent)",
+            pools).add_argument("file")
+    command("show", cmd_pools_show, "the applied pools declaration and what each agent gets", pools)
+
     principal = sub.add_parser("principal", help="manage principals").add_subparsers(dest="verb", required=True,
                                                                                      parser_class=_Parser)
     p = command("add", cmd_principal_add, "add a principal; NAME is a display label only", principal)
@@ -492,6 +567,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--account")
     p.add_argument("--sender")
     p.add_argument("--conversation")
+    p.add_argument("--key", metavar="SESSION_KEY",
+                   help="the gateway's key for this logical session: reused while its subject holds;"
+                        " a changed subject binds the key to a new session and refuses the old one")
+    p = command("close", cmd_session_close, "end a session for good: every later operation and mount is refused",
+                session)
+    p.add_argument("session")
     p = command("up", cmd_session_up, "keep the session's sandbox mount up so that each run reuses it", session)
     p.add_argument("session")
     p = command("down", cmd_session_down, "stop the session's kept sandbox mount", session)
@@ -540,6 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session")
     p.add_argument("mountpoint")
     p.add_argument("--foreground", action="store_true", help="stay attached until unmounted")
+    p.add_argument("--for-uid", type=int, metavar="UID",
+                   help="serve the view to processes of this uid alone (a container's), shown as their files;"
+                        " it unmounts itself when the session ends")
+    p.add_argument("--for-gid", type=int, metavar="GID", help="the group its files show (default: the uid's number)")
     p = command("umount", cmd_umount, "unmount a view (also clears a mount whose server died)")
     p.add_argument("mountpoint")
     p = command("run", cmd_run, "run COMMAND in a sandbox whose only memory is the session's view, at /memory")
@@ -553,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a peer uid allowed on the socket, besides root and this user (repeatable)")
     p.add_argument("--http", metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs --token-file)")
     p.add_argument("--token-file", metavar="F", help="a 0600 file holding the bearer token for --http")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="requests answered at once, each with its own catalog connections"
+                        " (default: one per CPU, 2 to 4)")
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

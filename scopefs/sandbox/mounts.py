@@ -15,6 +15,10 @@ registry lock. A mount point inside the home or inside ``/run/scopefs``,
 or one that holds either, is refused: a view mounted there would hide
 the broker's own files from the broker.
 
+A mount served to one uid (``scopefs mount --for-uid``, ``sandbox.external``)
+is stopped by signalling its server instead: a container may hold a bind
+of it, which an unmount of the mount point would leave served.
+
 A server that died (SIGKILL, OOM) leaves the kernel's mount behind. Its
 callers do not hang: with the FUSE connection gone every access fails at
 once with ``ENOTCONN`` ("Transport endpoint is not connected"). ``stop``
@@ -46,6 +50,7 @@ from scopefs.sandbox.places import RUN_ROOT
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 FSTYPE = "fuse.scopefs"
+SERVER_MODULE = "scopefs.vfs.server"
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class MountRecord:
     mountpoint: str
     session_id: str
     pid: int
+    module: str = SERVER_MODULE  # the server's module (records written before it existed name none)
 
 
 def _unescape(field: str) -> str:
@@ -292,14 +298,20 @@ def claim(home: Home, mountpoint: str) -> Iterator[Callable[[], None]]:
         let_go()
 
 
-def start(home: Home, session_id: str, mountpoint: str) -> MountRecord:
-    """Mount in the background; returns once the mount answers."""
+def start(home: Home, session_id: str, mountpoint: str, *, module: str = SERVER_MODULE,
+          options: tuple[str, ...] = ()) -> MountRecord:
+    """Mount in the background; returns once the mount answers.
+
+    ``module`` serves it (``python -m module --home H [options] SESSION
+    MOUNTPOINT``): the plain view by default, ``scopefs.sandbox.external``
+    for a mount served to one uid.
+    """
     mountpoint = absolute(mountpoint)
     record_path = _record_path(home, mountpoint)
     with claim(home, mountpoint):
-        proc, _ = spawn_server("scopefs.vfs.server", ["--home", str(home.root), session_id, mountpoint],
+        proc, _ = spawn_server(module, ["--home", str(home.root), *options, session_id, mountpoint],
                                Path(str(record_path) + ".log"))
-        record = MountRecord(mountpoint, session_id, proc.pid)
+        record = MountRecord(mountpoint, session_id, proc.pid, module)
         write_record(record_path, record.__dict__)
     return record
 
@@ -333,7 +345,7 @@ def _load_record(path: Path) -> MountRecord | None:
         return None
 
 
-def server_alive(pid: int, module: str = "scopefs.vfs.server") -> bool:
+def server_alive(pid: int, module: str = SERVER_MODULE) -> bool:
     """Whether ``pid`` is still a mount server of ``module`` (not a zombie, not a reused pid)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -342,7 +354,7 @@ def server_alive(pid: int, module: str = "scopefs.vfs.server") -> bool:
     return module.encode() in cmdline
 
 
-def await_exit(pid: int, module: str = "scopefs.vfs.server", timeout: float = STOP_TIMEOUT_S) -> None:
+def await_exit(pid: int, module: str = SERVER_MODULE, timeout: float = STOP_TIMEOUT_S) -> None:
     """Wait for a mount server to finish its shutdown; SIGKILL it if it will not."""
     deadline = time.monotonic() + timeout
     while server_alive(pid, module) and time.monotonic() < deadline:
@@ -369,12 +381,30 @@ def _stop_locked(mountpoint: str, record_path: Path) -> MountRecord | None:
         raise BadInput(f"{mountpoint} is not mounted")
     if fstype != FSTYPE:
         raise BadInput(f"{mountpoint} is not a scopefs mount")
+    if record is not None and record.module != SERVER_MODULE and server_alive(record.pid, record.module):
+        _stop_by_signal(record)
+        if mounted_fstype(mountpoint) is None:
+            record_path.unlink(missing_ok=True)
+            return record
     done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         if "busy" in done.stderr.lower():
             raise StorageError(f"{mountpoint} is busy (a process is using it); close it and try again")
         raise StorageError(f"cannot unmount {mountpoint}: {done.stderr.strip()[:200]}")
     if record is not None:
-        await_exit(record.pid)
+        await_exit(record.pid, record.module)
     record_path.unlink(missing_ok=True)
     return record
+
+
+def _stop_by_signal(record: MountRecord) -> None:
+    """Stop a server whose mount may be bound elsewhere (a container's ``/memory``), and wait.
+
+    Unmounting the mount point would not end such a server: a bind holds
+    the filesystem, and the server would go on serving it. On SIGTERM the
+    server refuses everyone, drops the view's pages and closes its
+    connection, so every bind of it fails with ``ENOTCONN`` from then on.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(record.pid, signal.SIGTERM)
+    await_exit(record.pid, record.module)

@@ -42,7 +42,7 @@ def check_save(home: Home, session_id: str, parts: Parts) -> None:
 
 def check_remove(home: Home, session_id: str, parts: Parts) -> None:
     """Raise (audited) if the note at ``parts`` may not be removed."""
-    access = authorize_session(home, session_id, Op.DELETE)
+    access = authorize_session(home, session_id, Op.DELETE, parts=parts)
     existing_target(access, parts, Op.DELETE)
 
 

@@ -65,15 +65,14 @@ class Artifacts:
     file afresh.
     """
 
-    def __init__(self, home: Home, agent_id: str) -> None:
+    def __init__(self, home: Home) -> None:
         self._home = home
-        self._agent_id = agent_id
-        self._store_fds: dict[str, int] = {}
+        self._store_fds: dict[tuple[str, str], int] = {}  # (cell, path key) -> store directory
         self._verified: dict[str, Stamp] = {}  # revision id -> stamp of the file that hashed right
         self._kept: OrderedDict[str, int] = OrderedDict()  # revision id -> open fd of that file
-        # Revisions whose hash matched since ``take_hashed``: appended from worker threads too
-        # (one append is atomic), read on the trio thread.
-        self._hashed: list[str] = []
+        # (cell, revision) whose hash matched since ``take_hashed``: appended from worker threads
+        # too (one append is atomic), read on the trio thread.
+        self._hashed: list[tuple[str, str]] = []
 
     def close(self) -> None:
         for fd in [*self._store_fds.values(), *self._kept.values()]:
@@ -82,10 +81,10 @@ class Artifacts:
         self._store_fds.clear()
         self._kept.clear()
 
-    def _store_fd(self, path_key: str) -> int:
-        fd = self._store_fds.get(path_key)
+    def _store_fd(self, cell: str, path_key: str) -> int:
+        fd = self._store_fds.get((cell, path_key))
         if fd is None:
-            fd = self._store_fds[path_key] = open_store_dir(self._home, self._agent_id, path_key)
+            fd = self._store_fds[(cell, path_key)] = open_store_dir(self._home, cell, path_key)
         return fd
 
     def needs_hash(self, note: VisibleNote) -> bool:
@@ -127,7 +126,7 @@ class Artifacts:
         if kept is not None:
             return (*kept, None)
         verified: bytes | None = None
-        fd, st = open_artifact_stat(self._store_fd(note.path_key), note.locator)
+        fd, st = open_artifact_stat(self._store_fd(note.cell, note.path_key), note.locator)
         try:
             stamp = Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if self._verified.get(note.revision_id) != stamp:
@@ -141,7 +140,7 @@ class Artifacts:
                     verify(fd, note.size, note.sha256, sink=sink)
                 if Stamp.of(fd) != stamp:
                     raise mismatch()  # changed while it was hashed
-                self._hashed.append(note.revision_id)
+                self._hashed.append((note.cell, note.revision_id))
                 if started - stamp.ctime_ns > RACY_NS:
                     self._verified[note.revision_id] = stamp
             if keep and note.revision_id in self._verified and note.revision_id not in self._kept:
@@ -153,15 +152,15 @@ class Artifacts:
             raise
         return fd, stamp, verified
 
-    def take_hashed(self) -> list[str]:
+    def take_hashed(self) -> list[tuple[str, str]]:
         """The revisions hashed and matched since the last call (``vfs.follow`` indexes them again
         if a search had retired their rows)."""
         taken, self._hashed = self._hashed, []
         return taken
 
-    def hashed_again(self, revision_ids: list[str]) -> None:
+    def hashed_again(self, hashed: list[tuple[str, str]]) -> None:
         """Put back what ``take_hashed`` gave when it could not be handled (at most ``RETRY_HASHED``)."""
-        self._hashed[:0] = revision_ids[:RETRY_HASHED]
+        self._hashed[:0] = hashed[:RETRY_HASHED]
 
     def read(self, fd: int, stamp: Stamp, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, refused if the file changed since it was verified."""

@@ -68,7 +68,9 @@ class Follow:
         hashed = self._mount.artifacts.take_hashed()
         if hashed:
             try:
-                await self._mount.catalog(index_again, self._mount.home, self._mount.agent_id, hashed)
+                for cell in dict.fromkeys(c for c, _ in hashed):
+                    await self._mount.catalog(index_again, self._mount.home, cell,
+                                              [r for c, r in hashed if c == cell])
             except BaseException:
                 self._mount.artifacts.hashed_again(hashed)  # a verified revision is not hashed twice: retry
                 raise

@@ -31,6 +31,13 @@ descriptor held from a finished one can read that page while it stays.
 The pid in the context is the caller's thread id in this server's pid
 namespace, resolved through ``/proc`` per request, never cached: a pid can
 be reused by another process, a namespace inode cannot while it is alive.
+
+``UidGate`` is the gate of a mount made for a sandbox that scopefs does not
+launch (a gateway's own container, ``scopefs mount --for-uid``): nobody can
+admit that sandbox's pid namespace, so the uid alone is the credential. Every
+handle is opened under one admission (``EVERYONE``), which ends when the
+mount stops, and root gets only the root's constant attributes, which a
+container runtime reads as root before it binds the mount.
 """
 
 from __future__ import annotations
@@ -119,3 +126,36 @@ class Gate:
             return None
         namespace = pid_namespace(ctx.pid)
         return namespace if self.holds(namespace) else None
+
+
+class UidGate(Gate):
+    """Only processes running as one uid, wherever they run (host, container, another sandbox).
+
+    The uid is the host-side one, as the kernel hands it to FUSE: a
+    container's uid mapped through its user namespace (Docker's
+    userns-remap, rootless runtimes) is the mapped one. Refusals are the
+    sandbox gate's: ``EACCES`` for every request that reaches the server.
+    """
+
+    EVERYONE = 0  # the one admission every handle is opened under: no pid namespace has inode 0
+
+    def __init__(self, uid: int) -> None:
+        super().__init__(uid)
+        self.admit(self.EVERYONE)  # ended by ``dismiss_all`` when the mount stops: then nobody is answered
+
+    def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
+        """The uid, until the mount stops; root, for the root's constant attributes only.
+
+        Docker (runc) stats a bind's source as root before it binds it; the
+        root's attributes are the same for every view (modes, owner, the
+        mount's start time), so they tell root nothing about the view.
+        """
+        if ctx is None or not self.holds(self.EVERYONE):
+            return False
+        return ctx.uid == self.uid or (root_attributes and ctx.uid == 0)
+
+    def namespace_of(self, ctx: pyfuse3.RequestContext | None) -> int | None:
+        """``EVERYONE`` for the uid while the mount serves, else None (no handle is given)."""
+        if ctx is None or ctx.uid != self.uid or not self.holds(self.EVERYONE):
+            return None
+        return self.EVERYONE

@@ -66,8 +66,7 @@ class MountState:
         self.session_id = session_id
         self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
         self.layers = Layers(view)
-        self.agent_id = view.access.agent_id
-        self.artifacts = Artifacts(home, self.agent_id)
+        self.artifacts = Artifacts(home)
         self.handles = HandleTable()
         self.uid, self.gid = owner if owner is not None else (os.getuid(), os.getgid())
         self.started_ns = time.time_ns()  # the time of every folder, constant: it says nothing of writes

@@ -53,7 +53,7 @@ def rename_parts(home: Home, session_id: str, src_parts: Parts, dst_parts: Parts
     """
     check_parts(src_parts)
     check_parts(dst_parts)
-    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
+    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id, parts=src_parts)
     catalog = home.catalog(access.agent_id)
     with lock.shared(home.lock_path(access.agent_id)):
         with immediate(catalog):

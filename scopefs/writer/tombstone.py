@@ -42,7 +42,7 @@ def delete_parts(home: Home, session_id: str, parts: Parts, *, actor_id: str | N
     nothing changes (``catalog.access.expect_resource``).
     """
     check_parts(parts)
-    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
+    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id, parts=parts)
     catalog = home.catalog(access.agent_id)
     with lock.shared(home.lock_path(access.agent_id)):
         with immediate(catalog):  # decided and applied in one transaction: nothing can change in between

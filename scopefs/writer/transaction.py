@@ -399,7 +399,7 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
     another note (``catalog.access.expect_resource``).
     """
     check_parts(parts)
-    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id)
+    access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id, parts=parts)
     recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
     _plan(access, parts, expected_resource_id)
     staging_fd = open_dir(home.staging_dir(access.agent_id))
@@ -417,8 +417,8 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
 
 def check_write(home: Home, session_id: str, parts: Parts) -> None:
     """Raise (audited) if writing ``parts`` now would be refused; writes nothing."""
-    access = authorize_session(home, session_id, Op.APPEND)
-    _plan(access, check_parts(parts), None)
+    access = authorize_session(home, session_id, Op.APPEND, parts=check_parts(parts))
+    _plan(access, parts, None)
 
 
 __all__ = ["WriteResult", "check_write", "write_note", "write_parts"]

@@ -348,4 +348,52 @@ CREATE TABLE resource_subjects (
 CREATE INDEX resource_subjects_by_principal ON resource_subjects (principal_id);
 """
 
-AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147, steps=(V1, V2, V3))  # 'SCAG'
+# A gateway's session key (OpenClaw's ``sessionKey``) names a logical
+# session that outlives one window; it maps to the session opened for it.
+# The key can carry provider ids, so only its keyed HMAC is stored. When
+# the facts behind a key give another subject, the key is bound to a new
+# session and the old binding is closed: the old session is then refused
+# (``session-rebound``), never followed to its replacement.
+V4 = """
+CREATE TABLE session_keys (
+    key_binding_id TEXT PRIMARY KEY,
+    agent_id       TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    key_mac        BLOB NOT NULL,
+    session_id     TEXT NOT NULL REFERENCES sessions (session_id),
+    bound_at       INTEGER NOT NULL,
+    unbound_at     INTEGER
+) STRICT;
+CREATE UNIQUE INDEX session_keys_live ON session_keys (agent_id, key_mac) WHERE unbound_at IS NULL;
+CREATE INDEX session_keys_by_session ON session_keys (session_id);
+CREATE TRIGGER session_keys_fixed
+BEFORE UPDATE OF key_binding_id, agent_id, key_mac, session_id, bound_at ON session_keys
+BEGIN SELECT RAISE(ABORT, 'a session key binding is fixed; close it and bind again'); END;
+CREATE TRIGGER session_keys_close_once BEFORE UPDATE OF unbound_at ON session_keys
+WHEN OLD.unbound_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'session key binding already closed'); END;
+CREATE TRIGGER session_keys_no_delete BEFORE DELETE ON session_keys
+BEGIN SELECT RAISE(ABORT, 'session key bindings are never deleted'); END;
+
+-- The policy epoch: any change to a policy or an entry moves it, so a
+-- capability bound to a policy revision can be checked with one row read
+-- instead of a scan of every entry. Expiry needs no trigger: the entries
+-- already past their expiry are counted through the index below.
+CREATE TABLE policy_epoch (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    epoch     INTEGER NOT NULL
+) STRICT;
+INSERT INTO policy_epoch (singleton, epoch) VALUES (1, 0);
+CREATE TRIGGER policies_epoch_add AFTER INSERT ON policies BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE TRIGGER policies_epoch_change AFTER UPDATE ON policies BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE TRIGGER policies_epoch_drop AFTER DELETE ON policies BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE TRIGGER policy_entries_epoch_add AFTER INSERT ON policy_entries
+BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE TRIGGER policy_entries_epoch_change AFTER UPDATE ON policy_entries
+BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE TRIGGER policy_entries_epoch_drop AFTER DELETE ON policy_entries
+BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
+CREATE INDEX policy_entries_by_expiry ON policy_entries (expires_at) WHERE expires_at IS NOT NULL;
+"""
+
+AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
+                          steps=(V1, V2, V3, V4))  # 'SCAG'

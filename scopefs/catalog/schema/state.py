@@ -98,4 +98,44 @@ CREATE TABLE audit (
 CREATE INDEX audit_by_time ON audit (at);
 """
 
-STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1,))  # 'SCST'
+# Shared pools (``scopefs pools apply``). ``pools`` registers each pool's
+# cell (its own catalog file under pools/<name>/), kept when a later file
+# drops the pool so that nothing written there is lost; ``pool_config`` holds
+# the one current declaration, replaced whole in one transaction so that a
+# reader sees the old file or the new one, never a mix.
+V2 = """
+CREATE TABLE pools (
+    pool_name  TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE TABLE pool_config (
+    singleton  INTEGER PRIMARY KEY CHECK (singleton = 1),
+    revision   INTEGER NOT NULL,
+    sha256     TEXT NOT NULL,             -- of the canonical declaration
+    document   TEXT NOT NULL,             -- canonical JSON: agents, pools
+    applied_at INTEGER NOT NULL
+) STRICT;
+
+-- Exposure records: which immutable revision reached which session and
+-- run, by which operation, under which policy revision; ids only, never
+-- content. A receipt groups the rows of one response.
+CREATE TABLE exposures (
+    exposure_id     INTEGER PRIMARY KEY,
+    receipt_id      TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    agent_id        TEXT NOT NULL,           -- the session's agent
+    run_id          TEXT NOT NULL,
+    operation       TEXT NOT NULL,
+    revision_id     TEXT NOT NULL,
+    resource_id     TEXT NOT NULL,
+    policy_revision TEXT,
+    at              INTEGER NOT NULL
+) STRICT;
+CREATE INDEX exposures_by_revision ON exposures (revision_id);
+CREATE INDEX exposures_by_run ON exposures (session_id, run_id);
+CREATE INDEX exposures_by_receipt ON exposures (receipt_id);
+CREATE TRIGGER exposures_immutable BEFORE UPDATE ON exposures
+BEGIN SELECT RAISE(ABORT, 'exposure records are never edited'); END;
+"""
+
+STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2))  # 'SCST'

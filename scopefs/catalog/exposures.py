@@ -1,0 +1,89 @@
+"""Exposure receipts: which revisions a response let out, recorded before it leaves.
+
+The seed's ``memory_run_exposures``: every content-bearing answer (a
+read, a search) records the immutable revisions it exposes to a session
+and run, and the caller gets a receipt naming them, ids only. A gateway
+merges receipts into its run's exposure set; the run's exposure revision
+(how many distinct revisions the run has seen) grows with each addition,
+so a later egress check can tell that a receipt is older than a read.
+
+Recorded in ``state.sqlite`` (a pool's revision and an agent's land in one
+table, across cells) in one transaction per response, committed without
+a disk sync (``synchronous=NORMAL`` for that transaction only): a record
+survives a crash of any scopefs process; a power loss can lose the last
+few, never content, which is never stored here at all.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scopefs.catalog import ids
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate, scalar
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.home import Home
+
+_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+@dataclass(frozen=True)
+class Exposed:
+    """One revision a response carries content of."""
+
+    revision_id: str
+    resource_id: str
+
+
+@dataclass(frozen=True)
+class Receipt:
+    receipt_id: str
+    run_id: str
+    exposure_revision: int
+    policy_revision: str | None
+    exposed: tuple[Exposed, ...]
+    recorded_at: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"receipt_id": self.receipt_id, "run_id": self.run_id, "exposure_revision": self.exposure_revision,
+                "policy_revision": self.policy_revision, "recorded_at_us": self.recorded_at,
+                "exposed": [{"revision_id": e.revision_id, "resource_id": e.resource_id} for e in self.exposed]}
+
+
+def check_run_id(run_id: object) -> str:
+    """A caller's run id (e.g. OpenClaw's ``runId``): short, plain, never a path or free text."""
+    if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
+        raise BadInput("run must be 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':' or '-'")
+    return run_id
+
+
+def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, operation: str,
+           exposed: list[Exposed], policy_revision: str | None) -> Receipt:
+    """Record ``exposed`` for the session's run and return the receipt (a fresh run id if none is given)."""
+    run = check_run_id(run_id) if run_id is not None else ids.random_token()
+    receipt_id = ids.random_token()
+    unique = tuple(dict.fromkeys(exposed))
+    now = now_us()
+    state = home.state()
+    state.execute("PRAGMA synchronous=NORMAL")  # this connection, this transaction: no fsync per response
+    try:
+        with immediate(state):
+            state.executemany(
+                "INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id, resource_id,"
+                " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(receipt_id, session_id, agent_id, run, operation, e.revision_id, e.resource_id, policy_revision, now)
+                 for e in unique])
+            revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
+                                         " WHERE session_id = ? AND run_id = ?", (session_id, run)))
+    finally:
+        state.execute("PRAGMA synchronous=FULL")
+    return Receipt(receipt_id, run, revision, policy_revision, unique, now)
+
+
+def sessions_exposed_to(home: Home, revision_id: str) -> list[tuple[str, str, int]]:
+    """(session, run, first time) of every exposure of ``revision_id``, oldest first."""
+    return [(row[0], row[1], int(row[2])) for row in home.state().execute(
+        "SELECT session_id, run_id, min(at) FROM exposures WHERE revision_id = ? GROUP BY session_id, run_id"
+        " ORDER BY 3", (revision_id,))]
