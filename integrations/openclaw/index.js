@@ -7,7 +7,7 @@
 // passes the ingress facts the gateway verified, and scopefs decides the
 // view. What the plugin believes about who is asking comes ONLY from the tool
 // context OpenClaw builds (agentId, sessionKey, messageChannel,
-// agentAccountId, requesterSenderId), never from tool arguments:
+// agentAccountId, requesterSenderId, sandboxed), never from tool arguments:
 //
 //   agent:<a>:<channel>:<account>:direct:<peer>   a direct chat, when the
 //       context's channel and account are the key's (and requesterSenderId,
@@ -17,12 +17,24 @@
 //   anything else (agent:<a>:main, unparseable, mismatched)   no facts: the
 //       ambiguous view, never a broader one
 //
+// requesterSenderId is set only by a channel's own inbound turn (the sender
+// its transport vouches for); POST /tools/invoke never sets it (RESEARCH.md
+// §3). Two more facts are passed on once scopefs's API declares them (its
+// /openapi.json; it refuses a field it does not know): `sandboxed`,
+// OpenClaw's classification of the session, which scopefs may use only to
+// narrow a view, and `session_key`, the session key itself, which names
+// the logical session and never decides a view.
+//
 // OpenClaw lowercases session keys (and normalizes account ids), so scopefs
 // bindings and conversations must be registered with the ids as the keys
-// spell them. The host's own memory runtime (trigger recall, status,
-// doctor) never carries a session identity, so it is served the ambiguous
-// view only, and authorizeSearchHits fails closed. Nothing here logs a
-// query, a path or any content.
+// spell them; a group's sender is lowercased the same way. The host's own
+// memory runtime (trigger recall, status, doctor) never carries a session
+// identity, so it is served the ambiguous view only, and
+// authorizeSearchHits fails closed. The pre-compaction memory flush is
+// declined (flushPlanResolver returns null): OpenClaw runs it with only
+// `read` and an append-only workspace `write`, into a workspace file that
+// no scopefs view labels (RESEARCH.md §7). Nothing here logs a query, a
+// path or any content.
 
 import { randomBytes } from "node:crypto";
 import http from "node:http";
@@ -36,9 +48,14 @@ const MAX_WRITE_CHARS = 1 << 20;
 const MAX_FACT_CHARS = 256;
 const AGENT_ID = /^[a-z][a-z0-9-]{0,31}$/;
 const EXPIRY_MARGIN_US = 30_000_000; // reopen a little before the capability expires
-const REOPEN_REASONS = new Set(["plan-expired", "invalid-context"]);
+// A capability refused for one of these is reopened once, from the call's own facts: plan-expired,
+// invalid-context (another server), session-rebound (its session key now names another subject's session;
+// possible only once the API takes session_key).
+const REOPEN_REASONS = new Set(["plan-expired", "invalid-context", "session-rebound"]);
 const REQUEST_TIMEOUT_MS = 30_000;
 const MAX_CACHED_SESSIONS = 1024;
+const OPTIONAL_FACTS = ["sandboxed", "session_key"]; // sent only when the API declares them
+const MAX_SESSION_KEY_BYTES = 512;
 
 class ToolInputError extends Error {
   constructor(message) {
@@ -71,31 +88,23 @@ function jsonResult(payload) {
 
 // ---------------------------------------------------------------- the API
 
-function post(socketPath, route, body) {
+/** One JSON exchange with the API: its status and parsed answer (a GET sends no body). */
+function exchange(socketPath, method, route, body) {
   return new Promise((resolve, reject) => {
-    const data = Buffer.from(JSON.stringify(body));
+    const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    const headers = data === undefined ? {} : { "content-type": "application/json", "content-length": data.length };
     const request = http.request(
-      {
-        socketPath,
-        path: route,
-        method: "POST",
-        headers: { "content-type": "application/json", "content-length": data.length },
-        timeout: REQUEST_TIMEOUT_MS,
-      },
+      { socketPath, path: route, method, headers, timeout: REQUEST_TIMEOUT_MS },
       (response) => {
         const chunks = [];
         response.on("data", (chunk) => chunks.push(chunk));
         response.on("error", reject);
         response.on("end", () => {
-          let answer;
           try {
-            answer = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+            resolve({ status: response.statusCode, answer: JSON.parse(Buffer.concat(chunks).toString("utf8")) });
           } catch {
             reject(new ScopefsApiError(response.statusCode, { code: "failed", message: "scopefs answered no JSON" }));
-            return;
           }
-          if (answer && answer.ok === true) resolve(answer.result);
-          else reject(new ScopefsApiError(response.statusCode, answer?.error));
         });
       },
     );
@@ -107,24 +116,67 @@ function post(socketPath, route, body) {
   });
 }
 
+async function post(socketPath, route, body) {
+  const { status, answer } = await exchange(socketPath, "POST", route, body);
+  if (answer && answer.ok === true) return answer.result;
+  throw new ScopefsApiError(status, answer?.error);
+}
+
+/**
+ * The optional facts the API's open declares (its OpenAPI document, public over the socket); none when
+ * that cannot be read. The API refuses a field it does not know, so an undeclared fact is left out.
+ */
+async function declaredOpenFacts(socketPath) {
+  try {
+    const { status, answer } = await exchange(socketPath, "GET", "/openapi.json");
+    const properties = status === 200 ? answer?.components?.schemas?.OpenRequest?.properties : undefined;
+    return new Set(OPTIONAL_FACTS.filter((name) => properties != null && Object.hasOwn(properties, name)));
+  } catch {
+    return new Set();
+  }
+}
+
 function nonce() {
   return randomBytes(24).toString("base64url"); // 32 characters of [A-Za-z0-9_-]
 }
 
-/** Sessions of one scopefs server: capabilities cached per (agent, facts), reopened once on plan-expired/invalid-context. */
+/**
+ * Sessions of one scopefs server: capabilities cached per open request (agent and the facts sent),
+ * reopened once for REOPEN_REASONS. Which optional facts the API takes is asked again
+ * whenever a request is not cached (opens are rare), so a changed API is noticed at the next open.
+ */
 class Scopefs {
   constructor(socketPath) {
     this.socketPath = socketPath;
     this.sessions = new Map();
+    this.declared = new Set();
+  }
+
+  request(agent, facts) {
+    const body = { agent, ...facts };
+    for (const name of OPTIONAL_FACTS) if (!this.declared.has(name)) delete body[name];
+    return body;
+  }
+
+  cached(key) {
+    const session = this.sessions.get(key);
+    return session && session.expiresUs - EXPIRY_MARGIN_US > Date.now() * 1000 ? session : undefined;
   }
 
   async open(agent, facts, fresh = false) {
-    const key = JSON.stringify([agent, facts]);
-    const cached = this.sessions.get(key);
-    if (!fresh && cached && cached.expiresUs - EXPIRY_MARGIN_US > Date.now() * 1000) return cached;
+    let body = this.request(agent, facts);
+    let hit = !fresh && this.cached(JSON.stringify(body));
+    if (hit) return hit;
+    if (OPTIONAL_FACTS.some((name) => name in facts)) {
+      this.declared = await declaredOpenFacts(this.socketPath);
+      body = this.request(agent, facts);
+      hit = !fresh && this.cached(JSON.stringify(body));
+      if (hit) return hit;
+    }
+    const key = JSON.stringify(body);
     this.sessions.delete(key);
-    const opened = await post(this.socketPath, "/v1/open", { agent, ...facts });
-    const session = { capability: opened.capability, subject: opened.subject, expiresUs: opened.expires_us };
+    const opened = await post(this.socketPath, "/v1/open", body);
+    const session = { key, capability: opened.capability, subject: opened.subject, expiresUs: opened.expires_us };
     if (this.sessions.size >= MAX_CACHED_SESSIONS) this.sessions.delete(this.sessions.keys().next().value);
     this.sessions.set(key, session);
     return session;
@@ -143,7 +195,7 @@ class Scopefs {
       } catch (error) {
         const reopen = error instanceof ScopefsApiError && error.code === "denied" && REOPEN_REASONS.has(error.reason);
         if (!reopen || attempt > 0) throw error;
-        this.sessions.delete(JSON.stringify([agent, facts]));
+        this.sessions.delete(session.key);
       }
     }
   }
@@ -190,7 +242,17 @@ export function identityFacts(ctx, cfg) {
   const conversation = parts.slice(4).join(":");
   if (!fits(channel, account, conversation)) return {};
   const facts = { chat: "group", channel, account, conversation };
-  if (senderId && fits(senderId)) facts.sender = senderId;
+  // the group message's sender, spelled as OpenClaw spells a DM key's peer: one binding serves both
+  if (senderId && fits(senderId)) facts.sender = senderId.toLowerCase();
+  return facts;
+}
+
+/** Everything POST /v1/open is told of a tool context: its identity facts, whether it is sandboxed, its key. */
+export function sessionFacts(ctx, cfg) {
+  const facts = identityFacts(ctx, cfg);
+  if (typeof ctx?.sandboxed === "boolean") facts.sandboxed = ctx.sandboxed;
+  const key = ctx?.sessionKey;
+  if (typeof key === "string" && key && Buffer.byteLength(key) <= MAX_SESSION_KEY_BYTES) facts.session_key = key;
   return facts;
 }
 
@@ -387,7 +449,7 @@ function createTools(api, settings, client) {
       const agent = agentOf(settings, ctx.agentId);
       let payload;
       try {
-        payload = await client.call(agent, identityFacts(ctx, cfg), "search", { query, limit: maxResults });
+        payload = await client.call(agent, sessionFacts(ctx, cfg), "search", { query, limit: maxResults });
       } catch (error) {
         if (error instanceof ScopefsApiError && error.code === "denied") throw refused(error);
         if (error instanceof ScopefsApiError && error.code === "bad-input") throw new ToolInputError(error.message);
@@ -421,7 +483,7 @@ function createTools(api, settings, client) {
       if (requested === "wiki") return jsonResult({ status: "not_found", text: "", path });
       const agent = agentOf(settings, ctx.agentId);
       try {
-        const read = await client.call(agent, identityFacts(ctx, configOf(api, ctx)), "read", { path, from, lines });
+        const read = await client.call(agent, sessionFacts(ctx, configOf(api, ctx)), "read", { path, from, lines });
         return jsonResult(readResult(read));
       } catch (error) {
         if (error instanceof ScopefsApiError && error.code === "denied") {
@@ -451,7 +513,7 @@ function createTools(api, settings, client) {
       const content = text(params, "content", { required: true, max: MAX_WRITE_CHARS, allowEmpty: true });
       const agent = agentOf(settings, ctx.agentId);
       try {
-        const written = await client.call(agent, identityFacts(ctx, configOf(api, ctx)), "write", { path, content });
+        const written = await client.call(agent, sessionFacts(ctx, configOf(api, ctx)), "write", { path, content });
         return jsonResult({ status: "ok", path, revision: written.revision, created: written.created, size: written.size });
       } catch (error) {
         if (error instanceof ScopefsApiError && error.code === "denied") throw refused(error);
@@ -614,6 +676,10 @@ export default {
     const { searchTool, getTool, writeTool } = createTools(api, settings, client);
     api.registerMemoryCapability({
       promptBuilder,
+      // No pre-compaction flush: the host runs it with only `read` and an append-only `write` into a
+      // workspace file (memory/YYYY-MM-DD.md), never our tools, and tells the resolver no session, so
+      // a flush could not land in the session's own store. null is the SDK's "no flush this cycle".
+      flushPlanResolver: () => null,
       runtime: createRuntime(api, settings, client),
     });
     api.registerTool((ctx) => searchTool(ctx ?? {}), { names: ["memory_search"] });
