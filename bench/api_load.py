@@ -11,6 +11,7 @@ same run, and every API figure is given as a ratio to that.
 
     .venv/bin/python bench/api_load.py                   # 200 sessions, 120 s
     .venv/bin/python bench/api_load.py --sessions 20 --seconds 10   # a quick look
+    .venv/bin/python bench/api_load.py --workers 1       # the server's requests one at a time
     .venv/bin/python bench/api_load.py --json
 
 Each session is a DM user of its own (a principal, a binding, a private
@@ -18,9 +19,10 @@ note); the clients are threads of this process using the package's own
 client (``scopefs.api.client``) over the Unix socket, each opening its
 session once and then looping: 60% search, 30% read, 10% write. The home
 is built in process before the server starts and removed afterwards
-(``--keep`` keeps it). The server runs requests one at a time (the
-catalog's connections are not shared), so throughput is that of one
-request stream; the ratios say what the transport and the concurrency add.
+(``--keep`` keeps it). The server answers ``--workers`` requests at once
+(its default if not given), each on catalog connections of its own; the
+in-process baseline is one request stream, so the ratios say what the
+transport, the concurrency and the workers add or take away together.
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--baseline-ops", type=int, default=600)
+    parser.add_argument("--workers", type=int, help="the server's --workers (default: the server's own)")
     parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent / "out")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -167,15 +170,17 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="api-load-", dir=args.dir))
     os.chmod(work, 0o700)
-    report: dict[str, Any] = {"sessions": args.sessions, "seconds": args.seconds, "mix": dict(MIX)}
+    report: dict[str, Any] = {"sessions": args.sessions, "seconds": args.seconds, "mix": dict(MIX),
+                              "workers": args.workers}
     try:
         t0 = time.perf_counter()
         home_root = build_home(work / "home", args.sessions)
         report["build_s"] = round(time.perf_counter() - t0, 1)
         baseline = in_process(home_root, args.baseline_ops)
         sock = work / "api.sock"
-        server = subprocess.Popen([str(Path(sys.executable).with_name("scopefs")), "serve", "--socket", str(sock)],
-                                  env={**os.environ, "SCOPEFS_HOME": str(home_root)})
+        workers = [] if args.workers is None else ["--workers", str(args.workers)]
+        server = subprocess.Popen([str(Path(sys.executable).with_name("scopefs")), "serve", "--socket", str(sock),
+                                   *workers], env={**os.environ, "SCOPEFS_HOME": str(home_root)})
         try:
             client = Client(str(sock), timeout=120)
             deadline = time.monotonic() + 30
@@ -228,7 +233,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"{args.sessions} sessions, {args.seconds:g} s, mix {dict(MIX)}; home built in {report['build_s']} s")
+    print(f"{args.sessions} sessions, {args.seconds:g} s, mix {dict(MIX)}, server workers "
+          f"{args.workers or 'default'}; home built in {report['build_s']} s")
     print(f"{'op':8} {'n':>7} {'p50 ms':>8} {'p99 ms':>8} {'in-proc p50':>12} {'x':>6}")
     for row in report["rows"]:
         print(f"{row['op']:8} {row['n']:7d} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} "
