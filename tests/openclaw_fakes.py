@@ -40,6 +40,16 @@ CALL = re.compile(r"\[turn (?P<turn>\d+)\] CALL (?P<tool>[a-z_]+) (?P<args>\{.*?
                   re.DOTALL)
 
 
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+    """One complete JSON answer (both fakes answer this way)."""
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -78,12 +88,7 @@ class _Service:
                         self.wfile.flush()
                     self.close_connection = True
                     return
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, json.dumps(payload).encode())
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 self._answer("GET")
@@ -375,11 +380,7 @@ class RecordingApi:
                 except OSError:
                     self.close_connection = True
                     return
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 self._forward()

@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from scopefs.api.mounting import parse_policy
 from scopefs.api.service import Service
 from scopefs.catalog.home import Home
 from tests.conftest import ACCOUNT, ALICE_FACT, ALICE_SENDER, BOB_SENDER, CHANNEL, Scenario, db_copy
 from tests.mountkit import is_mounted, wait_until
-from tests.test_api_service import Clock, _call, _ok, _refused
+from tests.test_api_service import Clock, _call, _ok, _refused, api  # noqa: F401 - a fixture
 
 KEY = "agent:main:telegram:direct:receipt-key-canary-R7k2"
-
-
-@pytest.fixture
-def api(scenario: Scenario) -> Iterator[tuple[Service, Clock]]:
-    home = Home.open(scenario.cli.home)
-    clock = Clock()
-    try:
-        yield Service(home, clock=clock), clock
-    finally:
-        home.close()
 
 
 def _open(service: Service, sender: str = ALICE_SENDER, **extra: Any) -> dict[str, Any]:
@@ -108,7 +96,11 @@ def test_a_capability_follows_the_pools_file(scenario: Scenario, api: tuple[Serv
     opened = _open(service)
     assert "pools/team" in opened["roots"] and opened["capture"] == "private"
     cap = opened["capability"]
-    _ok(_call(service, clock, cap, "write", path="pools/team/shared.md", content="pool note\n"))
+    # Alice's DM holds private/: it reads the pool and never writes it; main's service session curates.
+    _refused(_call(service, clock, cap, "write", path="pools/team/shared.md", content="no\n"), "denied", "default-deny")
+    curator = cli.j("principal", "add", "curator", "--kind", "service")["principal_id"]
+    service_session = cli.j("session", "open", "--agent", "main", "--service", curator)["session_id"]
+    cli.j("write", service_session, "pools/team/shared.md", stdin=b"pool note\n")
     assert _ok(_call(service, clock, cap, "read", path="pools/team/shared.md"))["text"] == "pool note\n"
     pools.write_text('[agents.main]\ncapture = "own"\nrecall = ["own"]\n[pools.team]\nowner = "main"\n')
     cli.j("pools", "apply", str(pools))
@@ -134,21 +126,30 @@ def test_run_ids_are_bounded(api: tuple[Service, Clock]) -> None:
     _ok(_call(service, clock, cap, "read", path="private/notes/allergy.md", run=secrets.token_hex(32)))
 
 
-def test_mount_serves_the_session_to_one_uid_until_it_is_closed(scenario: Scenario, api: tuple[Service, Clock],
-                                                                tmp_path: Path) -> None:
+def test_mount_serves_the_session_to_one_uid_until_it_is_closed(scenario: Scenario, tmp_path: Path) -> None:
     """``mount`` is ``scopefs mount --for-uid`` for a gateway's own sandbox (``tests/test_sandbox_external.py``
-    drives such a mount from a real sandbox); ``close`` ends the session, and with it the mount."""
-    service, clock = api
-    cap = _open(service)["capability"]
-    where = tmp_path / "memory"
-    where.mkdir()
+    drives such a mount from a real sandbox), only where and for whom the operator allowed; ``close`` ends
+    the session, and with it the mount."""
+    home = Home.open(scenario.cli.home)
+    clock = Clock()
     try:
-        mounted = _ok(_call(service, clock, cap, "mount", mountpoint=str(where), uid=1234))
-        assert mounted == {"mountpoint": str(where), "for_uid": 1234, "for_gid": 1234}
-        assert is_mounted(where)
-        _refused(_call(service, clock, cap, "mount", mountpoint=str(tmp_path / "other"), uid=0), "bad-input")
-        assert _ok(_call(service, clock, cap, "close")) == {"closed": True}
-        wait_until(lambda: not is_mounted(where))
+        closed = Service(home, clock=clock)
+        cap = _open(closed)["capability"]
+        _refused(_call(closed, clock, cap, "mount", name="alice", uid=1234), "bad-input")  # not enabled
+        service = Service(home, clock=clock, mounting=parse_policy(str(tmp_path), "1234-1239"))
+        cap = _open(service)["capability"]
+        for name, uid in (("alice", 0), ("alice", 1240), ("../etc", 1234), ("a/b", 1234), ("", 1234)):
+            _refused(_call(service, clock, cap, "mount", name=name, uid=uid), "bad-input")
+        where = tmp_path / "alice"
+        try:
+            mounted = _ok(_call(service, clock, cap, "mount", name="alice", uid=1234))
+            assert mounted == {"mountpoint": str(where), "for_uid": 1234, "for_gid": 1234}
+            assert is_mounted(where)
+            _refused(_call(service, clock, cap, "mount", name="again", uid=1234), "bad-input")  # one per session
+            assert _ok(_call(service, clock, cap, "close")) == {"closed": True}
+            wait_until(lambda: not is_mounted(where))
+        finally:
+            if is_mounted(where):
+                subprocess.run(["fusermount3", "-uz", str(where)], check=False)
     finally:
-        if is_mounted(where):
-            subprocess.run(["fusermount3", "-uz", str(where)], check=False)
+        home.close()

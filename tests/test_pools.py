@@ -3,7 +3,9 @@
 amem's two modes, both declared in one file here:
 
 * Mode A (shared pool plus private): ``main`` and ``dev`` keep their own
-  stores and both recall the pool ``team``; only ``main`` writes it.
+  stores and both recall the pool ``team``; only ``main`` writes it, and
+  only from a service session (its DM and group sessions hold private
+  roots, so they read the pool and never write it).
 * Mode B (dedicated, nothing shared): ``sandbox`` keeps to its own cell.
 
 ``social`` is agent-privacy-pools' social agent: it captures into ``team``
@@ -75,14 +77,22 @@ def _dm(cli: Cli, agent: str) -> str:
 
 @pytest.fixture
 def pooled(scenario: Scenario, tmp_path: Path) -> dict[str, str]:
-    """Agents of both modes with Alice's DM session in each, the file applied, one note in the pool."""
+    """Agents of both modes with Alice's DM session in each, main's curator (a service session), the
+    file applied, one note in the pool."""
     cli = scenario.cli
     for agent in ("dev", "sandbox", "social", "lurker"):
         cli.j("agent", "add", agent)
     _apply(cli, tmp_path, MODES)
     sessions = {"main": scenario.alice_session, **{a: _dm(cli, a) for a in ("dev", "sandbox", "social", "lurker")}}
-    cli.j("write", sessions["main"], "pools/team/release.md", stdin=POOL_FACT)
+    sessions["curator"] = _curator(cli)
+    cli.j("write", sessions["curator"], "pools/team/release.md", stdin=POOL_FACT)
     return sessions
+
+
+def _curator(cli: Cli, agent: str = "main") -> str:
+    """A service session of ``agent``: where a writer that keeps private stores writes its pools from."""
+    principal = cli.j("principal", "add", "curator", "--kind", "service")["principal_id"]
+    return cli.j("session", "open", "--agent", agent, "--service", principal)["session_id"]
 
 
 def _ls(cli: Cli, session: str, path: str = "") -> list[str]:
@@ -142,15 +152,31 @@ def test_writers_are_enforced_on_write_rename_and_delete(scenario: Scenario, poo
     changed = diff_snapshots(before, snapshot(cli.home, skip_tables=("audit",)))
     assert [c for c in changed if not c.startswith("mounts")] == []  # the mount's registry only
     assert (team / "release.md").read_bytes() == POOL_FACT
-    # The writers main and social may; social captures there.
+    # The writers may: social captures there, main's curator (a service session) curates.
     cli.j("write", pooled["social"], "pools/team/from-social.md", stdin=b"social capture\n")
     home = Home.open(cli.home)
     try:
-        rename_note(home, pooled["main"], "pools/team/from-social.md", "pools/team/kept.md")
-        delete_parts(home, pooled["main"], ("pools", "team", "kept.md"))
+        rename_note(home, pooled["curator"], "pools/team/from-social.md", "pools/team/kept.md")
+        delete_parts(home, pooled["social"], ("pools", "team", "kept.md"))
     finally:
         home.close()
     assert _ls(cli, dev, "pools/team") == ["release.md"]
+
+
+def test_a_session_holding_private_roots_never_writes_a_pool(scenario: Scenario, pooled: dict[str, str],
+                                                             mounts: Mounts) -> None:
+    """main is a writer of team, but Alice's DM session with main also holds private/: a copy from
+    there into the pool would publish her note to every reader with no publish step."""
+    cli, main = scenario.cli, pooled["main"]
+    assert cli("write", main, "pools/team/copied.md", stdin=ALICE_FACT).code == 3
+    view = mounts.mount(main)
+    assert errno_of(lambda: (view / "pools" / "team" / "copied.md").write_bytes(ALICE_FACT)) == errno.EROFS
+    assert (view / "pools" / "team" / "release.md").read_bytes() == POOL_FACT
+    group = cli("write", scenario.group_session, "pools/team/copied.md", stdin=b"group\n")
+    assert group.code == 3
+    assert "copied.md" not in _ls(cli, pooled["dev"], "pools/team")
+    assert cli.j("pools", "show")["effective"]["main"]["pools"] == {"team": "rw"}  # the agent's grant; the
+    # session's subject narrows it
 
 
 def test_social_captures_into_the_pool_and_recalls_nothing_else(scenario: Scenario,
@@ -210,6 +236,7 @@ def test_apply_is_idempotent_and_atomic(scenario: Scenario, tmp_path: Path) -> N
         "not a list": "[agents.main]\nrecall = \"own\"\n",
         "bad pool name": "[agents.main]\nrecall = []\n[pools.Team]\nowner = \"main\"\n",
         "owner undeclared": "[agents.main]\nrecall = []\n[pools.x]\nowner = \"dev\"\n",
+        "capture into a pool while recalling own": text.replace('capture = "own"', 'capture = "team"'),
     }
     for why, bad in bad_files.items():
         path = tmp_path / "bad.toml"
@@ -230,7 +257,7 @@ def test_readers_star_means_every_declared_agent(scenario: Scenario, tmp_path: P
     _apply(cli, tmp_path, "[agents.main]\ncapture = \"own\"\nrecall = [\"own\", \"kb\"]\n"
                           "[agents.dev]\nrecall = [\"kb\"]\n"
                           "[pools.kb]\nowner = \"main\"\nreaders = [\"*\"]\n")
-    cli.j("write", scenario.alice_session, "pools/kb/faq.md", stdin=b"faq\n")
+    cli.j("write", _curator(cli), "pools/kb/faq.md", stdin=b"faq\n")
     dev = _dm(cli, "dev")
     assert cli("read", dev, "pools/kb/faq.md", check=True).out == b"faq\n"
     assert cli("write", dev, "pools/kb/faq.md", stdin=b"no\n").code == 3
@@ -274,8 +301,8 @@ def test_a_pool_note_written_elsewhere_shows_in_a_live_mount(scenario: Scenario,
     wait_until(lambda: (view / "pools" / "team" / "later.md").exists())
     assert (view / "pools" / "team" / "later.md").read_bytes() == b"later\n"
     assert errno_of(lambda: (view / "pools" / "team" / "mine.md").write_bytes(b"x")) in (errno.EROFS, errno.EACCES)
-    main_view = mounts.mount(pooled["main"], "main")
-    (main_view / "pools" / "team" / "from-mount.md").write_bytes(b"written through a mount\n")
+    curator_view = mounts.mount(pooled["curator"], "curator")
+    (curator_view / "pools" / "team" / "from-mount.md").write_bytes(b"written through a mount\n")
     wait_until(lambda: (view / "pools" / "team" / "from-mount.md").exists())
-    assert errno_of(lambda: os.rename(main_view / "pools" / "team" / "from-mount.md",
-                                      main_view / "private" / "moved.md")) == errno.EXDEV
+    assert errno_of(lambda: os.rename(curator_view / "pools" / "team" / "from-mount.md",
+                                      curator_view / "agent" / "moved.md")) == errno.EXDEV

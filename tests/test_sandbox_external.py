@@ -43,6 +43,7 @@ from scopefs.vfs.gate import UidGate
 from tests.conftest import ALICE_FACT, BOB_FACT, Scenario
 from tests.inprocesskit import errno_of, no_kernel  # noqa: F401 - a fixture
 from tests.mountkit import is_mounted, wait_until
+from tests.test_vfs_gate import Context
 
 pytestmark = pytest.mark.slow
 
@@ -306,14 +307,6 @@ def test_unsafe_targets_and_places_are_refused(place: Place, scenario: Scenario)
 
 
 # -- the gate's rules, in process -----------------------------------------------------
-
-
-@dataclass
-class Context:
-    uid: int
-    pid: int
-    gid: int = 0
-    umask: int = 0o022
 
 
 def test_the_uid_gate_in_process(scenario: Scenario, no_kernel: None) -> None:

@@ -90,9 +90,8 @@ class CloseArgs(_Strict):
 
 
 class MountArgs(_Strict):
-    mountpoint: str = Field(min_length=1, max_length=4096)
-    uid: int = Field(ge=1, le=2**31 - 1, description="the only uid the mount answers (the sandbox's)")
-    gid: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$", description="a folder under the server's --mount-base")
+    uid: int = Field(ge=1, le=2**31 - 1, description="the only uid the mount answers, within --mount-uids")
 
 
 class _Call(_Strict):

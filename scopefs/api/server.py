@@ -27,6 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from scopefs.api.app import make_app
+from scopefs.api.mounting import MountPolicy
 from scopefs.api.service import Service
 from scopefs.api.workers import WorkerHomes, check_workers, default_workers
 from scopefs.catalog.errors import BadInput, Conflict
@@ -123,7 +124,8 @@ def _stopped(signum: int, frame: object) -> None:
 
 
 def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http: str | None = None,
-          token_file: Path | None = None, workers: int | None = None) -> None:
+          token_file: Path | None = None, workers: int | None = None,
+          mounting: MountPolicy | None = None) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn's own handling lets requests in flight finish).
 
     ``workers``: requests answered at once (``default_workers()`` if None); ``home`` is the first's.
@@ -146,7 +148,7 @@ def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http
                                "date_header": False, "limit_concurrency": MAX_CONNECTIONS,
                                "timeout_keep_alive": 5}
     homes = WorkerHomes(home, size)
-    config = uvicorn.Config(make_app(Service(homes), token=token), **options)
+    config = uvicorn.Config(make_app(Service(homes, mounting=mounting), token=token), **options)
     # uvicorn shuts down gracefully on SIGINT and SIGTERM and then raises the signal again with
     # the handlers it found: these end the run here, so the socket is removed on the way out.
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}

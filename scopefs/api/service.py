@@ -39,6 +39,7 @@ from typing import Any
 
 from scopefs.api import capabilities
 from scopefs.api.capabilities import Grant
+from scopefs.api.mounting import MountPolicy
 from scopefs.api.replay import ReplayGuard
 from scopefs.api.workers import WorkerHomes
 from scopefs.catalog import exposures, ids
@@ -72,7 +73,7 @@ _ARGS: dict[str, frozenset[str]] = {
     "write": frozenset({"path", "content"}),
     "list": frozenset({"path"}),
     "close": frozenset(),
-    "mount": frozenset({"mountpoint", "uid", "gid"}),
+    "mount": frozenset({"name", "uid"}),
 }
 
 
@@ -84,7 +85,9 @@ class Service:
     called from any thread.
     """
 
-    def __init__(self, homes: Home | WorkerHomes, *, clock: Callable[[], int] = now_us) -> None:
+    def __init__(self, homes: Home | WorkerHomes, *, clock: Callable[[], int] = now_us,
+                 mounting: MountPolicy | None = None) -> None:
+        self._mounting = mounting
         self._homes = homes if isinstance(homes, WorkerHomes) else WorkerHomes(homes, 1)
         self._clock = clock
         self._replay = ReplayGuard(clock())
@@ -121,7 +124,22 @@ class Service:
             raise BadInput("args must be an object")
         _only(args, _ARGS[op], what="args")
         grant = self._admit(home, request)
+        if op == "mount":
+            return self._mount(home, grant, args)
         return _OPERATIONS[op](home, grant, args)
+
+    def _mount(self, home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+        """Mount the session for a sandbox the gateway runs (``scopefs mount --for-uid``) at a place this
+        server's operator allowed (``api.mounting``); it stops when the session ends."""
+        from scopefs.sandbox import external, mounts
+
+        if self._mounting is None:
+            raise BadInput("this server does not mount sessions (start it with --mount-base and --mount-uids)")
+        if any(m.session_id == grant.session_id for m in mounts.live_records(home)):
+            raise BadInput("this session is mounted already")
+        where, uid = self._mounting.place(args.get("name"), args.get("uid"))
+        record = external.start(home, grant.session_id, str(where), uid, uid)
+        return {"mountpoint": record.mountpoint, "for_uid": uid, "for_gid": uid}
 
     def _open(self, home: Home, request: dict[str, Any]) -> dict[str, Any]:
         agent = _text(request, "agent")
@@ -246,20 +264,8 @@ def _close(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     return {"closed": close_session(home, grant.session_id)}
 
 
-def _mount(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
-    """Mount the session for a sandbox the gateway runs (``scopefs mount --for-uid``); it stops when the
-    session ends."""
-    from scopefs.sandbox import external
-
-    uid, gid = args.get("uid"), args.get("gid", args.get("uid"))
-    if not isinstance(uid, int) or not isinstance(gid, int) or isinstance(uid, bool) or isinstance(gid, bool):
-        raise BadInput("uid and gid must be integers")
-    record = external.start(home, grant.session_id, _text(args, "mountpoint"), uid, gid)
-    return {"mountpoint": record.mountpoint, "for_uid": uid, "for_gid": gid}
-
-
 _OPERATIONS: dict[str, Callable[[Home, Grant, dict[str, Any]], dict[str, Any]]] = {
-    "search": _search, "read": _read, "write": _write, "list": _list, "close": _close, "mount": _mount,
+    "search": _search, "read": _read, "write": _write, "list": _list, "close": _close,
 }
 
 

@@ -181,8 +181,30 @@ def revalidate(access: Access, operation: Op) -> None:
     problem = _evidence_problem(access.home, access.session)
     if problem is None and access.actor_id is not None:
         problem = _check_actor(access.home, access.session, access.actor_id, now_us())
+    if problem is None and _writable_moved(access):
+        problem = Reason.PLAN_EXPIRED  # a pools file applied meanwhile took (or changed) this write's root
     if problem is not None:
         raise access.refuse(operation, problem)
+
+
+_WRITES = frozenset({Op.APPEND, Op.REPLACE, Op.DELETE})
+
+
+def _writable_moved(access: Access) -> bool:
+    """Whether the writable roots of the access's cell differ now from when it was authorized.
+
+    A subject's own placement never changes, but a pools file can take
+    a pool (or the agent's own store) away from a writer in the middle of
+    a write that has been staging for a while.
+    """
+    fresh = memory_view(access.session.subject, _roles(access.home, access.session), now_us(),
+                        memory_for(access.home, access.session.agent_id))
+
+    def writable(mounts: tuple[Mount, ...]) -> set[tuple[str, frozenset[Op], frozenset[Op]]]:
+        return {(m.root, m.placement, m.ceiling) for m in mounts
+                if m.cell == access.cell and (m.placement | m.ceiling) & _WRITES}
+
+    return writable(fresh.mounts) != writable(access.view.mounts)
 
 
 def _roles(home: Home, session: SessionRecord) -> tuple[RoleEvidence, ...]:

@@ -21,8 +21,12 @@ each with an owner, readers and writers::
 
 A pool is its own cell (``pools/<name>/catalog.sqlite``), never rows in an
 agent's database, and shows in a session's view as ``pools/<name>/``:
-read-only unless the agent is one of its writers, and absent unless the
-agent both recalls it and is one of its readers. Two declarations must
+absent unless the agent both recalls it and is one of its readers, and
+read-only unless the agent is one of its writers *and* the view holds no
+person's or conversation's own root (a DM or group session of an agent
+that recalls ``own`` reads the pool, never writes it: ``cp private/x
+pools/team/`` would publish without a publish step). Writers write from
+service sessions, or as agents that recall no store of their own. Two declarations must
 agree for any access, so neither a pool owner nor an agent's own entry can
 grant it alone (amem declared ``writers`` and never checked it; here the
 view's placement carries it, so every write, rename, delete and derive
@@ -190,6 +194,9 @@ def parse(text: bytes, registered: set[str]) -> PoolConfig:
                 raise BadInput(f"[agents.{agent}]: recalls pool {name!r} but is not one of its readers")
         if capture in pools and not _names(pools[capture]["writers"], agent):
             raise BadInput(f"[agents.{agent}]: captures into pool {capture!r} but is not one of its writers")
+        if capture in pools and OWN in recall:
+            raise BadInput(f"[agents.{agent}]: captures into pool {capture!r} while recalling its own stores:"
+                           " its sessions would copy private content into the pool (drop 'own' from recall)")
         if capture != NONE and capture not in recall:
             recall.append(capture)  # what an agent writes, it reads back
         agents[agent] = {"capture": capture, "recall": sorted(recall)}

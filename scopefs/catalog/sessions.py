@@ -102,12 +102,15 @@ def open_session(home: Home, agent_id: str, opening: Opening, *, session_key: st
     subject, binding_id = _subject_for(home, agent_id, opening)
     mac = None
     if session_key is not None:
-        if not isinstance(session_key, str) or not session_key or len(session_key.encode()) > MAX_SESSION_KEY_BYTES:
+        if not isinstance(session_key, str) or not session_key \
+                or len(session_key.encode("utf-8", "replace")) > MAX_SESSION_KEY_BYTES \
+                or any(0xD800 <= ord(c) <= 0xDFFF for c in session_key):
             raise BadInput(f"a session key is non-empty text of at most {MAX_SESSION_KEY_BYTES} bytes")
         mac = lookup_key(home.hmac_key(), "session-key", agent_id, session_key)
     session_id = ids.new_id("session")
     now = now_us()
     with immediate(catalog):
+        reuse = None
         if mac is not None:
             bound = one(catalog, "SELECT k.key_binding_id, s.session_id, s.subject_kind, s.subject_principal_id,"
                                  " s.subject_reason, s.binding_id, s.created_at, s.closed_at"
@@ -118,20 +121,28 @@ def open_session(home: Home, agent_id: str, opening: Opening, *, session_key: st
                     subject.kind.value, subject.principal_id, subject.reason.value if subject.reason else None,
                     binding_id)
                 if same and bound[7] is None:
-                    return SessionRecord(bound[1], agent_id, subject, binding_id, bound[6], None)
-                catalog.execute("UPDATE session_keys SET unbound_at = ? WHERE key_binding_id = ?", (now, bound[0]))
-        catalog.execute(
-            "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
-            " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (session_id, agent_id, subject.kind.value, subject.principal_id,
-             subject.reason.value if subject.reason else None, binding_id, now),
-        )
-        if mac is not None:
-            catalog.execute("INSERT INTO session_keys (key_binding_id, agent_id, key_mac, session_id, bound_at)"
-                            " VALUES (?, ?, ?, ?, ?)", (ids.random_token(), agent_id, mac, session_id, now))
+                    reuse = SessionRecord(bound[1], agent_id, subject, binding_id, bound[6], None)
+                else:
+                    catalog.execute("UPDATE session_keys SET unbound_at = ? WHERE key_binding_id = ?",
+                                    (now, bound[0]))
+        if reuse is None:
+            catalog.execute(
+                "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
+                " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session_id, agent_id, subject.kind.value, subject.principal_id,
+                 subject.reason.value if subject.reason else None, binding_id, now),
+            )
+            if mac is not None:
+                catalog.execute("INSERT INTO session_keys (key_binding_id, agent_id, key_mac, session_id, bound_at)"
+                                " VALUES (?, ?, ?, ?, ?)", (ids.random_token(), agent_id, mac, session_id, now))
+    record = reuse or SessionRecord(session_id, agent_id, subject, binding_id, now, None)
+    # Indexed after the catalog commits, so the index never names a session that does not exist. A reused
+    # session is indexed again (no-op if it is): a crash (or a concurrent open) between the two commits
+    # must not leave its key bound to a session that cannot be loaded.
     with immediate(home.state()):
-        home.state().execute("INSERT INTO session_index (session_id, agent_id) VALUES (?, ?)", (session_id, agent_id))
-    return SessionRecord(session_id, agent_id, subject, binding_id, now, None)
+        home.state().execute("INSERT OR IGNORE INTO session_index (session_id, agent_id) VALUES (?, ?)",
+                             (record.session_id, agent_id))
+    return record
 
 
 def close_session(home: Home, session_id: str) -> bool:

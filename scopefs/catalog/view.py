@@ -98,9 +98,14 @@ def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int,
     mounts = list(own.mounts) if memory.own else []
     if not memory.own_writable:
         mounts = [_read_only(m) for m in mounts]
+    # A view that also holds a person's or a conversation's own roots never writes a pool: a copy
+    # (``cp private/x pools/team/``) would hand one audience's content to every reader of the pool
+    # with no publish step. Such a session reads the pool; writers write it from service sessions,
+    # or as agents that recall no store of their own (agent-privacy-pools' social agent).
+    narrower = memory.own and subject.kind in (SubjectKind.USER, SubjectKind.CONVERSATION)
     if subject.kind is not SubjectKind.AMBIGUOUS:
         for pool in memory.pools:
-            access = READ_WRITE if pool.writable else READ_ONLY
+            access = READ_WRITE if pool.writable and not narrower else READ_ONLY
             mounts.append(Mount(pool.root, "agent-shared", AGENT_SHARED_AUDIENCE, access, access, cell=pool.cell))
     capture = own_capture if memory.own_writable else next(
         (m.root for m in mounts if m.root == f"pools/{memory.capture_pool}" and Op.APPEND in m.placement), None)

@@ -414,12 +414,13 @@ def _mount_owner(args: argparse.Namespace) -> tuple[int, int] | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from scopefs.api.mounting import parse_policy
     from scopefs.api.server import serve
 
     home = _home(args)
     token_file = Path(args.token_file) if args.token_file else None
     serve(home, Path(args.socket), allow_uids=args.allow_uid, http=args.http, token_file=token_file,
-          workers=args.workers)
+          workers=args.workers, mounting=parse_policy(args.mount_base, args.mount_uids))
     return 0
 
 
@@ -641,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N",
                    help="requests answered at once, each with its own catalog connections"
                         " (default: one per CPU, 2 to 4)")
+    p.add_argument("--mount-base", metavar="DIR", help="let clients mount sessions for their sandboxes, only"
+                                                      " in folders under DIR (with --mount-uids)")
+    p.add_argument("--mount-uids", metavar="LO-HI", help="the uids such mounts may be served to")
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

@@ -338,6 +338,18 @@ def _read_line(fd: int, timeout: float) -> str:
     return data.split(b"\n", 1)[0].decode("utf-8", "replace")[:1000]
 
 
+def live_records(home: Home) -> list[MountRecord]:
+    """The registry's records whose server still runs (a record left by a server that ended is skipped)."""
+    found = []
+    for path in sorted(_registry(home).iterdir()):
+        if path.suffix:  # a ".log" or an unfinished ".tmp"
+            continue
+        record = _load_record(path)
+        if record is not None and server_alive(record.pid, record.module):
+            found.append(record)
+    return found
+
+
 def _load_record(path: Path) -> MountRecord | None:
     try:
         return MountRecord(**json.loads(path.read_text()))
