@@ -16,9 +16,12 @@ gets nothing at all.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +29,7 @@ from scopefs.catalog.errors import Denied
 from scopefs.catalog.home import Home
 from scopefs.writer.rename import rename_note
 from scopefs.writer.tombstone import delete_parts
+from scopefs.writer.transaction import write_parts
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
@@ -306,3 +310,37 @@ def test_a_pool_note_written_elsewhere_shows_in_a_live_mount(scenario: Scenario,
     wait_until(lambda: (view / "pools" / "team" / "from-mount.md").exists())
     assert errno_of(lambda: os.rename(curator_view / "pools" / "team" / "from-mount.md",
                                       curator_view / "agent" / "moved.md")) == errno.EXDEV
+
+
+class _SlowSource(io.BytesIO):
+    """Note bytes that run ``meanwhile`` the first time they are read: a write still staging."""
+
+    def __init__(self, data: bytes, meanwhile: Callable[[], object]) -> None:
+        super().__init__(data)
+        self._meanwhile: Callable[[], object] | None = meanwhile
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._meanwhile is not None:
+            self._meanwhile, run = None, self._meanwhile
+            run()
+        return super().read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        self.read(0)
+        return super().readinto(buffer)
+
+
+def test_a_write_staging_while_its_pool_is_taken_away_commits_nothing(scenario: Scenario, pooled: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    cli = scenario.cli
+    fewer = MODES.replace('writers = ["main", "social"]', 'writers = ["main"]').replace(
+        '[agents.social]\ncapture = "team"\nrecall = ["team"]', '[agents.social]\ncapture = "none"\nrecall = ["team"]')
+    home = Home.open(cli.home)
+    try:
+        source = _SlowSource(b"written while the writers changed\n", lambda: _apply(cli, tmp_path, fewer, "f.toml"))
+        with pytest.raises(Denied) as refused:
+            write_parts(home, pooled["social"], ("pools", "team", "late.md"), source)
+        assert refused.value.reason.value == "plan-expired"
+    finally:
+        home.close()
+    assert _ls(cli, pooled["dev"], "pools/team") == ["release.md"]
