@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from scopefs.catalog import pools
 from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.errors import Conflict, Denied, ScopefsError
@@ -20,7 +21,6 @@ from scopefs.catalog.groups import membership_expiry, role_memberships
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import binding_live, get_principal
 from scopefs.catalog.policy import Decision, Entry, Mount, Op, ResourceState, evaluate
-from scopefs.catalog.pools import memory_for
 from scopefs.catalog.reasons import Reason, public_reason
 from scopefs.catalog.sessions import SessionRecord, load_session, rebound
 from scopefs.catalog.stores import (
@@ -54,6 +54,7 @@ class Access:
     view: View
     now: int
     cell: str = ""
+    pools_revision: int = 0  # of the pools file the view was computed under (0: none applied)
 
     @property
     def agent_id(self) -> str:
@@ -149,13 +150,15 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     """
     session = load_session(home, session_id)
     now = now_us()
-    view = memory_view(session.subject, _roles(home, session), now, memory_for(home, session.agent_id))
+    declared = pools.current(home)
+    memory = None if declared is None else declared[3].memory_of(session.agent_id)
+    view = memory_view(session.subject, _roles(home, session), now, memory)
     problem = _evidence_problem(home, session)
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
     if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         actor_id = session.subject.principal_id  # a private or service session acts as its subject
-    return Access(home, session, actor_id, view, now), problem
+    return Access(home, session, actor_id, view, now, pools_revision=declared[0] if declared else 0), problem
 
 
 def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None,
@@ -181,13 +184,18 @@ def revalidate(access: Access, operation: Op) -> None:
     problem = _evidence_problem(access.home, access.session)
     if problem is None and access.actor_id is not None:
         problem = _check_actor(access.home, access.session, access.actor_id, now_us())
-    if problem is None and _writable_moved(access):
+    if problem is None and _pools_revision(access.home) != access.pools_revision and _writable_moved(access):
         problem = Reason.PLAN_EXPIRED  # a pools file applied meanwhile took (or changed) this write's root
     if problem is not None:
         raise access.refuse(operation, problem)
 
 
 _WRITES = frozenset({Op.APPEND, Op.REPLACE, Op.DELETE})
+
+
+def _pools_revision(home: Home) -> int:
+    declared = pools.current(home)
+    return declared[0] if declared else 0
 
 
 def _writable_moved(access: Access) -> bool:
@@ -198,7 +206,7 @@ def _writable_moved(access: Access) -> bool:
     a write that has been staging for a while.
     """
     fresh = memory_view(access.session.subject, _roles(access.home, access.session), now_us(),
-                        memory_for(access.home, access.session.agent_id))
+                        pools.memory_for(access.home, access.session.agent_id))
 
     def writable(mounts: tuple[Mount, ...]) -> set[tuple[str, frozenset[Op], frozenset[Op]]]:
         return {(m.root, m.placement, m.ceiling) for m in mounts

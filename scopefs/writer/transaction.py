@@ -199,7 +199,7 @@ def _recheck(access: Access, target: Target, op: Op) -> Decision:
     evaluator. No file I/O.
     """
     assert target.store is not None
-    fresh = Access(access.home, access.session, access.actor_id, access.view, now_us())
+    fresh = dataclasses.replace(access, now=now_us())
     entries = policy_entries(access.home.catalog(access.agent_id), access.agent_id, target.store.store_id,
                              target.resource.resource_id if target.resource else None)
     current = dataclasses.replace(target, entries=entries)
