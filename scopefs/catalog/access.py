@@ -150,15 +150,14 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     """
     session = load_session(home, session_id)
     now = now_us()
-    declared = pools.current(home)
-    memory = None if declared is None else declared[3].memory_of(session.agent_id)
+    pools_revision, memory = pools.memory_for(home, session.agent_id)
     view = memory_view(session.subject, _roles(home, session), now, memory)
     problem = _evidence_problem(home, session)
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
     if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         actor_id = session.subject.principal_id  # a private or service session acts as its subject
-    return Access(home, session, actor_id, view, now, pools_revision=declared[0] if declared else 0), problem
+    return Access(home, session, actor_id, view, now, pools_revision=pools_revision), problem
 
 
 def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None,
@@ -184,7 +183,7 @@ def revalidate(access: Access, operation: Op) -> None:
     problem = _evidence_problem(access.home, access.session)
     if problem is None and access.actor_id is not None:
         problem = _check_actor(access.home, access.session, access.actor_id, now_us())
-    if problem is None and _pools_revision(access.home) != access.pools_revision and _writable_moved(access):
+    if problem is None and _writable_moved(access):
         problem = Reason.PLAN_EXPIRED  # a pools file applied meanwhile took (or changed) this write's root
     if problem is not None:
         raise access.refuse(operation, problem)
@@ -193,20 +192,18 @@ def revalidate(access: Access, operation: Op) -> None:
 _WRITES = frozenset({Op.APPEND, Op.REPLACE, Op.DELETE})
 
 
-def _pools_revision(home: Home) -> int:
-    declared = pools.current(home)
-    return declared[0] if declared else 0
-
-
 def _writable_moved(access: Access) -> bool:
     """Whether the writable roots of the access's cell differ now from when it was authorized.
 
     A subject's own placement never changes, but a pools file can take
     a pool (or the agent's own store) away from a writer in the middle of
-    a write that has been staging for a while.
+    a write that has been staging for a while. One query when no file was
+    applied since (the usual case).
     """
-    fresh = memory_view(access.session.subject, _roles(access.home, access.session), now_us(),
-                        pools.memory_for(access.home, access.session.agent_id))
+    revision, memory = pools.memory_for(access.home, access.session.agent_id)
+    if revision == access.pools_revision:
+        return False
+    fresh = memory_view(access.session.subject, _roles(access.home, access.session), now_us(), memory)
 
     def writable(mounts: tuple[Mount, ...]) -> set[tuple[str, frozenset[Op], frozenset[Op]]]:
         return {(m.root, m.placement, m.ceiling) for m in mounts

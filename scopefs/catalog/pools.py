@@ -259,10 +259,11 @@ def current(home: Home) -> tuple[int, str, int, PoolConfig] | None:
     return int(row[0]), str(row[1]), int(row[2]), config
 
 
-def memory_for(home: Home, agent_id: str) -> AgentMemory | None:
-    """The agent's pools, or None when no file was ever applied (every agent keeps its own cell)."""
+def memory_for(home: Home, agent_id: str) -> tuple[int, AgentMemory | None]:
+    """The applied file's revision and the agent's pools under it; (0, None) when no file was ever
+    applied (every agent keeps its own cell)."""
     found = current(home)
-    return None if found is None else found[3].memory_of(agent_id)
+    return (0, None) if found is None else (found[0], found[3].memory_of(agent_id))
 
 
 def describe(home: Home) -> dict[str, Any]:

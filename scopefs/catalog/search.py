@@ -254,19 +254,28 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     if about is not None:
         get_principal(home.state(), about)  # BadInput for an unknown id; a display name is never resolved
     access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
-    hits: list[Hit] = []
+    found: list[tuple[Hit, Access, str]] = []  # (hit, the access of its cell, its store)
     answered: dict[str, None] = {}
     for cell in access.cells():  # the agent's own cell, then each shared pool of the view: one index each
-        found, arms = _search_cell(home, access.in_cell(cell), query, limit, mode, about)
-        hits += found
+        inside = access.in_cell(cell)
+        hits, stores, arms = _search_cell(home, inside, query, limit, mode, about)
+        found += [(hit, inside, store) for hit, store in zip(hits, stores, strict=True)]
         answered.update(dict.fromkeys(arms))
-    hits.sort(key=lambda h: (-h.score, h.path, h.start_line))
-    return Outcome(tuple(hits[:limit]), tuple(answered))
+    found.sort(key=lambda f: (-f[0].score, f[0].path, f[0].start_line))
+    kept = found[:limit]
+    # Audited once merged and cut: a hit another cell outranked was never exposed.
+    exposed = {(hit.revision_id, store): inside for hit, inside, store in kept}
+    record_many(home.state(), [inside.event("search", "allow", Reason.ALLOWED, store_id=store, revision_id=revision)
+                               for (revision, store), inside in exposed.items()])
+    return Outcome(tuple(hit for hit, _, _ in kept), tuple(answered))
 
 
 def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
-                 about: str | None) -> tuple[list[Hit], tuple[str, ...]]:
-    """The top ``limit`` authorized chunks of one cell's stores, audited as exposed."""
+                 about: str | None) -> tuple[list[Hit], list[str], tuple[str, ...]]:
+    """The top ``limit`` authorized chunks of one cell's stores, each hit's store, and the arms that answered.
+
+    Not audited here: the caller audits what survives the merge of every cell.
+    """
     conn = home.catalog(access.agent_id)
     scope = scope_for(conn, access.agent_id, access.session.subject, access.view.mounts, access.now, about)
     arms = _arms(conn, scope, query, mode)
@@ -292,9 +301,7 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
             quota *= 4  # an unseen candidate could still outrank a result: walk further
     for revision_id in failed:  # only now: deleting rows mid-search would shift the arms' pages
         retire(conn, access.agent_id, revision_id)
-    record_many(home.state(), [access.event("search", "allow", Reason.ALLOWED, store_id=store_id,
-                                            revision_id=revision_id) for revision_id, store_id in exposed.items()])
-    return hits, tuple(arm.name for arm in arms)
+    return hits, [exposed[hit.revision_id] for hit in hits], tuple(arm.name for arm in arms)
 
 
 def _settled(arms: list[_Arm], hits: list[Hit], limit: int) -> bool:
