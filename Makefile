@@ -9,12 +9,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# fuse3/libfuse3-dev/pkg-config/gcc/libc6-dev: the FUSE mount (pyfuse3 builds
-# against libfuse3); bubblewrap: the sandbox; vim/nano: real editors in tests;
+# fuse3/libfuse3-dev/pkg-config/gcc/libc6-dev/patch: the FUSE mount (our
+# patched pyfuse3 is built from source against libfuse3); bubblewrap: the sandbox; vim/nano: real editors in tests;
 # strace: fsync fault injection; e2fsprogs/util-linux: loop-mounted ext4 for
 # the power-loss tests; ripgrep/findutils/grep/coreutils/python3: the tools
 # the mount tests and benchmarks run on a mounted view.
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc libc6-dev patch bubblewrap vim nano strace e2fsprogs util-linux ripgrep findutils grep coreutils python3 libseccomp2
 # npm: installs Node 24 and OpenClaw for the plugin's test (make openclaw);
 # only when no npm is on PATH (nodesource's nodejs ships its own).
 DEB_PACKAGES += $(if $(shell command -v npm),,npm)
@@ -38,10 +38,20 @@ deps:
 # lock is regenerated on purpose (make lock).
 EXTRAS := test,embeddings,lint,coverage
 
-$(STAMP): pyproject.toml requirements.lock | deps
+# pyfuse3 is the pinned upstream release with vendor/pyfuse3's patch applied,
+# built from source (vendor/pyfuse3/README.md); installed before the project so
+# that pip keeps it (3.5.0+inode.1 satisfies the lock's pyfuse3==3.5.0).
+PYFUSE3_BUILD := build/pyfuse3
+PYFUSE3_INPUTS := $(wildcard vendor/pyfuse3/*)
+
+$(STAMP): pyproject.toml requirements.lock $(PYFUSE3_INPUTS) | deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	vendor/pyfuse3/build.sh $(BIN)/pip $(PYFUSE3_BUILD)
+	$(BIN)/pip install -q --no-deps --force-reinstall $(PYFUSE3_BUILD)/wheel-*/pyfuse3-*.whl
 	$(BIN)/pip install -q -c requirements.lock -e '.[$(EXTRAS)]'
+	$(BIN)/python -c 'import pyfuse3, sys; sys.exit(not hasattr(pyfuse3.Operations, "inode_requests"))' || \
+	  { echo "the installed pyfuse3 lacks vendor/pyfuse3's patch" >&2; exit 1; }
 	touch $@
 
 venv: $(STAMP)

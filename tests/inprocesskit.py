@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pyfuse3
@@ -39,6 +40,7 @@ def no_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Stores into and drops from the kernel's page cache go nowhere: there is no FUSE session."""
     monkeypatch.setattr(pyfuse3, "notify_store", lambda *args, **kwargs: None)
     monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *args, **kwargs: None)
+    monkeypatch.setattr(pyfuse3, "invalidate_entry", lambda *args, **kwargs: None)
     yield
 
 
@@ -60,6 +62,34 @@ def as_alice(scenario: Scenario, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(home, scenario.alice_session, *args)
     finally:
         home.close()
+
+
+class KernelFile:
+    """An open file as the kernel handles it for a ``ScopeFS``: no OPEN is sent (it answers ENOSYS),
+    ``O_TRUNC`` arrives as a truncation without a handle, reads, writes and closes come by inode."""
+
+    def __init__(self, fs: ScopeFS, ino: int, ctx: Any = None) -> None:
+        self.fs = fs
+        self.ino = ino
+        self.ctx = ctx
+
+    @classmethod
+    async def open(cls, fs: ScopeFS, ino: int, flags: int = os.O_RDONLY, ctx: Any = None) -> KernelFile:
+        if flags & os.O_TRUNC:
+            attr = pyfuse3.EntryAttributes()
+            attr.st_size = 0
+            fields = SimpleNamespace(update_size=True)  # what the kernel's SETATTR of the size carries
+            await fs.setattr(ino, attr, fields, None, ctx)  # type: ignore[arg-type]
+        return cls(fs, ino, ctx)
+
+    async def read(self, off: int = 0, size: int = 1 << 20) -> bytes:
+        return await self.fs.read(0, off, size, self.ino, self.ctx)
+
+    async def write(self, off: int, data: bytes) -> int:
+        return await self.fs.write(0, off, data, self.ino, self.ctx)
+
+    async def flush(self) -> None:
+        await self.fs.flush(0, self.ino, self.ctx)
 
 
 class Tool:
@@ -84,11 +114,10 @@ class Tool:
         return await self.ino(path)
 
     async def read(self, path: str) -> bytes:
-        info = await self.fs.open(await self.ino(path), os.O_RDONLY, None)  # type: ignore[arg-type]
-        self.check("open for reading")
-        data = await self.fs.read(info.fh, 0, 1 << 20)
-        await self.fs.release(info.fh)
-        self.check("release after reading")
+        opened = await KernelFile.open(self.fs, await self.ino(path))
+        data = await opened.read()
+        await opened.flush()
+        self.check("close after reading")
         return data
 
     async def create(self, folder: str, name: str, data: bytes) -> None:
@@ -102,12 +131,11 @@ class Tool:
         self.check(f"release {name}")
 
     async def overwrite(self, path: str, data: bytes) -> None:
-        info = await self.fs.open(await self.ino(path), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
+        opened = await KernelFile.open(self.fs, await self.ino(path), os.O_WRONLY | os.O_TRUNC)
         self.check("open for writing, truncated")
-        await self.fs.write(info.fh, 0, data)
-        await self.fs.flush(info.fh)
-        await self.fs.release(info.fh)
-        self.check("release after writing")
+        await opened.write(0, data)
+        await opened.flush()
+        self.check("close after writing")
 
     async def rename(self, folder: str, old: str, new: str) -> None:
         ino = await self.folder(folder)

@@ -5,6 +5,10 @@ longer read it, it cannot know whether the change was a revocation, so it
 must empty its view instead of serving the last picture it had. The
 server runs here with an apsw VFS whose every read of the agent catalog
 fails while a trigger file exists: a disk gone bad under the mount.
+
+The same holds for the kernel's caches: an invalidation the kernel refuses
+aborts the connection (``vfs.abort``), shown here on a real mount and, for
+the decision itself, on a ``ScopeFS`` in this process.
 """
 
 from __future__ import annotations
@@ -15,8 +19,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyfuse3
+import pytest
+import trio
+
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
+from scopefs.vfs import mount as mount_module
+from scopefs.vfs.abort import abort, connection_of
+from scopefs.vfs.fs import ScopeFS
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import errno_of, is_mounted, wait_until
+from tests.mountkit import Mounts, errno_of, is_mounted, mounts, wait_until  # noqa: F401
 
 SERVER = """
 import os, sys
@@ -56,7 +69,7 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
     home, trigger, where = scenario.cli.home, tmp_path / "fail-reads", tmp_path / "mnt"
     where.mkdir()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(home), scenario.alice_session, str(trigger),
-                               str(where)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                               str(where)], stdout=subprocess.PIPE, stderr=open("/tmp/fc.err", "w"), text=True)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         note = where / "private" / "notes" / "allergy.md"
@@ -67,7 +80,8 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
             # A change the mount must read to know what it means (it could be a revocation).
             scenario.cli("write", scenario.alice_session, "private/notes/more.md", stdin=b"x\n", check=True)
             wait_until(lambda: os.listdir(where) == [])
-            assert errno_of(note.read_bytes) == errno.ENOENT
+            # The names and pages the kernel held go on the invalidation worker, right after.
+            wait_until(lambda: errno_of(note.read_bytes) == errno.ENOENT, timeout=2)
             os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
             wait_until(lambda: errno_of(lambda: os.pread(held, 4096, 0)) in (errno.EACCES, errno.EIO))
             trigger.unlink()  # the catalog is readable again: the view comes back
@@ -83,3 +97,55 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+# -- an invalidation the kernel refuses ends the connection --------------------------------
+
+
+def test_an_aborted_connection_fails_every_access_cached_or_not(scenario: Scenario, mounts: Mounts) -> None:
+    """What the mount does when it fails closed (``vfs.abort``): after the abort, a name and pages
+    the kernel held are no longer served to anyone, a held descriptor included."""
+    view = mounts.mount(scenario.alice_session)
+    note = view / "private" / "notes" / "allergy.md"
+    assert note.read_bytes() == ALICE_FACT  # cached: name, attributes, pages
+    held = os.open(note, os.O_RDONLY)
+    try:
+        assert abort(connection_of(str(view)))
+        assert errno_of(note.read_bytes) == errno.ENOTCONN
+        assert errno_of(lambda: os.pread(held, 4096, 0)) == errno.ENOTCONN
+        assert errno_of(lambda: os.listdir(view)) == errno.ENOTCONN
+    finally:
+        os.close(held)
+
+
+def test_a_refused_invalidation_fails_the_mount_closed(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel refuses to drop what it holds (any error but "not cached" or "gone"): the mount
+    aborts its connection rather than go on serving a view it no longer controls."""
+    aborted: list[str | None] = []
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", _refuse)
+    monkeypatch.setattr(pyfuse3, "invalidate_entry", _refuse)
+    monkeypatch.setattr(mount_module, "abort", lambda connection: aborted.append(connection) or True)
+    monkeypatch.setattr(mount_module, "connection_of", lambda mountpoint: "77")
+    home = Home.open(scenario.cli.home)
+    fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
+    fs.mount.mountpoint = "/nowhere"  # as if mounted there
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await fs.background(nursery)
+            fs.mount.forget_pages(fs.mount.layers.root)
+            with trio.fail_after(5):
+                while not aborted:  # noqa: ASYNC110 - the worker's record
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        fs.artifacts.close()
+        home.close()
+    assert aborted == ["77"]
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.EIO, "the kernel refused the invalidation")

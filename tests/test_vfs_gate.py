@@ -67,14 +67,14 @@ def test_only_the_session_uid_from_an_admitted_namespace_is_answered(scenario: S
         mine = pid_namespace(os.getpid())
         assert mine is not None
         me, root = Context(SESSION_UID, os.getpid()), Context(0, os.getpid())
-        assert await errno_of(fs.open(ino, os.O_RDONLY, me)) == errno.EACCES  # right uid, not admitted
+        assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES  # right uid, not admitted
         assert await errno_of(fs.lookup(pyfuse3.ROOT_INODE, b"private", me)) == errno.EACCES
         gate.admit(mine)
-        assert await errno_of(fs.open(ino, os.O_RDONLY, root)) == errno.EACCES  # admitted namespace, wrong uid
-        assert await errno_of(fs.open(ino, os.O_RDONLY, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
-        info = await fs.open(ino, os.O_RDONLY, me)  # the control: uid and namespace both right
-        assert await fs.read(info.fh, 0, 4096) == ALICE_FACT
-        await fs.release(info.fh)
+        assert await errno_of(fs.read(0, 0, 4096, ino, root)) == errno.EACCES  # admitted namespace, wrong uid
+        assert await errno_of(fs.read(0, 0, 4096, ino, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
+        assert await errno_of(fs.write(0, 0, b"x", ino, root)) == errno.EACCES
+        assert await errno_of(fs.readdir(0, 0, None, pyfuse3.ROOT_INODE, root)) == errno.EACCES  # type: ignore[arg-type]
+        assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT  # the control: uid and namespace both right
         # The root's constant attributes, for the session uid only (bwrap needs them first).
         gate.dismiss(mine)
         assert (await fs.getattr(pyfuse3.ROOT_INODE, me)).st_uid == SESSION_UID
@@ -90,27 +90,22 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
         mine = pid_namespace(os.getpid())
         assert mine is not None
         me = Context(SESSION_UID, os.getpid())
+        writeback = Context(SESSION_UID, 0)  # the kernel writing back a mapping: no caller of its own
         gate.admit(mine)
-        reader = await fs.open(ino, os.O_RDONLY, me)
-        writer = await fs.open(ino, os.O_WRONLY, me)
-        assert await fs.read(reader.fh, 0, 4096) == ALICE_FACT
+        assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT
+        assert await fs.write(0, 0, b"changed", ino, me) == len(b"changed")  # makes the writer's handle
+        assert await fs.write(0, 0, b"changed", ino, writeback) == len(b"changed")  # through that handle
         gate.dismiss(mine)
-        assert await errno_of(fs.read(reader.fh, 0, 4096)) == errno.EACCES
-        assert await errno_of(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
-        # Admitted again: the kernel reuses a freed namespace's number for the next sandbox, and a
-        # descriptor passed out of the old one must not come back to life in it.
+        assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES
+        assert await errno_of(fs.write(0, 0, b"changed", ino, me)) == errno.EACCES
+        assert await errno_of(fs.write(0, 0, b"changed", ino, writeback)) == errno.EACCES
+        assert await errno_of(fs.readdir(0, 0, None, pyfuse3.ROOT_INODE, me)) == errno.EACCES  # type: ignore[arg-type]
+        # Admitted again: the kernel reuses a freed namespace's number for the next sandbox, and the
+        # old sandbox's writer handle must not come back to life in it.
         gate.admit(mine)
-        assert await errno_of(fs.read(reader.fh, 0, 4096)) == errno.EACCES
-        assert await errno_of(fs.write(writer.fh, 0, b"changed")) == errno.EACCES
-        fresh = await fs.open(ino, os.O_RDONLY, me)  # the control: the new sandbox's own opens work
-        assert await fs.read(fresh.fh, 0, 4096) == ALICE_FACT
-        folder = await fs.opendir(pyfuse3.ROOT_INODE, me)
+        assert await errno_of(fs.write(0, 0, b"changed", ino, writeback)) == errno.EACCES
+        assert await fs.read(0, 0, 4096, ino, me) == b"changed" + ALICE_FACT[7:]  # the new sandbox reads
         gate.dismiss(mine)
-        assert await errno_of(fs.readdir(folder, 0, None)) == errno.EACCES  # type: ignore[arg-type]
-        await fs.releasedir(folder)
-        await fs.release(fresh.fh)
-        await fs.release(reader.fh)
-        await fs.release(writer.fh)
 
     _run(scenario, test)
 

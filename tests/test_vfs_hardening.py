@@ -29,7 +29,7 @@ from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
-from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
+from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
 from tests.mountkit import Mounts, catalog, mounts, wait_until
 
 __all__ = ["mounts", "no_kernel"]  # fixtures, named as parameters below
@@ -45,12 +45,11 @@ def test_held_search_results_stop_quoting_a_note_written_elsewhere_then_deleted(
         await fs.sync()
         as_alice(scenario, write_note, "private/notes/zebra.md", b"zebras are striped (canary Z3br)\n")
         results = await tool.ino(".search/zebras")  # no sync in between: the view does not show it yet
-        info = await fs.open(results, os.O_RDONLY, None)  # type: ignore[arg-type]
-        assert b"Z3br" in await fs.read(info.fh, 0, 1 << 16)  # the control: it is quoted
+        held = await KernelFile.open(fs, results)
+        assert b"Z3br" in await held.read()  # the control: it is quoted
         as_alice(scenario, delete_note, "private/notes/zebra.md")
         await fs.sync()
-        assert await errno_of(fs.read(info.fh, 0, 1 << 16)) == errno.EACCES
-        await fs.release(info.fh)
+        assert await errno_of(held.read()) == errno.EACCES
 
     run_alice_mount(scenario, script)
 
@@ -61,15 +60,14 @@ def test_held_search_results_stop_quoting_a_note_written_elsewhere_then_deleted(
 def test_a_write_handle_fails_once_the_binding_is_revoked(scenario: Scenario) -> None:
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino = await tool.ino("private/notes/allergy.md")
-        info = await fs.open(ino, os.O_RDWR, None)  # type: ignore[arg-type]
-        assert await fs.write(info.fh, 0, b"written before") == len(b"written before")
+        held = await KernelFile.open(fs, ino, os.O_RDWR)
+        assert await held.write(0, b"written before") == len(b"written before")
         scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
         await fs.sync()
         assert not fs.mount.view.usable
-        assert await errno_of(fs.write(info.fh, 0, b"written after")) == errno.EACCES
-        assert await errno_of(fs.fsync(info.fh, False)) == errno.EACCES
-        assert await errno_of(fs.flush(info.fh)) == errno.EACCES  # close(2) reports the loss
-        await fs.release(info.fh)
+        assert await errno_of(held.write(0, b"written after")) == errno.EACCES
+        assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
+        assert await errno_of(held.flush()) == errno.EACCES  # close(2) reports the loss
 
     run_alice_mount(scenario, script)
     with catalog(scenario.cli.home) as conn:
@@ -85,15 +83,14 @@ def test_a_write_handle_fails_once_another_session_removed_its_note(scenario: Sc
     note left the view under an open handle, so its writes can no longer be saved anywhere."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino = await tool.ino("private/notes/allergy.md")
-        info = await fs.open(ino, os.O_RDWR, None)  # type: ignore[arg-type]
-        assert await fs.write(info.fh, 0, b"written before") == len(b"written before")
+        held = await KernelFile.open(fs, ino, os.O_RDWR)
+        assert await held.write(0, b"written before") == len(b"written before")
         as_alice(scenario, delete_note, "private/notes/allergy.md")
         await fs.sync()
         assert fs.mount.view.usable  # the control: the view itself is fine
-        assert await errno_of(fs.write(info.fh, 0, b"written after")) == errno.EACCES
-        assert await errno_of(fs.fsync(info.fh, False)) == errno.EACCES
-        assert await errno_of(fs.flush(info.fh)) == errno.EACCES
-        await fs.release(info.fh)
+        assert await errno_of(held.write(0, b"written after")) == errno.EACCES
+        assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
+        assert await errno_of(held.flush()) == errno.EACCES
 
     run_alice_mount(scenario, script)
 

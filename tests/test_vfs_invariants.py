@@ -25,7 +25,7 @@ from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.rename import rename_note
 from tests.conftest import ALICE_FACT, Scenario
-from tests.inprocesskit import Tool, no_kernel
+from tests.inprocesskit import KernelFile, Tool, no_kernel
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -107,17 +107,15 @@ def test_a_save_follows_its_note_renamed_by_another_session(scenario: Scenario) 
     moved = "private/notes/allergy-moved.md"
 
     async def script(tool: Tool) -> None:
-        info = await tool.fs.open(await tool.ino(NOTE), os.O_WRONLY | os.O_TRUNC, None)  # type: ignore[arg-type]
-        await tool.fs.write(info.fh, 0, b"saved after the move\n")
+        held = await KernelFile.open(tool.fs, await tool.ino(NOTE), os.O_WRONLY | os.O_TRUNC)
+        await held.write(0, b"saved after the move\n")
         home = Home.open(scenario.cli.home)
         try:  # another session of Alice's moves the note; this mount has not synced since
             rename_note(home, scenario.alice_session, NOTE, moved)
         finally:
             home.close()
-        await tool.fs.flush(info.fh)
+        await held.flush()
         tool.check("close after the move")
-        await tool.fs.release(info.fh)
-        tool.check("release after the move")
 
     _run(scenario, script)
     assert _content(scenario, moved) == b"saved after the move\n"

@@ -5,7 +5,8 @@ writes, 0500/0400 where it does not), so the kernel refuses writes to a
 read-only root before asking. Sizes and times come from the revision shown
 or the draft being written; folders carry the mount's start time, since
 they exist only through their notes and a time of their own would say
-when a note below changed. ``statfs`` is constant: free space or a file
+when a note below changed (a folder's moves by a nanosecond each time its
+names change, so that the kernel lists it again). ``statfs`` is constant: free space or a file
 count would reveal writes to other scopes.
 """
 
@@ -40,6 +41,10 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
         attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)
         attr.st_nlink = 2
         attr.st_size = 0
+        # The kernel keeps a listing while the folder's mtime stays the same (no opendir asks):
+        # each change of its names seen here moves it by a nanosecond, which says that it
+        # changed, as the names do, and nothing of when.
+        mtime += node.listing_version
     else:
         writable = node.kind is Kind.SCRATCH or layers.writable(node.parts)
         attr.st_mode = stat.S_IFREG | (0o600 if writable else 0o400)

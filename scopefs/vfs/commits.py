@@ -6,6 +6,17 @@ is closed (``flush``) or synced. A save that changed nothing makes no
 revision. Scratch files of editors have drafts too, and never leave this
 mount.
 
+No ``open`` reaches the mount (``vfs.fs``): a file opened for writing
+shows up with its first ``WRITE`` or truncation, by inode, and the mount
+makes a handle for it then (``writer``); ``create`` makes one too. Each
+inode has at most one such writer's handle. A ``FLUSH`` (every close sends
+one) commits and lets go of it; the next write makes a new one. A handle
+that only truncated or created an empty file (the shell's ``> note``
+closing its first descriptor before anything is written, ``touch``) is
+kept for the writes that follow, and committed once it was left alone for
+``WRITER_IDLE_S`` (``settle``): once OPEN answered ENOSYS the kernel sends
+no RELEASE, not even for a file it created.
+
 Each commit names the note it means (``catalog_ops.commit`` with the
 node's resource id): if another session renamed the note away meanwhile,
 the mount catches up with the view once and commits to the note where it
@@ -16,9 +27,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
+import time
 
-import pyfuse3
+import trio
 
 from scopefs.catalog.errors import Conflict
 from scopefs.catalog.paths import Parts
@@ -33,6 +44,9 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
+WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
+# committed and let go
+
 
 class Commits:
     """Drafts of one mount's notes and scratch files, and the commits that turn them into revisions."""
@@ -40,6 +54,8 @@ class Commits:
     def __init__(self, mount: MountState, reads: Reads) -> None:
         self._mount = mount
         self._reads = reads
+        self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
+        self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
@@ -62,15 +78,75 @@ class Commits:
             draft.dirty = True
         return draft
 
-    async def open(self, node: Node, flags: int, pid_namespace: int | None) -> pyfuse3.FileInfo:
-        """An open for writing (``O_TRUNC`` starts the draft empty)."""
+    async def writer(self, node: Node, pid_namespace: int | None) -> Handle:
+        """The handle ``node``'s writes by inode go through: made now (from its content) if there is none.
+
+        On a sandbox's mount the handle belongs to the sandbox whose write
+        or truncation made it; a dismissal revokes it like any other.
+        """
         mount = self._mount
+        fh = self._writers.get(node.ino)
+        handle = mount.handles.get(fh) if fh is not None else None
+        if handle is not None and handle.node is node:
+            handle.used = time.monotonic()
+            return handle
+        if node.kind in (Kind.DIR, Kind.QUERIES, Kind.RESULTS):
+            raise fail(errno.EISDIR if node.kind is not Kind.RESULTS else errno.EROFS)
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
-        await self.ensure_draft(node, truncate=bool(flags & os.O_TRUNC))
-        await mount.handles.quiesce(node)
-        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+        await self.ensure_draft(node, truncate=False)
+        handle = Handle(node, writable=True, pid_namespace=pid_namespace, implicit=True)
+        self._register(node, mount.give(handle))
+        return handle
+
+    def _register(self, node: Node, fh: int) -> None:
+        old = self._writers.get(node.ino)
+        if old is not None:
+            self._replaced.append(old)
+        self._writers[node.ino] = fh
+
+    def writer_of(self, node: Node) -> Handle | None:
+        """The handle writes by inode made on ``node``, if it still has one."""
+        fh = self._writers.get(node.ino)
+        handle = self._mount.handles.get(fh) if fh is not None else None
+        return handle if handle is not None and handle.node is node else None
+
+    async def flush_inode(self, node: Node) -> None:
+        """A close of a file that was opened without an open: commit its writes, let go of its handle.
+
+        Any descriptor's close of the inode commits what was written
+        through any of them: the kernel does not say which one wrote.
+        """
+        handle = self.writer_of(node)
+        if handle is None:
+            return
+        try:
+            await self.flush(handle)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._let_go(handle, commit=False)  # refused or failed: none of it stays readable
+            raise
+        if handle.wrote or node.draft is None or not node.draft.dirty:
+            await self._let_go(handle)
+
+    async def settle(self, *, everything: bool = False) -> None:
+        """Commit and let go of writers' handles nobody closed (``WRITER_IDLE_S``), or all of them."""
+        idle = time.monotonic() - WRITER_IDLE_S
+        replaced, self._replaced = self._replaced, []
+        for fh in replaced:
+            await self.release(fh)
+        for ino, fh in list(self._writers.items()):
+            handle = self._mount.handles.get(fh)
+            if handle is None:
+                self._writers.pop(ino, None)
+            elif everything or handle.used < idle:
+                await self._let_go(handle)
+
+    async def _let_go(self, handle: Handle, *, commit: bool = True) -> None:
+        for ino, fh in list(self._writers.items()):
+            if self._mount.handles.get(fh) is handle:
+                del self._writers[ino]
+                await self.release(fh, commit=commit)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -100,9 +176,10 @@ class Commits:
             draft.dirty = kind is Kind.NOTE
             node = layers.inodes.new(kind, parts, draft=draft)
             layers.add_local(node)
-        await mount.handles.quiesce(node)
         node.lookups += 1
-        return node, mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        self._register(node, fh)
+        return node, fh
 
     def write(self, handle: Handle, off: int, buf: bytes) -> int:
         if not handle.writable or handle.node.draft is None:
@@ -110,6 +187,7 @@ class Commits:
         if not self._mount.view.usable or handle.node.left_view:
             raise fail(errno.EACCES)  # the view went (revoked), or the note left it: nothing written could be saved
         handle.wrote = True
+        handle.used = time.monotonic()
         return handle.node.draft.write(off, buf)
 
     async def truncate(self, node: Node, size: int, *, by_path: bool) -> None:
@@ -225,22 +303,21 @@ class Commits:
                 mount.forget_pages(handle.node)
                 raise
 
-    async def release(self, fh: int) -> None:
-        """The kernel let go of ``fh``: commit what nobody will close again, drop what is settled."""
+    async def release(self, fh: int, *, commit: bool = True) -> None:
+        """Let go of ``fh``: commit what nobody will close again (unless ``commit`` is false: its
+        commit just failed), drop what is settled."""
         mount = self._mount
         layers = mount.layers
         handle = mount.handles.get(fh)
         if handle is None:
             return
         node = handle.node
-        if handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
+        if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
         mount.handles.take(fh)  # only now: until here the handle counted in ``opens`` was in the table
-        if handle.fd >= 0:
-            os.close(handle.fd)
         node.opens -= 1
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:

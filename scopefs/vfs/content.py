@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from scopefs.catalog.artifacts import mismatch, open_artifact_stat, open_store_dir, verify
 from scopefs.catalog.digests import Sink
+from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import VisibleNote
 
@@ -86,6 +87,13 @@ class Artifacts:
         if fd is None:
             fd = self._store_fds[(cell, path_key)] = open_store_dir(self._home, cell, path_key)
         return fd
+
+    def place(self, note: VisibleNote) -> tuple[int, str] | None:
+        """Where ``note``'s artifact is (its store's descriptor, its locator), None if the store is gone."""
+        try:
+            return self._store_fd(note.cell, note.path_key), note.locator
+        except (IntegrityError, OSError):
+            return None
 
     def needs_hash(self, note: VisibleNote) -> bool:
         """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""
@@ -179,3 +187,19 @@ class Artifacts:
         if len(data) != note.size:
             raise mismatch()
         return data
+
+
+def stamps_now(places: list[tuple[int, str] | None]) -> list[Stamp | None]:
+    """The stamp of each artifact as it is now (None: gone, not a single link, or no store); on a worker."""
+    found: list[Stamp | None] = []
+    for place in places:
+        try:
+            if place is None:
+                raise FileNotFoundError
+            st = os.stat(place[1], dir_fd=place[0], follow_symlinks=False)
+        except OSError:
+            found.append(None)
+            continue
+        found.append(Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                     if st.st_nlink == 1 else None)
+    return found

@@ -6,33 +6,26 @@ removed; ``rmdir`` of a folder of the view settles the removals of its
 notes first, and the folder goes with them. A listing is taken whole when
 it starts, so entries do not shift under a reader that asks in pieces.
 
-An open folder is a handle of its own, like an open file: it remembers
-the sandbox that opened it, and ``readdir`` (which carries no caller)
-lists nothing once that sandbox is gone, so a folder descriptor passed
-out of a sandbox cannot watch the folder afterwards.
+No ``opendir`` reaches the mount (``vfs.fs``): the kernel lists a folder
+by inode, with the caller's context (checked by the gate like any other
+request), and keeps the listing it was given until the mount drops it
+(``vfs.layers`` invalidates a folder whose names changed).
 """
 
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from collections import OrderedDict
 
 import pyfuse3
 
+from scopefs.catalog.paths import Parts
 from scopefs.vfs.attributes import attributes
-from scopefs.vfs.handles import REVOKED
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.removals import Removals
 
-
-@dataclass(eq=False)
-class FolderHandle:
-    """One open folder: which, who opened it, and the names its listing holds once it started."""
-
-    ino: int
-    pid_namespace: int | None  # on a sandbox's mount: the admitted pid namespace that opened it
-    names: list[str] | None = None
+KEEP_LISTINGS = 64  # listings being read in pieces, the oldest forgotten first
 
 
 class Folders:
@@ -41,28 +34,7 @@ class Folders:
     def __init__(self, mount: MountState, removals: Removals) -> None:
         self._mount = mount
         self._removals = removals
-        self._open: dict[int, FolderHandle] = {}  # folder handle number -> the open folder
-        self._next_fh = 1
-
-    def opendir(self, ino: int, pid_namespace: int | None) -> int:
-        self._mount.folder(ino)
-        fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = FolderHandle(ino, pid_namespace)
-        return fh
-
-    def revoke(self, pid_namespace: int) -> None:
-        """Folders opened from ``pid_namespace`` (now dismissed) list nothing again (``HandleTable.revoke``)."""
-        for handle in self._open.values():
-            if handle.pid_namespace == pid_namespace:
-                handle.pid_namespace = REVOKED
-
-    def opened(self, fh: int) -> Node:
-        """The folder an open handle is on (EBADF for an unknown handle, EACCES once its sandbox is gone)."""
-        handle = self._open.get(fh)
-        if handle is None:
-            raise fail(errno.EBADF)
-        self._mount.check_opener(handle.pid_namespace)
-        return self._mount.folder(handle.ino)
+        self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
 
     def mkdir(self, parent_ino: int, name: bytes) -> Node:
         mount = self._mount
@@ -95,22 +67,22 @@ class Folders:
         if layers.lookup(parts) is not None:
             raise fail(errno.ENOTEMPTY)
 
-    def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    def readdir(self, ino: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         mount = self._mount
-        node = self.opened(fh)
+        node = mount.folder(ino)
         if node.kind is Kind.QUERIES:
             return  # lists nothing: a listing must never run a search
-        handle = self._open[fh]
-        if start_id == 0 or handle.names is None:
-            handle.names = mount.layers.names(node.parts)
-        names = handle.names
+        names = self._listings.get(ino)
+        if start_id == 0 or names is None:
+            names = self._listings[ino] = mount.layers.names(node.parts)
+            while len(self._listings) > KEEP_LISTINGS:
+                self._listings.popitem(last=False)
+        self._listings.move_to_end(ino)
+        parts: Parts = node.parts
         for index in range(start_id, len(names)):
-            child = mount.layers.lookup(node.parts + (names[index],))
+            child = mount.layers.lookup(parts + (names[index],))
             if child is None:
                 continue
             if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(mount, child), index + 1):
                 return
             child.lookups += 1
-
-    def releasedir(self, fh: int) -> None:
-        self._open.pop(fh, None)

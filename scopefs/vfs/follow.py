@@ -14,6 +14,7 @@ tries again: nothing in here may end the mount.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -22,9 +23,10 @@ import trio
 
 from scopefs.catalog.audit import record_many
 from scopefs.catalog.index import index_again
+from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.mount import MountState
-from scopefs.vfs.reads import Reads
+from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
 
 log = logging.getLogger("scopefs.vfs")
@@ -36,22 +38,30 @@ AUDIT_FLUSH_S = 1.0
 class Follow:
     """The background tasks of one mount, and what it settles once the kernel let go."""
 
-    def __init__(self, mount: MountState, reads: Reads, removals: Removals) -> None:
+    def __init__(self, mount: MountState, reads: Reads, removals: Removals, commits: Commits) -> None:
         self._mount = mount
         self._reads = reads
         self._removals = removals
+        self._commits = commits
 
     async def start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._every, POLL_S, self._mount.sync)
         nursery.start_soon(self._every, POLL_S, self._removals.settle)
+        nursery.start_soon(self._every, POLL_S, self._commits.settle)
+        nursery.start_soon(self._every, RECHECK_S, self._reads.recheck)
         nursery.start_soon(self._every, AUDIT_FLUSH_S, self.flush_audit)
         nursery.start_soon(self._every, AUDIT_FLUSH_S, self.index_verified)
         nursery.start_soon(self._invalidate)
 
     async def shutdown(self) -> None:
-        """After the kernel let go: settle removals and the audit batch."""
+        """After the kernel let go: commit what writers left open, settle removals and the audit batch."""
+        try:
+            await self._commits.settle(everything=True)
+        except Exception as exc:  # noqa: BLE001 - the removals and the audit still settle
+            log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)
         await self.flush_audit()
+        self._reads.drop_readers()
         self._mount.artifacts.close()
 
     async def flush_audit(self) -> None:
@@ -85,18 +95,37 @@ class Follow:
                 log.warning("background %s failed (%s)", getattr(work, "__name__", "task"), type(exc).__name__)
 
     async def _invalidate(self) -> None:
-        """Send invalidations from their own thread, never from a handler."""
-        async for item in self._mount.invalidations:
-            await trio.to_thread.run_sync(_send_invalidation, item)
+        """Send invalidations from their own thread, never from a handler, all that are queued
+        in one trip; if the kernel refuses one, the mount fails closed (``vfs.abort``)."""
+        channel = self._mount.invalidations
+        async for item in channel:
+            batch = [item]
+            while True:
+                try:
+                    batch.append(channel.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            sent = await trio.to_thread.run_sync(_send_invalidations, batch)
+            self._mount.invalidated(batch)
+            if not sent:
+                log.error("the kernel kept pages or names it was told to drop: the mount fails closed")
+                self._mount.fail_closed()
 
 
-def _send_invalidation(item: Invalidation) -> None:
-    try:
-        pyfuse3.invalidate_inode(item.ino)
-    except OSError:
-        pass  # the kernel does not know this inode (ENOENT): nothing cached
-    if item.parent_ino is not None and item.name is not None:
+GONE = (errno.ENOENT, errno.ENOTCONN, errno.ENODEV)  # not cached, or the connection is already gone
+
+
+def _send_invalidations(items: list[Invalidation]) -> bool:
+    """Send ``items``; False if the kernel refused one for any reason but ``GONE``."""
+    sent = True
+    for item in items:
         try:
-            pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())
-        except OSError:
-            pass
+            pyfuse3.invalidate_inode(item.ino)
+        except OSError as exc:
+            sent = sent and exc.errno in GONE
+        if item.parent_ino is not None and item.name is not None:
+            try:
+                pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())
+            except OSError as exc:
+                sent = sent and exc.errno in GONE
+    return sent

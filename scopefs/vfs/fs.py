@@ -8,7 +8,7 @@ its admitted sandboxes), and hands the request to the room that owns it:
                   catalog thread, the kernel's invalidations, the checks
                   every request makes, and the order of the three locks
     attributes.py what stat and statfs say
-    reads.py      opening revisions, serving only verified bytes
+    reads.py      serving only verified bytes, by inode
     commits.py    drafts, and the one revision each close makes of them
     renames.py    renames, as editors and ``mv`` use them
     removals.py   unlink, and the tombstones it becomes after a grace period
@@ -20,6 +20,19 @@ Requests are answered from memory (``vfs.layers``) wherever possible; the
 catalog is only asked on its thread, one call at a time, for commits,
 removals, renames, permission checks of removals and the periodic sync
 with the change log.
+
+``open`` and ``opendir`` answer ``ENOSYS``. The kernel then stops sending
+them, and their releases, for the whole connection, keeps every page and
+listing it was given across opens (until the mount drops them), and sends
+reads, writes, closes and listings with the inode instead of a file handle
+(the vendored pyfuse3 passes it on: ``vendor/pyfuse3``). That is what makes
+a warm ``grep -r`` cost what the disk does: a file already read is served
+by the kernel without a single request. ``create`` still answers with a
+handle of its own. Since no open reaches the mount, ``O_TRUNC`` comes as a
+truncation first (``enable_atomic_o_trunc`` off), and the server waits for
+the next request polling rather than through the event loop for a short
+while (``POLL_NS``), because one trip through trio costs more than most
+requests.
 
 Caveats (what a tool may notice, all deliberate):
 
@@ -44,7 +57,16 @@ Caveats (what a tool may notice, all deliberate):
   (``REMOVAL_GRACE_S``); until then another session still sees the note.
 * ``close`` commits: two sessions saving the same note both succeed, the
   later close is the newer revision (no merge), and a save that changed
-  nothing makes no revision.
+  nothing makes no revision. The kernel does not say which descriptor a
+  close or a write comes from, so within one mount any close of a note
+  commits what was written to it through any descriptor; a file only
+  created or truncated is committed by the close after its writes, or
+  once left alone for a second.
+* Opening a note for writing is not refused by the server (no open
+  reaches it): under a read-only root the modes refuse a sandbox's uid
+  (``EACCES``), and root's first write is refused (``EROFS``). Likewise a
+  note tombstoned or revoked under an open descriptor fails at its next
+  read or write, not at open.
 * ``statfs`` is constant, and the inode generation is always 0 (numbers
   are never reused within a mount); a mount cannot be exported over NFS.
 """
@@ -53,7 +75,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 from collections.abc import Sequence
 
 import pyfuse3
@@ -78,11 +99,15 @@ from scopefs.vfs.reads import Reads
 from scopefs.vfs.removals import Removals
 from scopefs.vfs.renames import Renames
 
+POLL_NS = 200_000  # after a request, poll this long for the next before sleeping in the event loop
+
 
 class ScopeFS(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
+    enable_atomic_o_trunc = False  # no open comes to truncate: the kernel truncates with setattr first
+    inode_requests = True  # reads, writes, closes and listings come by inode (no open, no opendir)
 
     def __init__(self, home: Home, session_id: str, view: VisibleView, *, gate: Gate | None = None,
                  owner: tuple[int, int] | None = None) -> None:
@@ -95,7 +120,7 @@ class ScopeFS(pyfuse3.Operations):
         self.renames = Renames(mount, self.commits)
         self.removals = Removals(mount)
         self.folders = Folders(mount, self.removals)
-        self.follow = Follow(mount, self.reads, self.removals)
+        self.follow = Follow(mount, self.reads, self.removals, self.commits)
         if gate is not None:
             gate.on_gone = self._revoke
             gate.on_dismissed = mount.dismissed
@@ -121,7 +146,6 @@ class ScopeFS(pyfuse3.Operations):
     def _revoke(self, pid_namespace: int) -> None:
         """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``)."""
         self.mount.handles.revoke(pid_namespace)
-        self.folders.revoke(pid_namespace)
 
     async def close_view(self) -> None:
         """Before the server lets go of the kernel (``vfs.server``): see ``MountState.close_view``."""
@@ -142,7 +166,12 @@ class ScopeFS(pyfuse3.Operations):
         if node.kind is not Kind.SCRATCH:
             self.mount.check_writable(node.parts if node.kind is not Kind.DIR else node.parts + ("x",))
         if fields.update_size:
-            await self.commits.truncate(node, attr.st_size, by_path=fh is None)
+            # An O_TRUNC open arrives as a truncation to 0 without a handle, like truncate(2) by path:
+            # it starts a writer whose close commits; a path truncation to any other size commits now.
+            by_path = fh is None and attr.st_size > 0
+            if not fh and not by_path:
+                await self.commits.writer(node, self.mount.opener(ctx))
+            await self.commits.truncate(node, attr.st_size, by_path=by_path)
         return attributes(self.mount, node)  # chmod, chown and times: accepted, ignored (Caveats)
 
     @guarded
@@ -159,6 +188,8 @@ class ScopeFS(pyfuse3.Operations):
         parent = self.mount.folder(parent_inode)
         if self.queries.covers(parent, name):
             node = await self.queries.lookup(parent, name)
+            if node.kind is Kind.RESULTS:  # new results: the kernel keeps no page of the last ones
+                await self.mount.drop_pages_now([node])
         else:
             try:
                 text = decode(name)
@@ -176,16 +207,17 @@ class ScopeFS(pyfuse3.Operations):
             self.mount.layers.inodes.forget(inode, count)
             self.queries.forget(inode)
 
-    @guarded
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        return self.folders.opendir(inode, self.mount.opener(ctx))
+        raise fail(errno.ENOSYS)  # the kernel lists by inode from now on, and keeps what it was given
 
     @guarded
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        self.folders.readdir(fh, start_id, token)
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken, inode: int = 0,
+                      ctx: pyfuse3.RequestContext | None = None) -> None:
+        self.mount.admit(ctx)
+        self.folders.readdir(inode, start_id, token)
 
-    async def releasedir(self, fh: int) -> None:
-        self.folders.releasedir(fh)
+    async def releasedir(self, fh: int, inode: int = 0) -> None:
+        pass  # never sent once opendir answered ENOSYS
 
     @guarded
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
@@ -211,21 +243,18 @@ class ScopeFS(pyfuse3.Operations):
 
     # -- content ---------------------------------------------------------------
 
-    @guarded
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        pid_namespace = self.mount.opener(ctx)
-        node = self.mount.node(inode)
-        if node.kind is Kind.DIR:
-            raise fail(errno.EISDIR)
-        if flags & os.O_ACCMODE != os.O_RDONLY:
-            return await self.commits.open(node, flags, pid_namespace)
-        return await self.reads.open(node, pid_namespace)
+        raise fail(errno.ENOSYS)  # see the module docstring: no open, no release, reads by inode
 
     @guarded
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle = self.mount.handles[fh]
-        self.mount.check_handle(handle)
-        return await self.reads.read(handle, off, size)
+    async def read(self, fh: int, off: int, size: int, inode: int = 0,
+                   ctx: pyfuse3.RequestContext | None = None) -> bytes:
+        handle = self.mount.handles.get(fh) if fh else None
+        if handle is not None:  # a file this mount created, still writing
+            self.mount.check_handle(handle)
+            return await self.reads.read(handle, off, size)
+        self.mount.admit(ctx)
+        return await self.reads.read_inode(self.mount.node(inode), off, size)
 
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -235,29 +264,45 @@ class ScopeFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), attributes(self.mount, node)
 
     @guarded
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
-        handle = self.mount.handles[fh]
-        self.mount.check_handle(handle)
+    async def write(self, fh: int, off: int, buf: bytes, inode: int = 0,
+                    ctx: pyfuse3.RequestContext | None = None) -> int:
+        mount = self.mount
+        found_by_fh = mount.handles.get(fh) if fh else None
+        if found_by_fh is not None:  # a file this mount created, until its first close committed it
+            handle = found_by_fh
+            mount.check_handle(handle)
+        else:
+            node = mount.node(inode)
+            found = self.commits.writer_of(node)
+            if found is None:
+                handle = await self.commits.writer(node, mount.opener(ctx))
+            else:
+                handle = found
+                if not mount.allows(ctx):  # the kernel writing back a mapping: the writer's sandbox must be in
+                    mount.check_handle(handle)
         return self.commits.write(handle, off, buf)
 
     @guarded
-    async def flush(self, fh: int) -> None:
-        handle = self.mount.handles.get(fh)
-        if handle is not None:
-            await self.commits.flush(handle)
+    async def flush(self, fh: int, inode: int = 0, ctx: pyfuse3.RequestContext | None = None) -> None:
+        handle = self.mount.handles.get(fh) if fh else None
+        node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
+        if node is not None:
+            await self.commits.flush_inode(node)
 
     @guarded
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = self.mount.handles.get(fh)
-        if handle is not None and handle.writable:
-            await self.commits.commit(handle.node)
+    async def fsync(self, fh: int, datasync: bool, inode: int = 0) -> None:
+        handle = self.mount.handles.get(fh) if fh else None
+        node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
+        if node is not None and (handle is not None or self.commits.writer_of(node) is not None):
+            await self.commits.commit(node)
 
-    async def release(self, fh: int) -> None:
-        await self.commits.release(fh)
+    async def release(self, fh: int, inode: int = 0) -> None:
+        if fh:
+            await self.commits.release(fh)
 
     @guarded
-    async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        await self.removals.settle(prefix=self.folders.opened(fh).parts)
+    async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
+        await self.removals.settle(prefix=self.mount.folder(inode).parts)
 
     # -- refused ---------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import trio
 
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.visible import VisibleNote
+from scopefs.vfs.content import Stamp
 from scopefs.vfs.drafts import Draft
 from scopefs.vfs.querytree import Folder, Results
 
@@ -82,6 +83,11 @@ class Node:
     opens: int = 0
     lookups: int = 0
     cached_revision: str | None = None  # the revision whose pages the kernel may keep
+    # That revision and the stamp of the artifact it was verified from: checked again every
+    # ``vfs.reads.RECHECK_S``, since the kernel serves those pages without asking.
+    verified: tuple[VisibleNote, Stamp] | None = None
+    invalidating: int = 0  # invalidations of its pages queued and not yet sent: see ``vfs.reads``
+    listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     committed_revision: str | None = None  # the last revision this mount committed for it
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
@@ -101,6 +107,7 @@ class Node:
         """
         self.stale_pages = self.stale_pages or self.cached_revision is not None
         self.cached_revision = None
+        self.verified = None
 
     def close_clean_draft(self) -> None:
         """A note nobody has open drops a draft that holds nothing uncommitted."""

@@ -191,6 +191,7 @@ class Layers:
         rebuild = new.usable != old.usable or new.access.view.mounts != old.access.view.mounts
         self.view = new
         out: list[Invalidation | None] = []
+        appeared: list[Parts] = []
         if rebuild:
             self.tree = self._tree(new)
             changed = list(old.notes.values())
@@ -229,7 +230,31 @@ class Layers:
             for parts in list(self.dirs):
                 if parts and not self.tree.is_dir(parts) and parts not in self.local:
                     out.append(self._forget_dir(parts))
+        gone = [note.parts for note in changed
+                if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
+        out.extend(self._listings_changed(gone + appeared, everything=rebuild))
         return [i for i in out if i is not None]
+
+    def _listings_changed(self, paths: list[Parts], *, everything: bool) -> list[Invalidation]:
+        """The folders whose cached listings may hold a name that came or went (each known ancestor).
+
+        The kernel keeps a folder's listing until it is dropped (no
+        ``opendir`` reaches the mount), so every folder above a path that
+        appeared or disappeared is dropped, at worst once more than needed.
+        """
+        if everything:
+            changed = list(self.dirs.values())
+        else:
+            folders: set[Parts] = set()
+            for parts in paths:
+                for depth in range(len(parts) - 1, -1, -1):
+                    if parts[:depth] in folders:
+                        break
+                    folders.add(parts[:depth])
+            changed = [node for folder in folders if (node := self.dirs.get(folder)) is not None]
+        for node in changed:
+            node.listing_version += 1
+        return [Invalidation(node.ino) for node in changed]
 
     def _forget_dir(self, parts: Parts) -> Invalidation | None:
         if parts in self.local:

@@ -38,14 +38,15 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
+from scopefs.vfs.abort import abort, connection_of
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
-from scopefs.vfs.pages import PageStream, drop_pages_of
-from scopefs.vfs.querytree import is_query_path
+from scopefs.vfs.pages import drop_listing, drop_pages_of
+from scopefs.vfs.querytree import Results, is_query_path
 
 T = TypeVar("T")
 
@@ -65,6 +66,7 @@ class MountState:
         self.home = home
         self.session_id = session_id
         self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
+        self.mountpoint: str | None = None  # set once mounted (``vfs.server``): to abort its connection
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
         self.handles = HandleTable()
@@ -108,19 +110,50 @@ class MountState:
     def _apply(self, new: VisibleView) -> None:
         old = self.view
         for item in self.layers.apply(new):
-            self._invalidations.send_nowait(item)
+            node = self.layers.inodes.get(item.ino)
+            if item.name is None and node is not None and node.kind is Kind.DIR:
+                # A folder's cached listing goes before any request sees the new view: dropping it
+                # waits for no request in flight (the kernel holds a listing's pages only while
+                # it copies an answer in), so it is done here, on this thread, not queued.
+                drop_listing(item.ino)
+            else:
+                self._queue(item, node)
         if self.view is not old:
             # Local copies of notes (a backup taken by rename, a draft loaded
-            # from a note) must not outlive the note's place in the view.
+            # from a note) must not outlive the note's place in the view,
+            # nor may a query's results that quote one.
             for node in self.layers.local.values():
                 source = copied_from(node)
                 if source is not None and not self.shows(source):
+                    self.forget_pages(node)
+            for node in self.layers.inodes.nodes.values():
+                if isinstance(node.query, Results) and not (
+                        self.view.usable and node.query.quoted <= self.view.by_resource.keys()):
                     self.forget_pages(node)
 
     def forget_pages(self, node: Node) -> None:
         """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker)."""
         node.forget_pages()
-        self._invalidations.send_nowait(Invalidation(node.ino))
+        self._queue(Invalidation(node.ino), node)
+
+    def _queue(self, item: Invalidation, node: Node | None) -> None:
+        if node is not None:
+            node.invalidating += 1  # until it is sent, READs of the node keep to the revision it had
+        self._invalidations.send_nowait(item)
+
+    def invalidated(self, items: list[Invalidation]) -> None:
+        """The worker sent ``items`` (``vfs.follow``)."""
+        for item in items:
+            node = self.layers.inodes.get(item.ino)
+            if node is not None and node.invalidating > 0:
+                node.invalidating -= 1
+
+    def fail_closed(self) -> None:
+        """The kernel kept something it was told to drop: end the connection (``vfs.abort``)."""
+        if self.mountpoint is None:
+            return  # not mounted: no kernel holds anything of this view
+        if not abort(connection_of(self.mountpoint)):
+            pyfuse3.terminate()  # at least stop answering; the caches go with the unmount
 
     async def drop_pages_now(self, nodes: Iterable[Node]) -> None:
         """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued).
@@ -129,18 +162,19 @@ class MountState:
         flight holds, and this loop answers that READ meanwhile.
         """
         inos = []
-        for node in nodes:
-            if node.kind in (Kind.NOTE, Kind.SCRATCH):  # folders have no pages; query results are direct_io
-                node.forget_pages()
-                inos.append(node.ino)
+        for node in nodes:  # a folder's pages are its cached listing
+            node.forget_pages()
+            inos.append(node.ino)
         if inos:
             await trio.to_thread.run_sync(drop_pages_of, inos)
 
     async def dismissed(self, pid_namespace: int) -> None:
-        """A sandbox is gone: drop the pages of every file it opened (``vfs.gate`` says why)."""
-        inodes = self.layers.inodes
-        await self.drop_pages_now(node for ino in self.handles.opened_by(pid_namespace)
-                                  if (node := inodes.get(ino)) is not None)
+        """A sandbox is gone: drop every page the kernel holds of this mount (``vfs.gate`` says why).
+
+        Reads come by inode, without an open, so the mount cannot tell which
+        sandbox brought a page in: all of them go.
+        """
+        await self.drop_pages_now(list(self.layers.inodes.nodes.values()))
 
     async def close_view(self) -> None:
         """Before the connection to the kernel closes (a stop by signal): no sandbox is admitted any
@@ -181,8 +215,12 @@ class MountState:
     # -- who asks ----------------------------------------------------------------
 
     def admit(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> None:
-        if self.gate is not None and not self.gate.allows(ctx, root_attributes=root_attributes):
+        if not self.allows(ctx, root_attributes=root_attributes):
             raise fail(errno.EACCES)
+
+    def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
+        """Whether the caller of a request may use this mount (always, on a mount without a gate)."""
+        return self.gate is None or self.gate.allows(ctx, root_attributes=root_attributes)
 
     def opener(self, ctx: pyfuse3.RequestContext | None) -> int | None:
         """For a handle about to be given out: the admitted pid namespace asking (EACCES if none)."""
@@ -193,16 +231,16 @@ class MountState:
             raise fail(errno.EACCES)
         return namespace
 
-    def give(self, handle: Handle, stream: PageStream | None = None) -> int:
+    def give(self, handle: Handle) -> int:
         """A file handle for ``handle``, if the sandbox that asked is still admitted.
 
         Checked again here, with no await before the handle is in the
-        table, because an open awaits (a hash, a stream, another open's
-        stream) and its sandbox may be dismissed meanwhile: a handle given
+        table, because a create or a first write awaits (a draft loaded from
+        its note) and its sandbox may be dismissed meanwhile: a handle given
         after that would outlive the dismissal's revocation.
         """
         self.check_opener(handle.pid_namespace)
-        return self.handles.give(handle, stream)
+        return self.handles.give(handle)
 
     def check_handle(self, handle: Handle) -> None:
         """Reads and writes need the pid namespace that opened the handle to be admitted still."""

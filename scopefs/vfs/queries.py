@@ -20,7 +20,7 @@ Why it is built this way:
 * A query's results are computed when its name is looked up, held by its
   inode, and taken by each open as they are then (one ``cat`` reads one
   search, whatever other lookups do meanwhile). The kernel may cache none
-  of it (entry and attribute timeouts of 0, ``direct_io``), so every
+  of it (entry and attribute timeouts of 0, its pages dropped at each lookup), so every
   ``cat`` is a new search against the catalog as it is then, and ``stat``
   reports the exact size. A query keeps its inode while the kernel knows
   it: a new inode per lookup would make the kernel look every cached name

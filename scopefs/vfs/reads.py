@@ -1,19 +1,26 @@
 """Reading through a mount: only verified bytes of revisions the view still shows.
 
-``open`` resolves the note's active revision and verifies its artifact
-(``vfs.content``); ``read`` serves bytes from that verified file and
-re-checks, on every request, that the view still allows the note. The
-kernel may keep a revision's pages (``keep_cache``) only while that
-revision is the one it cached; any change is invalidated by the follow
-loop. Bytes verified at open go to the kernel's page cache before the
-open is answered, so a first read needs no READ round trip: a small
-revision's in one piece once hashed, a large one's chunk by chunk while it
-is hashed on a worker (``PageStream``; ``vfs.handles`` says why nobody can
-read those pages before the verdict).
+The mount answers ``open`` with ``ENOSYS`` (``vfs.fs`` says why), so the
+kernel never asks before a read: it sends ``READ`` for an inode, with the
+caller's context, only for pages it does not hold, and keeps every page it
+was given across opens until this mount drops them. So the first ``READ``
+of an inode finds the note's active revision and verifies its artifact
+(``vfs.content``) before a single byte is answered: a large revision is
+hashed whole, on a worker, before its first page goes out, and nothing is
+ever stored into the kernel's cache ahead of a verdict. The verified file
+stays open as the inode's reader (``Reader``), checked against its stamp on
+every ``READ``, until the note has another revision or the reader is
+evicted (``KEEP_READERS``); any ``READ`` after that verifies again, so a
+page the kernel reclaimed is always answerable.
+
+A ``READ`` also re-checks, every time, that the view still shows the note.
+What it does not reach are pages the kernel already holds: those the
+mount drops itself (``vfs.follow`` on every change of the view, ``vfs.gate``
+on a dismissal).
 
 A failed verification refuses the revision for the rest of the mount
 (EIO, never the indexed text or an older revision instead), drops the
-kernel's pages and is audited. A successful open is audited once per
+kernel's pages and is audited. A verified revision is audited once per
 revision and mount, in batches (``expose``).
 """
 
@@ -22,8 +29,8 @@ from __future__ import annotations
 import errno
 import functools
 import os
+from collections import OrderedDict
 
-import pyfuse3
 import trio
 
 from scopefs.catalog.audit import AuditEvent, record_quietly
@@ -31,156 +38,166 @@ from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.policy import Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote
-from scopefs.vfs.content import Stamp
+from scopefs.vfs.content import Stamp, stamps_now
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
-from scopefs.vfs.pages import PageStream, drop_pages
 from scopefs.vfs.queries import Queries
 
 INLINE_BYTES = 1 << 20  # hash or load larger files on a thread, smaller ones inline
+KEEP_READERS = 512  # verified artifacts held open for inodes, least recently read dropped first
+RECHECK_S = 0.5  # how often the artifacts behind the kernel's cached pages are looked at again
+
+
+class Reader:
+    """The verified artifact an inode's ``READ``s are answered from: one revision, one descriptor."""
+
+    def __init__(self, node: Node, note: VisibleNote, fd: int, stamp: Stamp) -> None:
+        self.node = node
+        self.note = note
+        self.fd = fd
+        self.stamp = stamp
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class Reads:
-    """Opening notes for reading, serving their verified bytes, and the read audit of one mount."""
+    """Serving verified bytes by inode, and the read audit of one mount."""
 
     def __init__(self, mount: MountState, queries: Queries) -> None:
         self._mount = mount
         self._queries = queries
         self._exposures: list[AuditEvent] = []
         self._exposed: set[str] = set()
+        self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
+        self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
 
-    async def open(self, node: Node, pid_namespace: int | None) -> pyfuse3.FileInfo:
-        """A read-only open of a note, a scratch file or a query's results."""
+    async def read_inode(self, node: Node, off: int, size: int) -> bytes:
+        """A ``READ`` that came without a handle: a note, a scratch file, a draft or a query's results."""
         mount = self._mount
         if node.kind is Kind.RESULTS:
-            handle = Handle(node, pid_namespace=pid_namespace, results=self._queries.opened(node))
-            return pyfuse3.FileInfo(fh=mount.give(handle), direct_io=True,
-                                    keep_cache=False)  # the kernel keeps nothing: each cat searches anew
+            return self._queries.read(self._queries.opened(node), off, size)
+        if node.kind in (Kind.DIR, Kind.QUERIES):
+            raise fail(errno.EISDIR)
         if node.draft is not None:
             mount.check_copy(node)
-            await mount.handles.quiesce(node)
-            return pyfuse3.FileInfo(fh=mount.give(Handle(node, pid_namespace=pid_namespace)),
-                                    keep_cache=False)
-        note = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
-        if note is None or not mount.view.usable:
-            raise fail(errno.ENOENT)
-        if not mount.shows(note.resource_id):
-            raise fail(errno.EACCES)
-        stream = None
-        if note.size > INLINE_BYTES and mount.artifacts.needs_hash(note):
-            stream = mount.handles.claim_stream(node, note.size)
-        try:
-            return await self._open_verified(node, note, stream, pid_namespace)
-        finally:
-            if stream is not None:
-                mount.handles.release_stream(stream)
+            return node.draft.read(off, size)
+        reader = await self._reader(node)
+        return await self._serve(reader.node, reader.note, reader.fd, reader.stamp, off, size)
 
-    async def _open_verified(self, node: Node, note: VisibleNote, stream: PageStream | None,
-                             pid_namespace: int | None) -> pyfuse3.FileInfo:
+    async def read(self, handle: Handle, off: int, size: int) -> bytes:
+        """A ``READ`` through a handle ``create`` gave: the draft being written."""
+        self._mount.check_copy(handle.node)
+        draft = handle.node.draft
+        return draft.read(off, size) if draft is not None else b""
+
+    async def _reader(self, node: Node) -> Reader:
+        """``node``'s reader for the revision the view shows now, verified first if it is new."""
         mount = self._mount
-        fd, stamp, verified = await self._open_artifact(node, note, stream)
+        while True:
+            note = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
+            if not mount.view.usable or (note is None and node.left_view):
+                raise fail(errno.EACCES)  # revoked, or the note left the view under a held descriptor
+            if note is None:
+                raise fail(errno.ENOENT)
+            if not mount.shows(note.resource_id):
+                raise fail(errno.EACCES)
+            reader = self._readers.get(node.ino)
+            if reader is not None and reader.node is node and (
+                    reader.note.revision_id == note.revision_id
+                    # Pages of the revision it serves may still be cached until the invalidation
+                    # queued for them is sent: READs keep to it until then, so the kernel never
+                    # holds pages of two revisions of one note at once.
+                    or (node.invalidating and reader.note.resource_id == note.resource_id)):
+                self._readers.move_to_end(node.ino)
+                return reader
+            verifying = self._verifying.get(node.ino)
+            if verifying is None:
+                break
+            await verifying.wait()  # readahead sends several READs at once: one verification serves them
+        done = self._verifying[node.ino] = trio.Event()
         try:
-            if stream is None:
-                if verified and (node.stale_pages or node.cached_revision not in (None, note.revision_id)):
-                    # An older revision's pages may outlive it past the new end of
-                    # file (a store never shrinks the kernel's size): drop them first.
-                    await trio.to_thread.run_sync(drop_pages, node.ino)
-                    node.stale_pages = False
-                await mount.handles.quiesce(node)  # another open's stream settles first: see vfs.handles
-            mount.check_opener(pid_namespace)  # dismissed while this open awaited: store nothing, give nothing
-            keep = self._keep_cache(node, note, verified, stream)
-            node.cached_revision = note.revision_id
-            self.expose(note)
-            handle = Handle(node, note=note, fd=fd, stamp=stamp, pid_namespace=pid_namespace)
-            fh = mount.give(handle, stream)
-        except BaseException:
-            os.close(fd)
-            if stream is not None and stream.touched:  # pages stored for an open that gives no handle
-                node.forget_pages()
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(drop_pages, node.ino)
-            raise
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+            fd, stamp = await self._verify(node, note)
+        finally:
+            del self._verifying[node.ino]
+            done.set()
+        if node.cached_revision not in (None, note.revision_id) or node.stale_pages:
+            # Pages of an older revision may still be cached beside the ones
+            # this READ brings in: they go (on the invalidation worker: this
+            # READ holds pages that dropping them would wait for).
+            mount.forget_pages(node)
+            node.stale_pages = False
+        node.cached_revision = note.revision_id
+        node.verified = (note, stamp)
+        self.expose(note)
+        reader = Reader(node, note, fd, stamp)
+        old = self._readers.pop(node.ino, None)
+        if old is not None:
+            old.close()
+        self._readers[node.ino] = reader
+        while len(self._readers) > KEEP_READERS:
+            self._readers.popitem(last=False)[1].close()
+        return reader
 
-    async def _open_artifact(self, node: Node, note: VisibleNote,
-                             stream: PageStream | None) -> tuple[int, Stamp, bytes | None]:
+    async def _verify(self, node: Node, note: VisibleNote) -> tuple[int, Stamp]:
+        """An open descriptor of ``note``'s artifact whose whole content matched the catalog."""
         artifacts = self._mount.artifacts
         if note.revision_id in self._mount.bad_revisions:
             raise fail(errno.EIO)
         try:
-            if stream is not None:
-                return await self._verify_streaming(node, note, stream)
             if note.size > INLINE_BYTES and artifacts.needs_hash(note):
-                return await trio.to_thread.run_sync(functools.partial(artifacts.open, note, keep=False))
-            return artifacts.open(note)
+                fd, stamp, _ = await trio.to_thread.run_sync(functools.partial(artifacts.open, note, keep=False))
+            else:
+                fd, stamp, _ = artifacts.open(note)
+        except IntegrityError:
+            await self.integrity_failure(note, node)
+            raise fail(errno.EIO) from None
+        return fd, stamp
+
+    async def _serve(self, node: Node, note: VisibleNote, fd: int, stamp: Stamp, off: int, size: int) -> bytes:
+        mount = self._mount
+        if not mount.shows(note.resource_id):
+            raise fail(errno.EACCES)  # revoked, tombstoned or denied since it was verified
+        if note.revision_id in mount.bad_revisions:
+            raise fail(errno.EIO)
+        try:
+            return mount.artifacts.read(fd, stamp, off, size)
         except IntegrityError:
             await self.integrity_failure(note, node)
             raise fail(errno.EIO) from None
 
-    async def _verify_streaming(self, node: Node, note: VisibleNote,
-                                stream: PageStream) -> tuple[int, Stamp, bytes | None]:
-        """Hash ``note`` on a worker, storing its chunks as they come.
+    async def recheck(self) -> None:
+        """Drop the pages of every inode whose artifact changed since it was verified.
 
-        Pages an older revision left beyond this one's end must not outlive
-        it under ``keep_cache``: they are dropped first. On any failure
-        (IntegrityError, OSError, cancellation) after something was stored,
-        the pages are dropped before this returns: ``invalidate_inode``
-        returns once the kernel has dropped them, and it is awaited here
-        rather than queued for the invalidation worker, so the EIO is
-        answered, and the inode opened to others, only after that.
+        The kernel answers reads from the pages it holds without asking, so
+        a tamper (or a replacement) of an artifact on disk would otherwise
+        go unnoticed until those pages were reclaimed. Every ``RECHECK_S``
+        the artifact behind each inode with cached pages is looked at
+        (one ``stat``, on a worker); any difference drops the inode's reader
+        and pages, and the next READ verifies afresh, refusing a tamper
+        (EIO, audited) and accepting a replacement that holds the right bytes.
         """
-        await trio.to_thread.run_sync(drop_pages, node.ino)
-        try:
-            return await trio.to_thread.run_sync(functools.partial(self._mount.artifacts.open, note, keep=False,
-                                                                   sink=stream))
-        except BaseException:
-            if stream.touched:
-                node.forget_pages()
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(drop_pages, node.ino)
-            raise
-
-    @staticmethod
-    def _keep_cache(node: Node, note: VisibleNote, verified: bytes | None, stream: PageStream | None) -> bool:
-        """Whether the kernel may keep ``node``'s pages when this open is answered.
-
-        A stream that stored the whole revision, now verified, is exactly
-        its pages; a partial one is not trusted to be. Otherwise the pages
-        may stay only if they are this revision's, or are made so now.
-        """
-        if stream is not None:
-            return stream.complete
-        keep = node.cached_revision == note.revision_id
-        if verified and not keep:
-            # Bytes just verified go straight into the kernel's page cache:
-            # the first read then needs no round trip (a cold grep's READ).
-            try:
-                pyfuse3.notify_store(node.ino, 0, verified)
-                keep = True
-            except OSError:
-                pass
-        return keep
-
-    async def read(self, handle: Handle, off: int, size: int) -> bytes:
         mount = self._mount
-        if handle.results is not None:
-            return self._queries.read(handle.results, off, size)
-        if handle.note is None:
-            mount.check_copy(handle.node)
-            draft = handle.node.draft
-            return draft.read(off, size) if draft is not None else b""
-        note = handle.note
-        if not mount.shows(note.resource_id):
-            raise fail(errno.EACCES)  # revoked, tombstoned or denied since the open
-        if note.revision_id in mount.bad_revisions:
-            raise fail(errno.EIO)
-        assert handle.stamp is not None
-        try:
-            return mount.artifacts.read(handle.fd, handle.stamp, off, size)
-        except IntegrityError:
-            await self.integrity_failure(note, handle.node)
-            raise fail(errno.EIO) from None
+        checks = [(node, node.verified) for node in mount.layers.inodes.nodes.values() if node.verified is not None]
+        if not checks:
+            return
+        places = [mount.artifacts.place(note) for _, (note, _) in checks]
+        now = await trio.to_thread.run_sync(stamps_now, places)
+        for (node, verified), current in zip(checks, now, strict=True):
+            if current != verified[1] and node.verified is verified:
+                reader = self._readers.pop(node.ino, None)
+                if reader is not None:
+                    reader.close()
+                mount.forget_pages(node)
+
+    def drop_readers(self) -> None:
+        """Close every reader (the mount is going): the kernel asks nothing more."""
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
 
     async def load(self, note: VisibleNote) -> bytes:
         """A whole revision, verified (a draft starting from a note's content)."""
@@ -196,7 +213,7 @@ class Reads:
     async def integrity_failure(self, note: VisibleNote, opened: Node | None = None) -> None:
         """Refuse the revision from now on, drop the kernel's pages, audit.
 
-        The pages of the node that was opened go too when it is not the
+        The pages of the node that was read go too when it is not the
         note's own node (a scratch file frozen to the revision: vim's backup).
         """
         mount = self._mount
@@ -205,6 +222,9 @@ class Reads:
         for node in (own, opened if opened is not own else None):
             if node is not None:
                 mount.forget_pages(node)
+                reader = self._readers.pop(node.ino, None)
+                if reader is not None:
+                    reader.close()
         event = mount.event(Op.READ, "error", Reason.REVISION_STALE, note)
         await mount.catalog(record_quietly, mount.home.state(), event)
 
@@ -213,7 +233,7 @@ class Reads:
 
         One row per revision and mount says what the audit needs (which
         session was shown which immutable revision, and when first); a row
-        per open would cost more than the read itself for ``grep -r``.
+        per read would cost more than the read itself for ``grep -r``.
         """
         if note.revision_id not in self._exposed:
             self._exposed.add(note.revision_id)

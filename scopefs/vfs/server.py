@@ -32,7 +32,7 @@ from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Op
 from scopefs.catalog.visible import build
-from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
 
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
@@ -72,7 +72,7 @@ async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None
             await nursery.start(task)  # each is ready (listening, say) before the mount is announced
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
-        await pyfuse3.main()
+        await pyfuse3.main(poll_ns=POLL_NS)
         nursery.cancel_scope.cancel()
     await fs.shutdown()
 
@@ -91,6 +91,7 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
+    fs.mount.mountpoint = mountpoint
     try:
         trio.run(_run, fs, mountpoint, on_ready, tasks)
     finally:
