@@ -128,6 +128,7 @@ class Inodes:
     def __init__(self) -> None:
         self._next = pyfuse3.ROOT_INODE + 1
         self.nodes: dict[int, Node] = {}
+        self.results: dict[int, Node] = {}  # the RESULTS nodes among them: few, looked at on every change
 
     def new(self, kind: Kind, parts: Parts, *, resource_id: str | None = None, draft: Draft | None = None,
             attached: bool = True) -> Node:
@@ -137,6 +138,8 @@ class Inodes:
             ino, self._next = self._next, self._next + 1
         node = Node(ino, kind, parts, resource_id=resource_id, draft=draft, attached=attached)
         self.nodes[ino] = node
+        if kind is Kind.RESULTS:
+            self.results[ino] = node
         return node
 
     def get(self, ino: int) -> Node | None:
@@ -151,3 +154,4 @@ class Inodes:
             if node.draft is not None:
                 node.draft.close()
             del self.nodes[ino]
+            self.results.pop(ino, None)

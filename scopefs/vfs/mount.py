@@ -126,7 +126,7 @@ class MountState:
                 source = copied_from(node)
                 if source is not None and not self.shows(source):
                     self.forget_pages(node)
-            for node in self.layers.inodes.nodes.values():
+            for node in self.layers.inodes.results.values():
                 if isinstance(node.query, Results) and not (
                         self.view.usable and node.query.quoted <= self.view.by_resource.keys()):
                     self.forget_pages(node)

@@ -46,7 +46,7 @@ from scopefs.vfs.queries import Queries
 
 INLINE_BYTES = 1 << 20  # hash or load larger files on a thread, smaller ones inline
 KEEP_READERS = 512  # verified artifacts held open for inodes, least recently read dropped first
-RECHECK_S = 0.5  # how often the artifacts behind the kernel's cached pages are looked at again
+RECHECK_S = 1.0  # how often the artifacts behind the kernel's cached pages are looked at again
 
 
 class Reader:
@@ -74,6 +74,7 @@ class Reads:
         self._exposed: set[str] = set()
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
+        self._cached: dict[int, Node] = {}  # inodes whose pages the kernel may hold, for ``recheck``
 
     async def read_inode(self, node: Node, off: int, size: int) -> bytes:
         """A ``READ`` that came without a handle: a note, a scratch file, a draft or a query's results."""
@@ -132,6 +133,7 @@ class Reads:
             node.stale_pages = False
         node.cached_revision = note.revision_id
         node.verified = (note, stamp)
+        self._cached[node.ino] = node
         self.expose(note)
         reader = Reader(node, note, fd, stamp)
         old = self._readers.pop(node.ino, None)
@@ -181,7 +183,9 @@ class Reads:
         (EIO, audited) and accepting a replacement that holds the right bytes.
         """
         mount = self._mount
-        checks = [(node, node.verified) for node in mount.layers.inodes.nodes.values() if node.verified is not None]
+        for ino in [ino for ino, node in self._cached.items() if node.verified is None]:
+            del self._cached[ino]
+        checks = [(node, node.verified) for node in self._cached.values() if node.verified is not None]
         if not checks:
             return
         places = [mount.artifacts.place(note) for _, (note, _) in checks]
