@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Many session mounts at once: memory per idle mount, and how a woken one answers (issue 14, point 6).
+
+``--mounts`` people, each with a verified DM session and ``--notes`` notes in
+their private store, each session mounted (``scopefs.sandbox.mounts.start``,
+what ``scopefs mount`` runs). Then:
+
+* idle RSS of every mount server (``/proc/PID/status``: VmRSS), after
+  ``--settle`` seconds with nothing asked of them;
+* woken in turn: for each mount, a cold ``grep -r`` over its notes and a
+  second, warm one, timed;
+* RSS again after that.
+
+    .venv/bin/python bench/many_mounts.py --json > bench/out/many-mounts.json   # needs root, fuse3
+
+Every mount is unmounted on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scopefs.catalog import identity
+from scopefs.catalog.agents import add_agent
+from scopefs.catalog.home import Home
+from scopefs.catalog.sessions import DirectMessage, open_session
+from scopefs.sandbox.mounts import start, stop
+from scopefs.writer.transaction import write_note
+
+AGENT, CHANNEL, ACCOUNT = "main", "telegram", "bench-bot"
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def timed_grep(root: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(["grep", "-r", "-c", "needle", str(root)], stdout=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - started
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"min": ordered[0], "p50": statistics.median(ordered), "p95": ordered[int(0.95 * (len(ordered) - 1))],
+            "max": ordered[-1], "total": sum(ordered)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mounts", type=int, default=100)
+    parser.add_argument("--notes", type=int, default=50, help="notes per person (default 50)")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds idle before measuring (default 10)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="many-mounts-"))
+    home, _ = Home.init(work / "home")
+    add_agent(home, AGENT)
+    state = home.state()
+    sessions = []
+    for i in range(args.mounts):
+        principal = identity.add_principal(state, f"Person {i}", "human")
+        identity.bind(state, home.hmac_key(), principal, CHANNEL, ACCOUNT, str(700_000 + i))
+        session = open_session(home, AGENT, DirectMessage(CHANNEL, ACCOUNT, str(700_000 + i))).session_id
+        for n in range(args.notes):
+            write_note(home, session, f"private/notes/n{n:03d}.md",
+                       (f"note {n} of person {i}\n" + ("needle\n" if n % 10 == 0 else "") + "x" * 900 + "\n").encode())
+        sessions.append(session)
+    records = []
+    try:
+        started = time.perf_counter()
+        for i, session in enumerate(sessions):
+            point = work / "mnt" / f"m{i:03d}"
+            point.mkdir(parents=True)
+            records.append(start(home, session, str(point)))
+        mount_s = time.perf_counter() - started
+        time.sleep(args.settle)
+        idle = [rss_mib(r.pid) for r in records]
+        cold, warm = [], []
+        for record in records:
+            cold.append(timed_grep(Path(record.mountpoint)))
+            warm.append(timed_grep(Path(record.mountpoint)))
+        time.sleep(args.settle)
+        after = [rss_mib(r.pid) for r in records]
+        report = {"mounts": args.mounts, "notes_per_mount": args.notes, "mount_all_s": mount_s,
+                  "idle_rss_mib": summary(idle), "rss_after_reads_mib": summary(after),
+                  "grep_cold_s": summary(cold), "grep_warm_s": summary(warm)}
+    finally:
+        for record in records:
+            stop(home, record.mountpoint)
+        home.close()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
