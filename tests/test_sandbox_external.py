@@ -27,7 +27,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,8 +231,16 @@ def _start_holder(place: Place) -> subprocess.Popen[bytes]:
     return holder
 
 
-def _after(holder: subprocess.Popen[bytes]) -> dict[str, object]:
-    out, err = holder.communicate(b"go\n", timeout=60)
+def _held_through(place: Place, end: Callable[[], None]) -> dict[str, object]:
+    """What a sandbox holding the note open finds once ``end()`` ended the mount's service."""
+    holder = _start_holder(place)
+    try:
+        end()
+        out, err = holder.communicate(b"go\n", timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
     assert holder.returncode == 0, err
     found = json.loads(out)
     assert isinstance(found, dict)
@@ -242,19 +250,16 @@ def _after(holder: subprocess.Popen[bytes]) -> dict[str, object]:
 @pytest.mark.parametrize("end", ["closed", "binding-revoked"])
 def test_the_mount_ends_with_the_session(place: Place, scenario: Scenario, end: str) -> None:
     place.mount(scenario.alice_session)
-    holder = _start_holder(place)
-    try:
+
+    def session_ends() -> None:
         if end == "closed":
             close_session(scenario, scenario.alice_session)
         else:
             scenario.cli("binding", "revoke", scenario.alice_binding, check=True)
         wait_until(lambda: not is_mounted(place.mountpoint))  # the server unmounted itself
         wait_until(lambda: not place.server_alive())
-        after = _after(holder)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+
+    after = _held_through(place, session_ends)
     # The bind held by the running sandbox: nothing, not even the page the held descriptor read. A stat
     # of /memory itself may be answered from the kernel's attribute cache: the root's constant attributes.
     assert after.pop("stat") in (errno.ENOTCONN, repr(ROOT_MODE))
@@ -271,15 +276,12 @@ def test_umount_ends_the_binds_too(place: Place, scenario: Scenario) -> None:
     """A bind holds the filesystem after the host's mount point lets go; ``scopefs umount`` stops the
     server itself, so the container's /memory stops answering too."""
     place.mount(scenario.alice_session)
-    holder = _start_holder(place)
-    try:
+
+    def umount() -> None:
         scenario.cli("umount", str(place.mountpoint), check=True)
         assert not is_mounted(place.mountpoint) and not place.server_alive()
-        after = _after(holder)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+
+    after = _held_through(place, umount)
     assert after.pop("stat") in (errno.ENOTCONN, repr(ROOT_MODE))
     assert set(after.values()) == {errno.ENOTCONN}
 

@@ -85,9 +85,8 @@ class Commits:
         or truncation made it; a dismissal revokes it like any other.
         """
         mount = self._mount
-        fh = self._writers.get(node.ino)
-        handle = mount.handles.get(fh) if fh is not None else None
-        if handle is not None and handle.node is node:
+        handle = self.writer_of(node)
+        if handle is not None:
             handle.used = time.monotonic()
             return handle
         if node.kind in (Kind.DIR, Kind.QUERIES, Kind.RESULTS):
@@ -95,7 +94,7 @@ class Commits:
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
         await self.ensure_draft(node, truncate=False)
-        handle = Handle(node, writable=True, pid_namespace=pid_namespace, implicit=True)
+        handle = Handle(node, writable=True, pid_namespace=pid_namespace)
         self._register(node, mount.give(handle))
         return handle
 
@@ -124,10 +123,10 @@ class Commits:
             await self.flush(handle)
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self._let_go(handle, commit=False)  # refused or failed: none of it stays readable
+                await self._let_go(node, commit=False)  # refused or failed: none of it stays readable
             raise
         if handle.wrote or node.draft is None or not node.draft.dirty:
-            await self._let_go(handle)
+            await self._let_go(node)
 
     async def settle(self, *, everything: bool = False) -> None:
         """Commit and let go of writers' handles nobody closed (``WRITER_IDLE_S``), or all of them."""
@@ -138,15 +137,14 @@ class Commits:
         for ino, fh in list(self._writers.items()):
             handle = self._mount.handles.get(fh)
             if handle is None:
-                self._writers.pop(ino, None)
+                self._writers.pop(ino, None)  # the kernel released it (a mount's first files may get RELEASE)
             elif everything or handle.used < idle:
-                await self._let_go(handle)
+                await self._let_go(handle.node)
 
-    async def _let_go(self, handle: Handle, *, commit: bool = True) -> None:
-        for ino, fh in list(self._writers.items()):
-            if self._mount.handles.get(fh) is handle:
-                del self._writers[ino]
-                await self.release(fh, commit=commit)
+    async def _let_go(self, node: Node, *, commit: bool = True) -> None:
+        fh = self._writers.pop(node.ino, None)
+        if fh is not None:
+            await self.release(fh, commit=commit)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""

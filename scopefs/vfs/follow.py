@@ -14,7 +14,6 @@ tries again: nothing in here may end the mount.
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -26,6 +25,7 @@ from scopefs.catalog.index import index_again
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.mount import MountState
+from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
 
@@ -110,9 +110,6 @@ class Follow:
             if not sent:
                 log.error("the kernel kept pages or names it was told to drop: the mount fails closed")
                 self._mount.fail_closed()
-
-
-GONE = (errno.ENOENT, errno.ENOTCONN, errno.ENODEV)  # not cached, or the connection is already gone
 
 
 def _send_invalidations(items: list[Invalidation]) -> bool:

@@ -31,7 +31,6 @@ class Handle:
     writable: bool = False
     wrote: bool = False  # a write() came through this handle
     pid_namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
-    implicit: bool = False  # made for writes that came by inode, without an open (``Commits.writer``)
     used: float = field(default_factory=time.monotonic)  # the last write or truncation through it
 
 
@@ -74,9 +73,3 @@ class HandleTable:
     def all(self) -> list[Handle]:
         return list(self._handles.values())
 
-    def numbered(self) -> list[tuple[int, Handle]]:
-        return list(self._handles.items())
-
-    def on(self, node: Node) -> bool:
-        """Whether any handle in the table is on ``node``."""
-        return any(handle.node is node for handle in self._handles.values())

@@ -45,7 +45,7 @@ from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
-from scopefs.vfs.pages import drop_listing, drop_pages_of
+from scopefs.vfs.pages import drop_pages, drop_pages_of
 from scopefs.vfs.querytree import Results, is_query_path
 
 T = TypeVar("T")
@@ -115,7 +115,7 @@ class MountState:
                 # A folder's cached listing goes before any request sees the new view: dropping it
                 # waits for no request in flight (the kernel holds a listing's pages only while
                 # it copies an answer in), so it is done here, on this thread, not queued.
-                drop_listing(item.ino)
+                drop_pages(item.ino)
             else:
                 self._queue(item, node)
         if self.view is not old:

@@ -17,18 +17,23 @@ import pyfuse3
 log = logging.getLogger("scopefs.vfs")
 
 
-def drop_pages(ino: int) -> None:
-    """Drop the kernel's pages (and attributes) of ``ino`` now; on a worker.
+# ENOENT: the kernel does not know the inode; ENODEV, ENOTCONN: the connection is gone, and the
+# kernel has nothing of this mount left to drop through it.
+GONE = (errno.ENOENT, errno.ENODEV, errno.ENOTCONN)
 
-    Not from the trio thread: a page locked by a READ in flight would wait
-    for this loop to answer it.
+
+def drop_pages(ino: int) -> None:
+    """Drop the kernel's pages (and attributes) of ``ino`` now; a file's on a worker.
+
+    A file's not from the trio thread: a page locked by a READ in flight
+    would wait for this loop to answer it. A folder's pages (its cached
+    listing) are held only while the kernel copies an answer in, so those
+    may go from any thread (``MountState._apply``).
     """
     try:
         pyfuse3.invalidate_inode(ino, attr_only=False)
     except OSError as exc:
-        # ENOENT: the kernel does not know the inode; ENODEV, ENOTCONN: the connection is gone, and the
-        # kernel has nothing of this mount left to drop through it.
-        if exc.errno not in (errno.ENOENT, errno.ENODEV, errno.ENOTCONN):
+        if exc.errno not in GONE:
             log.warning("pages of an inode were not dropped (%s)", errno.errorcode.get(exc.errno or 0, "?"))
 
 
@@ -36,11 +41,3 @@ def drop_pages_of(inos: list[int]) -> None:
     """``drop_pages`` for each of ``inos``, in one trip to a worker."""
     for ino in inos:
         drop_pages(ino)
-
-
-def drop_listing(ino: int) -> None:
-    """Drop the kernel's cached listing of the folder ``ino`` now, from any thread (see ``MountState._apply``)."""
-    try:
-        pyfuse3.invalidate_inode(ino, attr_only=False)
-    except OSError:
-        pass  # the kernel does not hold this folder (ENOENT), or the connection is gone
