@@ -133,17 +133,19 @@ def case_steps(*cases: WriteCase) -> list[Any]:
     return [pytest.param(case, step, id=f"{case.name}-{step.value}") for case in cases for step in case.steps]
 
 
-def allowed_outcomes(case: WriteCase, step: Step) -> set[str]:
+def allowed_outcomes(case: WriteCase, step: Step, *, durable: bool = True) -> set[str]:
     """What a reader may see after an interruption at ``step``.
 
     Until ACTIVATED nothing was acknowledged and recovery rolls the write
     back (it cannot prove a dead writer's fsync succeeded); once ACTIVATED
-    was reached the write was acknowledged and must be visible.
+    was reached the write was acknowledged and must be visible, unless it
+    was not ``durable`` and the interruption was a power loss: then it
+    may be lost, never more.
     """
     before = "absent" if case.old is None else "old"
     if STEPS.index(step) < STEPS.index(Step.ACTIVATED):
         return {before}
-    return {"new"}
+    return {"new"} if durable else {"new", before}
 
 
 # -- the interrupted writer ------------------------------------------------
@@ -158,6 +160,7 @@ from scopefs.writer.transaction import write_note
 
 home_dir, session_id, path, target = sys.argv[1:5]
 data = bytes.fromhex(sys.argv[5])
+durable = sys.argv[6] == "durable"
 
 def stop_here(step):
     if step.value == target:
@@ -166,7 +169,7 @@ def stop_here(step):
         os._exit(70)  # the parent vanished without killing us: never run the rest
 
 steps.set_hook(stop_here)
-write_note(Home.open(Path(home_dir)), session_id, path, data)
+write_note(Home.open(Path(home_dir)), session_id, path, data, durable=durable)
 os.write(1, b"finished without stopping\n")
 """
 
@@ -185,10 +188,13 @@ class StoppedWriter:
 
 
 @contextlib.contextmanager
-def writer_stopped_at(home: Path, session_id: str, path: str, data: bytes, step: Step) -> Iterator[StoppedWriter]:
-    """Run the real ``write_note`` in a child and hold it at ``step``."""
+def writer_stopped_at(home: Path, session_id: str, path: str, data: bytes, step: Step, *,
+                      durable: bool = True) -> Iterator[StoppedWriter]:
+    """Run the real ``write_note`` in a child and hold it at ``step`` (a close through a mount's
+    write, synced nothing, unless ``durable``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(home), session_id, path, step.value, data.hex()],
+        [sys.executable, "-c", _CHILD, str(home), session_id, path, step.value, data.hex(),
+         "durable" if durable else "unsynced"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -269,6 +275,12 @@ def doctor(cli: Cli, *, fix: bool = False) -> DoctorReport:
     return DoctorReport(result.code, body["findings"])
 
 
+def unsynced_rows(home: Path, agent: str = AGENT) -> int:
+    """Revisions committed without a disk sync that nothing has synced or settled yet."""
+    with db_copy(catalog_path(home, agent)) as conn:
+        return int(conn.execute("SELECT count(*) FROM unsynced_revisions").fetchall()[0][0])
+
+
 def read_outcome(cli: Cli, session_id: str, path: str, old: bytes | None, new: bytes) -> str:
     """'old', 'new' or 'absent' (exit 3, no bytes, for a note that never existed).
 
@@ -299,7 +311,8 @@ def assert_consistent(home: Path, before: list[Rev], agent: str = AGENT) -> None
     scopes = agent_dir / "memory-scopes" / "v1"
     assert set(os.listdir(scopes)) == path_keys, "store directories and storage roots disagree"
     for path_key in path_keys:
-        referenced = {r.locator for r in revs if r.path_key == path_key and r.state in ("active", "superseded")}
+        referenced = {r.locator for r in revs if r.path_key == path_key
+                      and r.state in ("active", "superseded", "corrupt")}  # corrupt: kept as found
         for name in os.listdir(scopes / path_key):
             st = os.lstat(scopes / path_key / name)
             assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1, f"unsafe entry in a store directory: {name}"
@@ -322,14 +335,15 @@ def audited(home: Path, revision_id: str) -> list[tuple[str, str]]:
             "SELECT decision, reason FROM audit WHERE revision_id = ? AND event_id IS NOT NULL", (revision_id,))]
 
 
-def verify_recovered(cli: Cli, case: WriteCase, base: Base, step: Step, before: list[Rev]) -> str:
+def verify_recovered(cli: Cli, case: WriteCase, base: Base, step: Step, before: list[Rev], *,
+                     durable: bool = True) -> str:
     """Every property an interrupted write must have after ``doctor --fix``.
 
     Returns the outcome ('old', 'new' or 'absent').
     """
     session, new = case.session_id(base), new_bytes(step)
     outcome = read_outcome(cli, session, case.path, case.old, new)
-    assert outcome in allowed_outcomes(case, step), (outcome, step)
+    assert outcome in allowed_outcomes(case, step, durable=durable), (outcome, step)
     assert_consistent(cli.home, before)
     if outcome == "new":  # a completed write is in the shared audit, drained exactly once
         rev = the_revision(cli.home, new)

@@ -106,6 +106,13 @@ class NoteHistory:
     active_sha256: str | None
 
 
+def unsynced_paths(home: Path, agent: str = "main") -> set[str]:
+    """Paths of the notes with a revision committed without a disk sync (``writer.unsynced``)."""
+    with catalog(home, agent) as conn:
+        rows = conn.execute("SELECT r.path FROM unsynced_revisions u JOIN resources r USING (resource_id)").fetchall()
+    return {row[0] for row in rows}
+
+
 def live_notes(home: Path, audience_id: str, agent: str = "main") -> dict[str, NoteHistory]:
     """Live resources of the store whose audience is ``audience_id``, by path."""
     with catalog(home, agent) as conn:

@@ -22,7 +22,7 @@ import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import CATALOG_FAILURES, immediate, scalar
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
 
 
 @dataclass(frozen=True)
@@ -117,13 +117,9 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
         # The "drained" mark needs no fsync of its own: if power loss takes
         # it, the rows are delivered again and INSERT OR IGNORE drops them.
         # The next FULL commit on this database makes the mark durable.
-        catalog.execute("PRAGMA synchronous=NORMAL")
-        try:
-            with immediate(catalog):
-                for event_id, _ in rows:
-                    catalog.execute("UPDATE audit_outbox SET state = 'drained' WHERE event_id = ?", (event_id,))
-        finally:
-            catalog.execute("PRAGMA synchronous=FULL")
+        with relaxed(catalog), immediate(catalog):
+            for event_id, _ in rows:
+                catalog.execute("UPDATE audit_outbox SET state = 'drained' WHERE event_id = ?", (event_id,))
         total += len(rows)
 
 

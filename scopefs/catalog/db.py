@@ -106,6 +106,23 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
         raise StorageError(f"catalog commit failed: {exc.__class__.__name__}") from exc
 
 
+@contextlib.contextmanager
+def relaxed(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """Commits inside this block are not synced to disk (``synchronous=NORMAL``).
+
+    For what a power loss may lose by contract (DESIGN.md §6): a close
+    through a mount, the "drained" mark of the audit outbox. Such a commit
+    survives the death of any process; the next ``synchronous=FULL`` commit
+    on the same database makes it durable too, since it syncs the whole
+    write-ahead log.
+    """
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        yield conn
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
+
+
 def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
     """The first row of a query, or None."""
     for row in conn.execute(sql, params):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import apsw
 
+from scopefs.catalog.boot import page_cache_of
 from scopefs.catalog.db import connect, one
 from scopefs.catalog.errors import BadInput, StorageError
 from scopefs.catalog.fsafe import fsync_dir
@@ -125,6 +126,13 @@ class Home:
         self._state: apsw.Connection | None = None
         self._catalogs: dict[str, apsw.Connection] = {}
         self._key: bytes | None = None
+        self._page_cache: str | None = None
+
+    def page_cache(self) -> str:
+        """The page cache this home's files live in now (``catalog.boot``); fixed for this process."""
+        if self._page_cache is None:
+            self._page_cache = page_cache_of(self.root)
+        return self._page_cache
 
     # -- layout ---------------------------------------------------------
     @property

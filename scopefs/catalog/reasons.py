@@ -23,6 +23,9 @@ class Reason(StrEnum):
     DEFAULT_DENY = "default-deny"
     LINEAGE_DENY = "lineage-deny"
     BACKEND_NONCONFORMING = "backend-nonconforming"
+    # A revision committed without a disk sync whose artifact did not survive
+    # a power loss: recovery rolled its note back to the revision before it.
+    REVISION_LOST = "revision-lost"
 
 
 # Reasons that describe the caller's own session rather than a resource.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn, cast
 
 from scopefs.catalog.durations import parse_duration_us
-from scopefs.catalog.errors import BadInput, Denied, ScopefsError
+from scopefs.catalog.errors import BadInput, Denied, IntegrityError, ScopefsError
 from scopefs.catalog.home import Home, resolve_home, validate_agent_name
 from scopefs.cli.output import OutputLost, drop_stdout, emit, fail, lost_output, write_bytes, write_text
 
@@ -224,10 +224,26 @@ def cmd_session_open(args: argparse.Namespace) -> int:
 
 def cmd_read(args: argparse.Namespace) -> int:
     """Raw bytes are streamed (hashed whole first, then copied in chunks), so a
-    note of any size reads in bounded memory; ``--json`` needs it whole."""
-    from scopefs.catalog.reader import read_note, stream_note
+    note of any size reads in bounded memory; ``--json`` needs it whole.
+
+    A note whose artifact does not verify may be a save a power loss took
+    (``writer.unsynced``): recovery settles those, and the read is tried
+    once more, so such a note reads as the revision before it rather than
+    as tampered."""
+    from scopefs.writer.recovery import recover_home
 
     home = _home(args)
+    try:
+        return _read(home, args)
+    except IntegrityError:
+        if not recover_home(home):
+            raise
+    return _read(home, args)
+
+
+def _read(home: Home, args: argparse.Namespace) -> int:
+    from scopefs.catalog.reader import read_note, stream_note
+
     if not args.json:
         stream_note(home, args.session, args.path, write_bytes, actor_id=args.actor)
         return 0

@@ -15,11 +15,13 @@ from __future__ import annotations
 import errno
 
 from scopefs.catalog.access import VACANT, authorize_session, existing_target
+from scopefs.catalog.audit import drain_quietly
 from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
 from scopefs.vfs.drafts import Draft
+from scopefs.writer import unsynced
 from scopefs.writer.rename import CrossRoot, rename_parts
 from scopefs.writer.tombstone import delete_parts
 from scopefs.writer.transaction import WriteResult, check_write, write_parts
@@ -29,10 +31,24 @@ class CrossDevice(OSError):
     """A rename between two roots: ``EXDEV``, so that ``mv`` copies (through the write path) instead."""
 
 
-def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None) -> WriteResult:
-    """The draft as the next revision of the note at ``parts`` (of ``expected_resource_id``, if given)."""
+def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None, *,
+           durable: bool = False) -> WriteResult:
+    """The draft as the next revision of the note at ``parts`` (of ``expected_resource_id``, if given);
+    synced to disk only if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``)."""
     with draft.reader() as source:
-        return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id)
+        return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
+                           durable=durable)
+
+
+def sync(home: Home, agent_id: str, resource_id: str | None) -> None:
+    """Make the revisions a close committed without a sync durable: one note's, or (None) the cell's."""
+    unsynced.sync(home, agent_id, resource_id=resource_id)
+
+
+def drain(home: Home, agent_ids: set[str]) -> None:
+    """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``)."""
+    for agent_id in sorted(agent_ids):
+        drain_quietly(home.state(), home.catalog(agent_id), agent_id)
 
 
 def check_save(home: Home, session_id: str, parts: Parts) -> None:

@@ -6,6 +6,15 @@ is closed (``flush``) or synced. A save that changed nothing makes no
 revision. Scratch files of editors have drafts too, and never leave this
 mount.
 
+Durability follows POSIX (DESIGN.md §6): a close commits without any
+disk sync (visible to every session at once, safe from the death of any
+process, and listed as unsynced so that recovery can roll it back if a
+power loss takes it); ``fsync``/``fdatasync`` of the note commits durably,
+or makes what earlier closes committed durable (``sync``), and ``fsync``
+of a folder does that for every note of the mount's cells. The audit
+rows of unsynced commits wait in the outbox and are drained in batches
+(``drain``, from ``vfs.follow``).
+
 No ``open`` reaches the mount (``vfs.fs``): a file opened for writing
 shows up with its first ``WRITE`` or truncation, by inode, and the mount
 makes a handle for it then (``writer``); ``create`` makes one too. Each
@@ -56,6 +65,7 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
+        self._undrained: set[str] = set()  # cells whose outbox holds audit rows of saves made here
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
@@ -103,6 +113,12 @@ class Commits:
         if old is not None:
             self._replaced.append(old)
         self._writers[node.ino] = fh
+        self._mount.settle_wanted.set()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a writer's handle waits to be committed (``settle``)."""
+        return bool(self._writers or self._replaced)
 
     def writer_of(self, node: Node) -> Handle | None:
         """The handle writes by inode made on ``node``, if it still has one."""
@@ -198,8 +214,9 @@ class Commits:
             await self.commit(node)
             node.close_clean_draft()
 
-    async def commit(self, node: Node) -> None:
-        """Make a note's dirty draft its next revision (one writer transaction)."""
+    async def commit(self, node: Node, *, durable: bool = False) -> None:
+        """Make a note's dirty draft its next revision (one writer transaction), synced to disk
+        if ``durable``."""
         mount = self._mount
         async with node.commit_lock:
             draft = node.draft
@@ -214,7 +231,7 @@ class Commits:
                     raise fail(errno.EACCES)  # removed by another session, or the view went and came back
                 return  # unlinked here while open: its writes go with it, as on any filesystem
             try:
-                saved = await self.save(node, draft, node.parts, node.resource_id)
+                saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
             except BaseException:
                 mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
@@ -224,7 +241,8 @@ class Commits:
             await mount.sync()
             self.bind(node, saved.resource_id)
 
-    async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None) -> WriteResult | None:
+    async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None, *,
+                   durable: bool = False) -> WriteResult | None:
         """``draft`` as the next revision of the note ``expected`` (None: a new note) at ``parts``.
 
         None, and no revision, when the draft holds exactly the revision the
@@ -236,18 +254,53 @@ class Commits:
             draft.dirty = False
             return None
         self._mount.check_copy(node)
+        cell_agent = self._cell_agent(parts)
         draft.dirty = False  # writes landing during the commit mark it dirty again
         try:
-            return await self._commit_following(node, draft, parts, expected)
+            saved = await self._commit_following(node, draft, parts, expected, durable)
         except BaseException:
             draft.dirty = True
             raise
+        if not durable:
+            self._undrained.add(cell_agent)
+        return saved
 
-    async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None) -> WriteResult:
+    def _cell_agent(self, parts: Parts) -> str:
+        """The agent id of the cell that holds ``parts``: the session's agent's, or a shared pool's."""
+        access = self._mount.view.access
+        found = access.view.mount_for(parts)
+        return access.in_cell(found[0].cell if found is not None else "").agent_id
+
+    async def sync(self, node: Node | None) -> None:
+        """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or
+        (None: a folder's fsync) for every cell of the view."""
+        mount = self._mount
+        if node is None:
+            access = mount.view.access
+            for cell in access.cells():
+                await mount.catalog(catalog_ops.sync, mount.home, access.in_cell(cell).agent_id, None)
+            return
+        note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
+        if note is not None:
+            await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note.parts), note.resource_id)
+
+    async def drain(self) -> None:
+        """Deliver the audit rows of the saves made here since the last drain."""
+        cells, self._undrained = self._undrained, set()
+        if cells:
+            try:
+                await self._mount.catalog(catalog_ops.drain, self._mount.home, cells)
+            except BaseException:
+                self._undrained |= cells
+                raise
+
+    async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None,
+                                durable: bool) -> WriteResult:
         """Commit to the note meant; once more where it is now, if it is ``node``'s and another session moved it."""
         mount = self._mount
         try:
-            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft, expected)
+            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft, expected,
+                                       durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
                 raise
@@ -259,7 +312,7 @@ class Commits:
                 raise
             mount.check_copy(node)  # the view moved on: the draft's source must still be in it
             return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
-                                       node.resource_id)
+                                       node.resource_id, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""
@@ -278,7 +331,8 @@ class Commits:
         layers.by_resource[resource_id] = node
 
     async def flush(self, handle: Handle) -> None:
-        """Commit on close, so that a successful close(2) means durable.
+        """Commit on close, so that a successful close(2) means committed: visible everywhere, and
+        kept whatever process dies (durable on disk only once synced).
 
         Except for a handle that has only truncated or created an empty
         file: the shell's ``> note`` opens, duplicates the descriptor and

@@ -1,26 +1,33 @@
 """What a mount does between requests: follow the catalog, settle removals, send the kernel invalidations.
 
 Other sessions write, rename, revoke and expire while this mount serves;
-the mount notices by polling the catalog's change log and the session's
-evidence (``MountState.sync``) every ``POLL_S``, and the kernel learns what
-changed from invalidations sent here, on their own thread, never from a
-request handler (an invalidation can wait on a page that a READ in
-flight has locked, and that READ waits on this loop). Removals whose
-grace period ended are tombstoned, and the read audit is written in
-batches, and revisions verified here are indexed again if a search had
-retired their rows. A failure of one round is logged by type and the next round
-tries again: nothing in here may end the mount.
+the mount notices by reading the catalog's change log and the session's
+evidence (``MountState.sync``) whenever one of its databases changes
+(``vfs.watch``), at the next policy expiry, and at least every
+``FOLLOW_S``; the kernel learns what changed from invalidations sent
+here, on their own thread, never from a request handler (an invalidation
+can wait on a page that a READ in flight has locked, and that READ waits
+on this loop). Writers nobody closed are committed and removals whose
+grace period ended are tombstoned, every ``POLL_S`` while there are any;
+once a second the artifacts behind cached pages are looked at again, the
+audit is written in batches, and revisions verified here are indexed
+again if a search had retired their rows. An idle mount wakes a few
+times a second, so a hundred of them leave the CPUs to the ones in use.
+A failure of one round is logged by type and the next round tries again:
+nothing in here may end the mount.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pyfuse3
 import trio
 
 from scopefs.catalog.audit import record_many
+from scopefs.catalog.clock import now_us
 from scopefs.catalog.index import index_again
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
@@ -28,11 +35,13 @@ from scopefs.vfs.mount import MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
+from scopefs.vfs.watch import CatalogWatch
 
 log = logging.getLogger("scopefs.vfs")
 
-POLL_S = 0.1  # how often the change log and the session's evidence are checked
-AUDIT_FLUSH_S = 1.0
+POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
+FOLLOW_S = 0.5  # the longest the catalog goes unread even if nothing woke the mount (time, NFS): under 1 s
+TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 
 
 class Follow:
@@ -45,13 +54,58 @@ class Follow:
         self._commits = commits
 
     async def start(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._every, POLL_S, self._mount.sync)
-        nursery.start_soon(self._every, POLL_S, self._removals.settle)
-        nursery.start_soon(self._every, POLL_S, self._commits.settle)
-        nursery.start_soon(self._every, RECHECK_S, self._reads.recheck)
-        nursery.start_soon(self._every, AUDIT_FLUSH_S, self.flush_audit)
-        nursery.start_soon(self._every, AUDIT_FLUSH_S, self.index_verified)
+        nursery.start_soon(self._follow)
+        nursery.start_soon(self._settle)
+        nursery.start_soon(self._every, TICK_S, self._tick)
         nursery.start_soon(self._invalidate)
+
+    async def _follow(self) -> None:
+        """``MountState.sync`` whenever a database of the view changed, a policy expires, or ``FOLLOW_S``
+        passed (``POLL_S`` without inotify)."""
+        mount = self._mount
+        watch = CatalogWatch.open()
+        try:
+            while True:
+                watching = watch is not None and watch.watch(self._directories())
+                wait = FOLLOW_S if watching else POLL_S
+                until = mount.view.valid_until
+                if until is not None:
+                    wait = max(0.0, min(wait, (until - now_us()) / 1e6))
+                with trio.move_on_after(wait):
+                    if watching:
+                        assert watch is not None
+                        await watch.changed()
+                    else:
+                        await trio.sleep_forever()
+                await self._round(mount.sync)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _directories(self) -> set[Path]:
+        """Where the databases this view reads live: the state database, and each cell's catalog."""
+        home = self._mount.home
+        access = self._mount.view.access
+        return {home.root, *(home.agent_dir(access.in_cell(cell).agent_id) for cell in access.cells())}
+
+    async def _settle(self) -> None:
+        """Every ``POLL_S`` while writers or removals wait; asleep (until one is made) otherwise."""
+        mount = self._mount
+        while True:
+            if self._commits.pending or self._removals.pending:
+                await trio.sleep(POLL_S)
+            else:
+                with trio.move_on_after(FOLLOW_S):
+                    await mount.settle_wanted.wait()
+                mount.settle_wanted = trio.Event()
+                continue
+            await self._round(self._commits.settle)
+            await self._round(self._removals.settle)
+
+    async def _tick(self) -> None:
+        await self._round(self._reads.recheck)
+        await self._round(self.flush_audit)
+        await self._round(self.index_verified)
 
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""
@@ -65,6 +119,11 @@ class Follow:
         self._mount.artifacts.close()
 
     async def flush_audit(self) -> None:
+        """The read exposures of the last second, and the outbox rows of the saves made meanwhile."""
+        try:
+            await self._commits.drain()
+        except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
+            log.warning("save audit not drained (%s)", type(exc).__name__)
         batch = self._reads.take_exposures()
         if batch:
             try:
@@ -85,14 +144,18 @@ class Follow:
                 self._mount.artifacts.hashed_again(hashed)  # a verified revision is not hashed twice: retry
                 raise
 
-    @staticmethod
-    async def _every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+    @classmethod
+    async def _every(cls, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
             await trio.sleep(seconds)
-            try:
-                await work()
-            except Exception as exc:  # noqa: BLE001 - a background failure must not end the mount
-                log.warning("background %s failed (%s)", getattr(work, "__name__", "task"), type(exc).__name__)
+            await cls._round(work)
+
+    @staticmethod
+    async def _round(work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except Exception as exc:  # noqa: BLE001 - a background failure must not end the mount
+            log.warning("background %s failed (%s)", getattr(work, "__name__", "task"), type(exc).__name__)
 
     async def _invalidate(self) -> None:
         """Send invalidations from their own thread, never from a handler, all that are queued

@@ -293,8 +293,11 @@ class ScopeFS(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool, inode: int = 0) -> None:
         handle = self.mount.handles.get(fh) if fh else None
         node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
-        if node is not None and (handle is not None or self.commits.writer_of(node) is not None):
-            await self.commits.commit(node)
+        if node is None:
+            return
+        if handle is not None or self.commits.writer_of(node) is not None:
+            await self.commits.commit(node, durable=True)
+        await self.commits.sync(node)  # what earlier closes committed without a sync
 
     async def release(self, fh: int, inode: int = 0) -> None:
         if fh:
@@ -303,6 +306,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
         await self.removals.settle(prefix=self.mount.folder(inode).parts)
+        await self.commits.sync(None)
 
     # -- refused ---------------------------------------------------------------
 

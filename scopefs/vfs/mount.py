@@ -75,6 +75,7 @@ class MountState:
         self.bad_revisions: set[str] = set()  # failed verification in this mount: EIO until the view moves on
         self._limiter = trio.CapacityLimiter(1)
         self._sync_lock = trio.Lock()
+        self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
         self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
 

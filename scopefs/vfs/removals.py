@@ -42,6 +42,12 @@ class Removals:
         assert node.resource_id is not None
         await mount.catalog(catalog_ops.check_remove, mount.home, mount.session_id, parts)
         layers.schedule_removal(parts, node.resource_id)
+        mount.settle_wanted.set()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a removal waits for its grace period to end (``settle``)."""
+        return bool(self._mount.layers.removed)
 
     async def settle(self, *, prefix: Parts | None = None, everything: bool = False) -> None:
         """Tombstone notes removed here whose grace period is over (all of them, or all under ``prefix``)."""

@@ -170,6 +170,7 @@ class Renames:
         note = layers.note_of(node)
         assert node.resource_id is not None
         layers.schedule_removal(src, node.resource_id)
+        mount.settle_wanted.set()
         self._replace_target(target, dst)
         node.kind, node.parts, node.frozen, node.resource_id = Kind.SCRATCH, dst, note, None
         node.attached = True

@@ -34,6 +34,7 @@ from scopefs.catalog.policy import Op
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
+from scopefs.writer.recovery import drain_home, recover_home
 
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
                            "noexec"})
@@ -89,6 +90,8 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     must report ``task_status.started()`` once it serves.
     """
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
+    recover_home(home)  # saves a power loss took are rolled back before anything is served
+    drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint

@@ -7,13 +7,14 @@ revision are handled by the caller.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import apsw
 
 from scopefs.catalog.audit import settle
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate, one
+from scopefs.catalog.db import immediate, one, relaxed
 from scopefs.catalog.errors import Conflict, IntegrityError
 from scopefs.catalog.index import PreparedIndex, insert
 from scopefs.catalog.policy import Decision
@@ -31,7 +32,8 @@ class PolicyChanged(Exception):
 
 def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
              base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
-             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex) -> None:
+             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex,
+             unsynced: str | None = None) -> None:
     """Step 4: activate a pending revision whose final hash is already known.
 
     ``index`` (prepared from the final file before this transaction) is
@@ -44,9 +46,16 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
     Raises Conflict if the base revision is no longer the active one,
     IntegrityError if the final file does not hash to the pending row, and
     PolicyChanged if the write is no longer allowed; each changes nothing.
+
+    ``unsynced``: the page cache (``catalog.boot``) of an artifact that was
+    not synced; the commit then syncs nothing either, and the revision is
+    listed as unsynced until ``writer.sync`` or recovery settles it.
     """
     now = now_us()
-    with immediate(catalog):
+    with contextlib.ExitStack() as stack:
+        if unsynced is not None:
+            stack.enter_context(relaxed(catalog))
+        stack.enter_context(immediate(catalog))
         state = one(catalog, "SELECT state FROM revisions WHERE agent_id = ? AND revision_id = ?",
                     (agent_id, revision_id))
         if state is None or state[0] != "pending":
@@ -67,6 +76,9 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
                prepared=index)
         catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",
                         (now, intent_id))
+        if unsynced is not None:
+            catalog.execute("INSERT INTO unsynced_revisions (revision_id, agent_id, resource_id, page_cache,"
+                            " created_at) VALUES (?, ?, ?, ?, ?)", (revision_id, agent_id, resource_id, unsynced, now))
         if event_id is not None:
             settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
 

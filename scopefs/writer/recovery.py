@@ -1,9 +1,11 @@
 """Recovery and inspection: make the artifact area agree with the catalog.
 
 ``recover_pending_if_idle`` runs before writes: if no writer holds the lock,
-every pending intent was abandoned by a crash and is settled now. ``inspect``
-is ``scopefs doctor``: it reports, and with ``fix`` repairs, everything that
-does not match the catalog:
+every pending intent was abandoned by a crash and is settled now, and so
+are the revisions committed without a disk sync whose page cache is gone
+(``writer.unsynced``); ``recover_home`` settles only the latter, when a
+mount, the API or a read starts. ``inspect`` is ``scopefs doctor``: it reports, and
+with ``fix`` repairs, everything that does not match the catalog:
 
 * pending intents of writers that died: rolled back, their files removed.
   A pending write was never acknowledged, and once its writer is gone
@@ -17,6 +19,9 @@ does not match the catalog:
 * files and directories in the artifact area that no revision or store
   names, and entries that are not plain single-link files: moved to the
   agent's quarantine, never into a readable place;
+* revisions committed without a disk sync before a power loss or reboot:
+  synced if their artifact verifies, rolled back to the revision before
+  them if it does not (``writer.unsynced``);
 * undrained audit outbox rows: drained;
 * active revisions the search index does not cover (written before it
   existed, or embedded by a model that is no longer current): reindexed;
@@ -43,14 +48,14 @@ from scopefs.catalog.artifacts import (
     open_store_dir,
     verify,
 )
-from scopefs.catalog.audit import drain
+from scopefs.catalog.audit import drain, drain_quietly
 from scopefs.catalog.db import one, scalar
 from scopefs.catalog.errors import IntegrityError, StorageError
 from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import reindex, stale_count
 from scopefs.catalog.reasons import Reason
-from scopefs.writer import lock
+from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
@@ -59,6 +64,11 @@ HINTS = {
     "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
                            "tampered and retired their rows); 'scopefs doctor --fix', or a read that verifies "
                            "each one, indexes them again",
+    "unsynced-revision": "a note saved without a sync before the last restart reached the disk intact; "
+                         "'scopefs doctor --fix' (or the next write, mount or read) syncs it",
+    "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
+                     "'scopefs doctor --fix' (or the next write, mount or read) returns it to the revision "
+                     "before it",
 }
 
 
@@ -161,10 +171,12 @@ def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Inten
 
 
 def recover_pending_if_idle(home: Home, agent_id: str) -> int:
-    """Settle abandoned intents when no writer is active; returns how many."""
+    """Settle abandoned intents, and unsynced revisions of a page cache that is gone, when no writer
+    is active; returns how many intents."""
     catalog = home.catalog(agent_id)
     pending = one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,))
-    if pending is None:
+    restarted = unsynced.restarted(home, agent_id)
+    if pending is None and not restarted:
         return 0
     with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
         if not held:
@@ -172,7 +184,32 @@ def recover_pending_if_idle(home: Home, agent_id: str) -> int:
         intents = _pending_intents(home, agent_id)
         for intent in intents:
             _settle(home, agent_id, intent)
+        if restarted:
+            unsynced.settle_restarted(home, agent_id)
         return len(intents)
+
+
+def recover_home(home: Home) -> int:
+    """Settle the unsynced revisions of a page cache that is gone, in every cell, when no writer is active.
+
+    What a mount, the API server and a read do first, so that a save a
+    power loss took is rolled back rather than refused as tampered. Pending
+    intents are left to the next write and to doctor. Returns how many
+    revisions were settled.
+    """
+    settled = 0
+    for cell in home.cells():
+        if unsynced.restarted(home, cell):
+            with lock.exclusive(home.lock_path(cell), wait=False) as held:
+                if held:
+                    settled += len(unsynced.settle_restarted(home, cell))
+    return settled
+
+
+def drain_home(home: Home) -> None:
+    """Deliver the audit rows saves left in every cell's outbox (a mount that died before its batch)."""
+    for cell in home.cells():
+        drain_quietly(home.state(), home.catalog(cell), cell)
 
 
 def _names(dirfd: int) -> Iterator[os.DirEntry[str]]:
@@ -180,7 +217,8 @@ def _names(dirfd: int) -> Iterator[os.DirEntry[str]]:
         yield from sorted(entries, key=lambda e: e.name)
 
 
-def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix: bool) -> list[Finding]:
+def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix: bool,
+                   lost: frozenset[str]) -> list[Finding]:
     catalog = home.catalog(agent_id)
     findings: list[Finding] = []
     revisions = {
@@ -219,7 +257,7 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                 kind = "orphan-file" if entry.is_file(follow_symlinks=False) else "unexpected-entry"
                 findings.append(Finding(kind, agent_id, store_id, moved))
         for locator, (revision_id, state, sha256, size) in revisions.items():
-            if state not in ("active", "superseded"):
+            if state not in ("active", "superseded") or revision_id in lost:
                 continue
             check_locator(locator)
             try:
@@ -258,6 +296,11 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
                 continue  # a live writer is between its two commits
             findings.append(Finding("pending-intent", agent_id, intent.revision_id,
                                     _settle(home, agent_id, intent) if fix else None))
+        settled = unsynced.settle_restarted(home, agent_id) if fix else unsynced.inspect_restarted(home, agent_id)
+        for one_settled in settled:
+            action = ("rolled back to the revision before it" if one_settled.lost else "synced") if fix else None
+            findings.append(Finding("lost-revision" if one_settled.lost else "unsynced-revision", agent_id,
+                                    one_settled.revision_id, action))
         part_of_intents = {i.staged_name for i in pending}
         for entry in _names(staging_fd):
             if entry.name in part_of_intents and not fix:
@@ -305,8 +348,9 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
                                     agent_id, None, action))
     finally:
         os.close(scopes_fd)
+    lost = frozenset(s.revision_id for s in settled if s.lost)  # reported above, not as tampering
     for path_key, store_id in stores.items():
-        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix))
+        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix, lost))
     if stale_count(catalog, agent_id):  # e.g. notes written before the index existed (schema V2)
         action = None
         if fix:

@@ -1,17 +1,28 @@
 """The staged-rename write transaction (DESIGN.md §6).
 
 1. Validate the expected active revision and policy; write the content to a
-   0600 staging file and fsync it.
+   0600 staging file.
 2. One short SQLite transaction: re-read the resource and re-evaluate the
    policy, insert the pending revision, the write intent and the audit
-   outbox row. No file I/O inside.
+   outbox row. No file I/O inside, and no disk sync at its commit.
 3. Rename the staged file to its broker-generated final locator (never
-   replacing anything), fsync the file and the store directory, and hash the
-   final file, all outside any transaction.
+   replacing anything), hash the final file and prepare its search rows,
+   all outside any transaction; a durable write first fsyncs the file and
+   the store directory.
 4. A second short transaction: check the pending row against the final hash
    and the base revision, re-evaluate the policy, activate, supersede the
    old revision, settle the intent and the outbox row. No stat, open or read
    inside.
+
+Durability follows POSIX (DESIGN.md §6). A durable write (the command
+line, the API, an ``fsync`` through a mount) syncs the artifact and its
+directory before step 4, whose commit syncs the catalog: it survives power
+loss. A write that is not durable (a close through a mount) syncs nothing:
+it is committed, visible everywhere, and survives the death of any
+process, because the kernel's page cache holds its bytes; step 4 lists it
+in ``unsynced_revisions`` with that page cache, so that after a power loss
+recovery verifies its artifact and rolls back what did not reach the disk
+(``writer.recovery``), and ``writer.sync`` makes it durable on demand.
 
 Readers only ever resolve active revisions, so a crash at any point exposes
 nothing pending; ``writer.recovery`` rolls back what remains. An fsync
@@ -49,7 +60,7 @@ from scopefs.catalog.access import (
 from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import CATALOG_FAILURES, immediate, scalar
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
 from scopefs.catalog.digests import hash_fd
 from scopefs.catalog.errors import BadInput, Conflict, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
@@ -112,7 +123,7 @@ def _unlink_quietly(dirfd: int, name: str) -> None:
 
 @dataclass
 class _Staged:
-    """A staged file: written, fsynced, flocked while this write holds it."""
+    """A staged file: written (not synced), flocked while this write holds it."""
 
     name: str
     fd: int
@@ -123,7 +134,7 @@ class _Staged:
 
 @contextlib.contextmanager
 def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
-    """Step 1: stage and fsync ``source``; removed on exit unless renamed."""
+    """Step 1: stage ``source``; removed on exit unless renamed."""
     name = ids.random_token()
     try:
         # Unnamed until it is locked: doctor can never see this file without
@@ -147,7 +158,6 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
                 check_size(size)
                 digest.update(chunk)
                 _write_all(fd, chunk)
-            os.fsync(fd)  # an error here is final: never retried, never trusted
         except OSError as exc:
             raise storage_error("cannot stage the note", exc) from exc
         staged.sha256, staged.size = digest.hexdigest(), size
@@ -229,7 +239,7 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
     path = target.inner_path
     expected_base = target.revision.revision_id if target.revision else None
     now = now_us()
-    with immediate(catalog):
+    with relaxed(catalog), immediate(catalog):  # a lost pending row leaves an orphan file doctor quarantines
         resource = find_resource(catalog, agent_id, store.store_id, path)
         expect_resource(resource, expected_resource_id)
         current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
@@ -324,7 +334,7 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
 
 
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
-            staging_fd: int, staged: _Staged, expected_resource_id: Expected) -> WriteResult:
+            staging_fd: int, staged: _Staged, expected_resource_id: Expected, *, durable: bool = True) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
     locator = ids.random_token()
@@ -340,14 +350,15 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
         # (new or not), so entries added to it meanwhile count too.
         planned = dataclasses.replace(target, store=store, resource=ResourceRow(
             pending.resource_id, store.store_id, target.inner_path, "live"))
-        renamed = durable = False
+        renamed = placed = False
         try:
             renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
             renamed = staged.consumed = True
             checkpoint(Step.RENAMED)
-            os.fsync(staged.fd)
-            os.fsync(store_fd)
-            durable = True
+            if durable:
+                os.fsync(staged.fd)  # an error here is final: never retried, never trusted
+                os.fsync(store_fd)
+            placed = True
             final_sha256, _ = _final_hash(store_fd, locator)
             checkpoint(Step.FINALIZED)
             index = prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))  # slow part, before the txn
@@ -355,11 +366,12 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id, store_id=store.store_id,
                      revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
-                     final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op))
+                     final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op),
+                     unsynced=None if durable else home.page_cache())
         except BaseException as exc:
             refusal = exc.decision if isinstance(exc, PolicyChanged) else None
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
-                     content_durable=durable,
+                     content_durable=placed,
                      reason=refusal.reason if refusal is not None else Reason.REVISION_STALE,
                      decision="deny" if refusal is not None else "error")
             if refusal is not None:  # the outbox row already carries the audit of this refusal
@@ -370,20 +382,22 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     finally:
         os.close(store_fd)
     checkpoint(Step.ACTIVATED)
-    drain_quietly(home.state(), home.catalog(agent_id), agent_id)
+    if durable:  # otherwise the caller drains in batches (a mount: ``vfs.follow``), or the next start does
+        drain_quietly(home.state(), home.catalog(agent_id), agent_id)
     checkpoint(Step.AUDITED)
     return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, staged.sha256, staged.size,
                        pending.created)
 
 
 def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO, *,
-               actor_id: str | None = None) -> WriteResult:
+               actor_id: str | None = None, durable: bool = True) -> WriteResult:
     """Write ``source`` as the next revision of the note at virtual ``path`` (a string, as the CLI has it)."""
-    return write_parts(home, session_id, split_virtual_path(path), source, actor_id=actor_id)
+    return write_parts(home, session_id, split_virtual_path(path), source, actor_id=actor_id, durable=durable)
 
 
 def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | BinaryIO, *,
-                actor_id: str | None = None, expected_resource_id: Expected = None) -> WriteResult:
+                actor_id: str | None = None, expected_resource_id: Expected = None,
+                durable: bool = True) -> WriteResult:
     """Write ``source`` as the next revision of the note at ``parts``.
 
     Validation, authorization and the policy decision happen before any
@@ -397,6 +411,12 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
     again inside the transaction that records the revision, so a rename
     landing meanwhile makes this a Conflict rather than a revision of
     another note (``catalog.access.expect_resource``).
+
+    ``durable``: survive power loss once this returns (the default, for the
+    command line and the API). False is a close through a mount: committed
+    and visible at once, survives any process's death, may be rolled back
+    after a power loss (module docstring), and its audit row waits in the
+    outbox for the caller's next drain.
     """
     check_parts(parts)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id, parts=parts)
@@ -410,7 +430,7 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
                 target, op = _plan(access, parts, expected_resource_id)
                 assert target.mount is not None  # _plan refused a path outside every mount
                 store = target.store or ensure_store(access, target.mount)
-                return _commit(access, store, target, op, staging_fd, staged, expected_resource_id)
+                return _commit(access, store, target, op, staging_fd, staged, expected_resource_id, durable=durable)
     finally:
         os.close(staging_fd)
 

@@ -395,5 +395,36 @@ BEGIN UPDATE policy_epoch SET epoch = epoch + 1; END;
 CREATE INDEX policy_entries_by_expiry ON policy_entries (expires_at) WHERE expires_at IS NOT NULL;
 """
 
+# V5: saves that cost what POSIX asks (DESIGN.md §6). A revision committed
+# without a disk sync (a close through a mount) is listed here with the page
+# cache it was written into (``catalog.boot``) until its artifact and the
+# catalog are synced. If that page cache is gone (a power loss, a reboot),
+# recovery verifies the artifact; one that does not verify is marked
+# corrupt and its resource returns to the revision before it: the one case
+# where a superseded revision becomes active again.
+V5 = """
+CREATE TABLE unsynced_revisions (
+    revision_id TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    resource_id TEXT NOT NULL REFERENCES resources (resource_id),
+    page_cache  TEXT NOT NULL,
+    created_at  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX unsynced_revisions_by_resource ON unsynced_revisions (resource_id);
+CREATE INDEX unsynced_revisions_by_page_cache ON unsynced_revisions (agent_id, page_cache);
+DROP TRIGGER revisions_forward_only;
+CREATE TRIGGER revisions_forward_only
+BEFORE UPDATE OF state ON revisions
+WHEN NOT ((OLD.state = 'pending' AND NEW.state IN ('active', 'rolled-back'))
+       OR (OLD.state = 'active' AND NEW.state IN ('superseded', 'tombstoned', 'corrupt'))
+       OR (OLD.state = 'superseded' AND NEW.state IN ('tombstoned', 'corrupt'))
+       OR (OLD.state = 'superseded' AND NEW.state = 'active'
+           AND EXISTS (SELECT 1 FROM revisions v WHERE v.base_revision_id = OLD.revision_id
+                       AND v.state = 'corrupt')
+           AND NOT EXISTS (SELECT 1 FROM revisions v WHERE v.resource_id = OLD.resource_id
+                           AND v.state = 'active')))
+BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5))  # 'SCAG'
