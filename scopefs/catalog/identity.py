@@ -13,8 +13,6 @@ import unicodedata
 from dataclasses import dataclass
 
 import apsw
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives import hmac as crypto_hmac
 
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
@@ -57,6 +55,11 @@ def lookup_key(key: bytes, purpose: str, *fields: str) -> bytes:
     Length prefixes make the encoding injective: ("a:b", "c") and
     ("a", "b:c") never collide.
     """
+    # Imported on first use: only binding and session opening compute a lookup key, and a
+    # mount server, which never does, should not carry the library (7 MiB of each mount's RSS).
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives import hmac as crypto_hmac
+
     mac = crypto_hmac.HMAC(key, hashes.SHA256())
     for part in (f"scopefs/{purpose}/v1", *fields):
         data = part.encode("utf-8")
