@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,26 @@ def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts) -> None:
     os.rmdir(empty)
     assert errno_of(lambda: os.stat(empty)) == errno.ENOENT
     assert errno_of(lambda: os.rmdir(view / "private")) in (errno.EROFS, errno.ENOTEMPTY, errno.EBUSY)
+
+
+def test_cp_r_then_rm_r_of_a_tree_of_notes(scenario: Scenario, mounts, tmp_path: Path) -> None:
+    """``rm -r`` right after ``cp -r``: every note and folder goes, none waits out its grace period
+    in the parent's listing (an emptied folder once came back there, and its parent's rmdir failed)."""
+    home = scenario.cli.home
+    source = tmp_path / "tree"
+    for folder in range(3):
+        (source / f"d{folder}").mkdir(parents=True)
+        for note in range(4):
+            (source / f"d{folder}" / f"n{note}.md").write_bytes(f"note {folder}.{note}\n".encode())
+    view = mounts.mount(scenario.alice_session)
+    subprocess.run(["cp", "-r", str(source), str(view / "private" / "copy")], check=True)
+    copied = {p for p in live_notes(home, scenario.alice) if p.startswith("copy/")}
+    assert len(copied) == 12
+    done = subprocess.run(["rm", "-r", str(view / "private" / "copy")], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert not (view / "private" / "copy").exists()
+    assert "copy" not in os.listdir(view / "private")
+    assert {p for p in live_notes(home, scenario.alice) if p.startswith("copy/")} == set()
 
 
 def test_unlink_is_a_tombstone_after_the_grace_period(scenario: Scenario, mounts) -> None:

@@ -56,14 +56,15 @@ class Folders:
         mount.check_writable(parts)
         if layers.names(parts):
             raise fail(errno.ENOTEMPTY)
-        if layers.local.get(parts) is node:
+        # Notes removed here under it may still be in the catalog, waiting out
+        # their grace period: settle them now, so that the folder goes with
+        # them instead of coming back in its parent's listing (``rm -r``).
+        await self._removals.settle(prefix=parts)
+        if layers.local.get(parts) is node:  # kept by this mount (made here, or emptied here)
             layers.drop_local(parts)
             layers.dirs.pop(parts, None)
             node.attached = False
             return
-        # A folder of the view whose notes are all being removed here: settle
-        # those removals now, and the folder goes with them.
-        await self._removals.settle(prefix=parts)
         if layers.lookup(parts) is not None:
             raise fail(errno.ENOTEMPTY)
 
