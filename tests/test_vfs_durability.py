@@ -132,3 +132,21 @@ def test_close_and_fsync_survive_sigkill_of_the_server(scenario: Scenario, mount
         assert (again / path).read_bytes() in options, path
     doctor = scenario.cli("--json", "doctor")  # the new mount drained the outbox before it served
     assert (doctor.code, doctor.json()["findings"]) == (0, []), doctor.text
+
+
+def test_an_unmount_makes_every_close_durable(scenario: Scenario, mounts: Mounts) -> None:
+    """Closes commit without a sync; fsync syncs its note; the unmount's write-back syncs the rest."""
+    home = scenario.cli.home
+    view = mounts.mount(scenario.alice_session)
+    (view / "private" / "notes" / "a.md").write_bytes(b"closed\n")
+    (view / "private" / "notes" / "b.md").write_bytes(b"closed, then synced\n")
+    assert unsynced_paths(home) == {"notes/a.md", "notes/b.md"}
+    fd = os.open(view / "private" / "notes" / "b.md", os.O_RDONLY)
+    try:
+        os.fsync(fd)  # nothing to commit: what the close committed is made durable
+    finally:
+        os.close(fd)
+    assert unsynced_paths(home) == {"notes/a.md"}
+    mounts.umount(view)  # returns once the server has shut down
+    assert unsynced_paths(home) == set()
+    assert scenario.cli("read", scenario.alice_session, "private/notes/a.md").out == b"closed\n"

@@ -45,6 +45,12 @@ def sync(home: Home, agent_id: str, resource_id: str | None) -> None:
     unsynced.sync(home, agent_id, resource_id=resource_id)
 
 
+def forget_before(home: Home, agent_ids: set[str], before_us: int) -> None:
+    """After ``unsynced.write_back``: the revisions activated before it started are durable."""
+    for agent_id in sorted(agent_ids):
+        unsynced.forget_before(home, agent_id, before_us)
+
+
 def drain(home: Home, agent_ids: set[str]) -> None:
     """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``)."""
     for agent_id in sorted(agent_ids):

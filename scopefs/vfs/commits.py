@@ -11,9 +11,11 @@ disk sync (visible to every session at once, safe from the death of any
 process, and listed as unsynced so that recovery can roll it back if a
 power loss takes it); ``fsync``/``fdatasync`` of the note commits durably,
 or makes what earlier closes committed durable (``sync``), and ``fsync``
-of a folder does that for every note of the mount's cells. The audit
-rows of unsynced commits wait in the outbox and are drained in batches
-(``drain``, from ``vfs.follow``).
+of a folder does that for every note of the mount's cells. Every half minute and at unmount one ``syncfs``
+makes what closes committed here durable (``write_back``), as the kernel
+would have written it back by then anyway. The audit rows of unsynced
+commits wait in the outbox and are drained in batches (``drain``, from
+``vfs.follow``).
 
 No ``open`` reaches the mount (``vfs.fs``): a file opened for writing
 shows up with its first ``WRITE`` or truncation, by inode, and the mount
@@ -49,6 +51,7 @@ from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.reads import Reads
 from scopefs.vfs.scratch import is_scratch
+from scopefs.writer import unsynced
 from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
@@ -66,6 +69,7 @@ class Commits:
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
         self._undrained: set[str] = set()  # cells whose outbox holds audit rows of saves made here
+        self._unsynced: set[str] = set()  # cells with revisions committed here without a sync
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
@@ -263,6 +267,7 @@ class Commits:
             raise
         if not durable:
             self._undrained.add(cell_agent)
+            self._unsynced.add(cell_agent)
         return saved
 
     def _cell_agent(self, parts: Parts) -> str:
@@ -283,6 +288,18 @@ class Commits:
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
         if note is not None:
             await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note.parts), note.resource_id)
+
+    async def write_back(self) -> None:
+        """Make the closes committed here so far durable in one ``syncfs`` (``writer.unsynced``)."""
+        cells, self._unsynced = self._unsynced, set()
+        if not cells:
+            return
+        try:
+            started = await trio.to_thread.run_sync(unsynced.write_back, self._mount.home)
+            await self._mount.catalog(catalog_ops.forget_before, self._mount.home, cells, started)
+        except BaseException:
+            self._unsynced |= cells
+            raise
 
     async def drain(self) -> None:
         """Deliver the audit rows of the saves made here since the last drain."""

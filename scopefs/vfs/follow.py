@@ -42,6 +42,7 @@ log = logging.getLogger("scopefs.vfs")
 POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
 FOLLOW_S = 0.5  # the longest the catalog goes unread even if nothing woke the mount (time, NFS): under 1 s
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
+WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
 class Follow:
@@ -57,6 +58,7 @@ class Follow:
         nursery.start_soon(self._follow)
         nursery.start_soon(self._settle)
         nursery.start_soon(self._every, TICK_S, self._tick)
+        nursery.start_soon(self._every, WRITEBACK_S, self._commits.write_back)
         nursery.start_soon(self._invalidate)
 
     async def _follow(self) -> None:
@@ -115,6 +117,7 @@ class Follow:
             log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)
         await self.flush_audit()
+        await self._round(self._commits.write_back)
         self._reads.drop_readers()
         self._mount.artifacts.close()
 

@@ -5,6 +5,8 @@ A close through a mount commits its revision without syncing anything
 artifact, so the death of any process loses nothing, and the revision is
 listed in ``unsynced_revisions`` with that page cache (``catalog.boot``).
 
+* ``write_back`` and ``forget_before``: what the kernel's own writeback
+  did anyway, made official every half minute, so the list stays short.
 * ``sync``: what ``fsync`` of a note (or of a folder) through a mount asks.
   The artifacts are fsynced with their directories, then one
   ``synchronous=FULL`` commit, which syncs the whole write-ahead log and so
@@ -25,6 +27,7 @@ listed in ``unsynced_revisions`` with that page cache (``catalog.boot``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,11 +36,15 @@ import apsw
 
 from scopefs.catalog.artifacts import check_locator, open_artifact, open_store_dir, verify
 from scopefs.catalog.audit import AuditEvent, drain_quietly, enqueue, settle
+from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.errors import IntegrityError, StorageError
+from scopefs.catalog.fsafe import open_dir
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import index_again
 from scopefs.catalog.reasons import Reason
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 _SELECT = (
     "SELECT u.revision_id, u.resource_id, v.state, v.locator, v.size, v.content_sha256, r.path_key, s.store_id"
@@ -108,11 +115,43 @@ def sync(home: Home, agent_id: str, *, resource_id: str | None = None) -> int:
     return len(rows)
 
 
+def write_back(home: Home) -> int:
+    """``syncfs`` of the home's filesystem: every byte written before the call is on disk after it.
+
+    The kernel writes dirty pages back within about 30 s anyway; a mount
+    calls this every ``vfs.follow.WRITEBACK_S`` and at unmount, and then
+    ``forget_before`` the time it started, so the unsynced list holds only
+    the last half minute of saves, not every save since the last fsync.
+    Returns the time (``now_us``) before the call.
+    """
+    started = now_us()
+    fd = open_dir(home.root)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise StorageError(f"cannot sync the home: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+    return started
+
+
+def forget_before(home: Home, agent_id: str, before_us: int) -> int:
+    """Drop the rows of revisions activated before ``before_us`` (``write_back`` made them durable)."""
+    catalog = home.catalog(agent_id)
+    with immediate(catalog):  # synchronous=FULL: the activations themselves are durable from here on
+        catalog.execute("DELETE FROM unsynced_revisions WHERE agent_id = ? AND created_at < ?", (agent_id, before_us))
+        return catalog.changes()
+
+
 def restarted(home: Home, agent_id: str) -> bool:
-    """Whether unsynced revisions of a page cache that is gone are waiting (one indexed probe)."""
-    now = home.page_cache()
-    return one(home.catalog(agent_id), "SELECT 1 FROM unsynced_revisions WHERE agent_id = ?"
-               " AND (page_cache < ? OR page_cache > ?) LIMIT 1", (agent_id, now, now)) is not None
+    """Whether unsynced revisions of a page cache that is gone are waiting.
+
+    Runs before every write, so two index probes (below and above the
+    current page cache), never a scan of the unsynced rows.
+    """
+    now, catalog = home.page_cache(), home.catalog(agent_id)
+    return any(one(catalog, f"SELECT 1 FROM unsynced_revisions WHERE agent_id = ? AND page_cache {op} ? LIMIT 1",
+                   (agent_id, now)) is not None for op in ("<", ">"))
 
 
 @dataclass(frozen=True)
