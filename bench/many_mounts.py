@@ -5,10 +5,13 @@
 their private store, each session mounted (``scopefs.sandbox.mounts.start``,
 what ``scopefs mount`` runs). Then:
 
-* idle RSS of every mount server (``/proc/PID/status``: VmRSS), after
-  ``--settle`` seconds with nothing asked of them;
+* idle RSS of every mount server (``/proc/PID/status``: VmRSS) and its
+  proportional share (``smaps_rollup``: Pss, shared pages counted once
+  over all processes), after ``--settle`` seconds with nothing asked of
+  them, and the CPU all of them used meanwhile (``/proc/PID/stat``);
 * woken in turn: for each mount, a cold ``grep -r`` over its notes and a
-  second, warm one, timed;
+  second, warm one, timed, next to the same two greps over a native copy
+  of the same notes;
 * RSS again after that.
 
     .venv/bin/python bench/many_mounts.py --json > bench/out/many-mounts.json   # needs root, fuse3
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +46,19 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def pss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed_grep(root: Path) -> float:
@@ -72,9 +89,12 @@ def main() -> int:
         principal = identity.add_principal(state, f"Person {i}", "human")
         identity.bind(state, home.hmac_key(), principal, CHANNEL, ACCOUNT, str(700_000 + i))
         session = open_session(home, AGENT, DirectMessage(CHANNEL, ACCOUNT, str(700_000 + i))).session_id
+        native = work / "native" / f"m{i:03d}" / "private" / "notes"
+        native.mkdir(parents=True)
         for n in range(args.notes):
-            write_note(home, session, f"private/notes/n{n:03d}.md",
-                       (f"note {n} of person {i}\n" + ("needle\n" if n % 10 == 0 else "") + "x" * 900 + "\n").encode())
+            data = (f"note {n} of person {i}\n" + ("needle\n" if n % 10 == 0 else "") + "x" * 900 + "\n").encode()
+            write_note(home, session, f"private/notes/n{n:03d}.md", data)
+            (native / f"n{n:03d}.md").write_bytes(data)
         sessions.append(session)
     records = []
     try:
@@ -85,16 +105,27 @@ def main() -> int:
             records.append(start(home, session, str(point)))
         mount_s = time.perf_counter() - started
         time.sleep(args.settle)
+        cpu_before = sum(cpu_s(r.pid) for r in records)
+        time.sleep(args.settle)
+        idle_cpu = (sum(cpu_s(r.pid) for r in records) - cpu_before) / args.settle
         idle = [rss_mib(r.pid) for r in records]
-        cold, warm = [], []
-        for record in records:
+        idle_pss = [pss_mib(r.pid) for r in records]
+        subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=False)
+        cold, warm, native_cold, native_warm = [], [], [], []
+        for i, record in enumerate(records):
             cold.append(timed_grep(Path(record.mountpoint)))
             warm.append(timed_grep(Path(record.mountpoint)))
+            native_cold.append(timed_grep(work / "native" / f"m{i:03d}"))
+            native_warm.append(timed_grep(work / "native" / f"m{i:03d}"))
         time.sleep(args.settle)
         after = [rss_mib(r.pid) for r in records]
         report = {"mounts": args.mounts, "notes_per_mount": args.notes, "mount_all_s": mount_s,
-                  "idle_rss_mib": summary(idle), "rss_after_reads_mib": summary(after),
-                  "grep_cold_s": summary(cold), "grep_warm_s": summary(warm)}
+                  "idle_cpu_share": idle_cpu, "idle_rss_mib": summary(idle), "idle_pss_mib": summary(idle_pss),
+                  "rss_after_reads_mib": summary(after),
+                  "grep_cold_s": summary(cold), "grep_warm_s": summary(warm),
+                  "native_grep_cold_s": summary(native_cold), "native_grep_warm_s": summary(native_warm),
+                  "warm_ratio_p50": statistics.median(warm) / statistics.median(native_warm),
+                  "cold_ratio_p50": statistics.median(cold) / statistics.median(native_cold)}
     finally:
         for record in records:
             stop(home, record.mountpoint)
