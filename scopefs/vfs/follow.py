@@ -42,6 +42,7 @@ log = logging.getLogger("scopefs.vfs")
 POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
 FOLLOW_S = 0.5  # the longest the catalog goes unread even if nothing woke the mount (time, NFS): under 1 s
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
+IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
@@ -96,8 +97,8 @@ class Follow:
         while True:
             if self._commits.pending or self._removals.pending:
                 await trio.sleep(POLL_S)
-            else:
-                with trio.move_on_after(FOLLOW_S):
+            else:  # everything that makes a writer or a removal sets ``settle_wanted``; the timeout is a net
+                with trio.move_on_after(IDLE_SETTLE_S):
                     await mount.settle_wanted.wait()
                 mount.settle_wanted = trio.Event()
                 continue
