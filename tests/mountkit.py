@@ -28,7 +28,8 @@ def wait_until(probe: Callable[[], T], *, timeout: float = 10.0, interval: float
     """Poll ``probe`` until it returns something truthy; fail after ``timeout``.
 
     A functional bound (the change must arrive), not a speed assertion: the
-    mount applies catalog changes within its poll interval (0.1 s).
+    mount applies a catalog change as soon as inotify reports the commit,
+    an expiry when it is due (``vfs.follow``).
     """
     deadline = time.monotonic() + timeout
     while True:

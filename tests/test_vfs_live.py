@@ -20,6 +20,7 @@ import errno
 import mmap
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -271,6 +272,20 @@ def test_expired_role_membership_removes_role_folder(scenario: Scenario, mounts:
         assert _gone(view / "roles")
     assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
     assert (view / ALLERGY).read_bytes() == ALICE_FACT  # the rest of the view is untouched
+
+
+def test_an_expiry_reaches_an_idle_mount_within_a_second(scenario: Scenario, mounts: Mounts) -> None:
+    """Nothing is written when a membership runs out, so no inotify event wakes the mount: it wakes at
+    the expiry itself (``Access.evidence_until``), not at its 5 s fallback."""
+    role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+    view = mounts.mount(scenario.alice_session)
+    before = time.time()
+    scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "3s")
+    took = time.time() - before  # the expiry is 3 s after a moment in [before, before + took]
+    wait_until(lambda: "roles" in os.listdir(view), timeout=BOUND_S)
+    wait_until(lambda: "roles" not in os.listdir(view), timeout=BOUND_S)
+    late = time.time() - (before + 3.0)  # at least how late the mount was, plus at most ``took``
+    assert late < 1.0 + took, (late, took)  # the 5 s fallback would be up to 5 s late
 
 
 @pytest.mark.parametrize("how", ["remove", "refresh-expired"])

@@ -55,6 +55,7 @@ class Access:
     now: int
     cell: str = ""
     pools_revision: int = 0  # of the pools file the view was computed under (0: none applied)
+    evidence_until: int | None = None  # when the next time-bound evidence (a role membership) runs out
 
     @property
     def agent_id(self) -> str:
@@ -151,13 +152,18 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     session = load_session(home, session_id)
     now = now_us()
     pools_revision, memory = pools.memory_for(home, session.agent_id)
-    view = memory_view(session.subject, _roles(home, session), now, memory)
+    roles = _roles(home, session)
+    view = memory_view(session.subject, roles, now, memory)
+    # The only evidence that changes with time alone: a mounted view must look again then (``vfs.follow``).
+    evidence_until = min((r.expires_at for r in roles if r.expires_at is not None and r.expires_at > now),
+                         default=None)
     problem = _evidence_problem(home, session)
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
     if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         actor_id = session.subject.principal_id  # a private or service session acts as its subject
-    return Access(home, session, actor_id, view, now, pools_revision=pools_revision), problem
+    return Access(home, session, actor_id, view, now, pools_revision=pools_revision,
+                  evidence_until=evidence_until), problem
 
 
 def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None,

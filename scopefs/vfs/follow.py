@@ -3,8 +3,9 @@
 Other sessions write, rename, revoke and expire while this mount serves;
 the mount notices by reading the catalog's change log and the session's
 evidence (``MountState.sync``) whenever one of its databases changes
-(``vfs.watch``), at the next policy expiry, and at least every
-``FOLLOW_S``; the kernel learns what changed from invalidations sent
+(``vfs.watch``), when the next policy entry or role membership expires
+(nothing else about a view changes with time alone), and at least every
+``FOLLOW_S`` (every ``POLL_S`` where inotify is unavailable); the kernel learns what changed from invalidations sent
 here, on their own thread, never from a request handler (an invalidation
 can wait on a page that a READ in flight has locked, and that READ waits
 on this loop). Writers nobody closed are committed and removals whose
@@ -40,7 +41,7 @@ from scopefs.vfs.watch import CatalogWatch
 log = logging.getLogger("scopefs.vfs")
 
 POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
-FOLLOW_S = 0.5  # the longest the catalog goes unread even if nothing woke the mount (time, NFS): under 1 s
+FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
@@ -63,17 +64,16 @@ class Follow:
         nursery.start_soon(self._invalidate)
 
     async def _follow(self) -> None:
-        """``MountState.sync`` whenever a database of the view changed, a policy expires, or ``FOLLOW_S``
-        passed (``POLL_S`` without inotify)."""
+        """``MountState.sync`` whenever a database of the view changed, a policy entry or role membership
+        expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify)."""
         mount = self._mount
         watch = CatalogWatch.open()
         try:
             while True:
                 watching = watch is not None and watch.watch(self._directories())
                 wait = FOLLOW_S if watching else POLL_S
-                until = mount.view.valid_until
-                if until is not None:
-                    wait = max(0.0, min(wait, (until - now_us()) / 1e6))
+                for until in (mount.view.valid_until, mount.view.access.evidence_until):
+                    wait = min(wait, _seconds_until(until))
                 with trio.move_on_after(wait):
                     if watching:
                         assert watch is not None
@@ -177,6 +177,15 @@ class Follow:
             if not sent:
                 log.error("the kernel kept pages or names it was told to drop: the mount fails closed")
                 self._mount.fail_closed()
+
+
+def _seconds_until(when_us: int | None) -> float:
+    """How long to sleep for an expiry at ``when_us``: a millisecond past it, so that it has passed when
+    the mount looks; ``POLL_S`` for one already past (the refresh that should have applied it failed)."""
+    if when_us is None:
+        return FOLLOW_S
+    left = (when_us - now_us()) / 1e6
+    return left + 0.001 if left > 0 else POLL_S
 
 
 def _send_invalidations(items: list[Invalidation]) -> bool:

@@ -6,13 +6,15 @@ write-ahead log with ``write(2)``, which inotify reports on the directory
 that holds it. So a mount sleeps until one of those directories reports a
 change, and then asks the catalog (``MountState.sync``) what it was.
 
-What inotify cannot tell is time passing (a membership or a policy entry
-expiring) and changes made where inotify does not see them (another host
-over NFS); ``vfs.follow`` still looks every ``FOLLOW_S`` for those, and at
-once if inotify is unavailable or its queue overflowed. A wake-up that
-was not about this view costs one cheap ``refresh``; a missed one is never
-later than the fallback. 100 idle mounts then wake a few times a second
-between them, not 3,000 times.
+Every process that writes those databases is on this host: SQLite's
+write-ahead log works only between processes that share memory, so a home
+on a network filesystem is not supported, and inotify sees every commit.
+What it cannot tell is time passing: ``vfs.follow`` wakes when the next
+policy entry or role membership of the view expires, and every
+``FOLLOW_S`` as a net, and polls every ``POLL_S`` if inotify is
+unavailable. A queue overflow reads as a change. A wake-up that was not
+about this view costs one cheap ``refresh``. 100 idle mounts then wake a
+few times a second between them, not 3,000 times.
 """
 
 from __future__ import annotations
