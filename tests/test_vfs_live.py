@@ -274,10 +274,14 @@ def test_expired_role_membership_removes_role_folder(scenario: Scenario, mounts:
     assert (view / ALLERGY).read_bytes() == ALICE_FACT  # the rest of the view is untouched
 
 
-def test_an_expiry_reaches_an_idle_mount_within_a_second(scenario: Scenario, mounts: Mounts) -> None:
+@pytest.mark.parametrize("earlier", ["none", "longer"])
+def test_an_expiry_reaches_an_idle_mount_within_a_second(scenario: Scenario, mounts: Mounts, earlier: str) -> None:
     """Nothing is written when a membership runs out, so no inotify event wakes the mount: it wakes at
-    the expiry itself (``Access.evidence_until``), not at its 5 s fallback."""
+    the expiry itself (``Access.evidence_until``), not at its 5 s fallback; also when the membership
+    only replaced a longer one (the view itself did not change then, only when it ends)."""
     role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+    if earlier == "longer":
+        scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "1h")
     view = mounts.mount(scenario.alice_session)
     before = time.time()
     scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "3s")

@@ -169,7 +169,11 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     if any(s not in known for s in changes.store_ids) or _new_store(conn, access, old):
         return build(home, session_id)
     if not changes:
-        return old
+        if access.evidence_until == old.access.evidence_until:
+            return old
+        # The same view, with evidence that runs out at another time (a membership renewed or
+        # shortened): the mount must wake then (``vfs.follow``), so it gets the new access.
+        return dataclasses.replace(old, access=access, base_seq=old.seq, delta=frozenset())
     notes = dict(old.notes)
     by_resource = dict(old.by_resource)
     delta: set[tuple[str, ...]] = set()
