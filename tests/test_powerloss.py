@@ -112,6 +112,17 @@ write_note(home, session_id, "private/notes/other.md", b"durable\n")
 """
 
 
+_SYNC_CHILD = r"""
+import sys
+from pathlib import Path
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.home import Home
+from scopefs.writer import unsynced
+home = Home.open(Path(sys.argv[1]))
+print(unsynced.sync(home, "main"), unsynced.forget_before(home, "main", now_us()))
+"""
+
+
 @pytest.mark.parametrize("synced", [False, True], ids=["closed-lost", "fsynced-kept"])
 def test_power_loss_takes_unsynced_saves_only(base: Base, tmp_path: Path, synced: bool) -> None:
     """The catalog survives a power cut, the unsynced artifacts do not: recovery rolls each note back.
@@ -132,6 +143,13 @@ def test_power_loss_takes_unsynced_saves_only(base: Base, tmp_path: Path, synced
         assert child.returncode == 0, child.stderr.decode(errors="replace")[-2000:]
         fs.power_cut()
         fs.reboot()
+
+        # An fsync and a mount's write-back after the reboot, before any recovery, bless nothing:
+        # the revisions of the page cache that is gone stay listed for recovery to verify.
+        blessing = subprocess.run([sys.executable, "-c", _SYNC_CHILD, str(cli.home)], cwd=REPO, capture_output=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert blessing.returncode == 0, blessing.stderr.decode(errors="replace")[-2000:]
+        assert blessing.stdout == b"0 0\n"
 
         found = doctor(cli)  # reports, changes nothing
         kinds = sorted(f["kind"] for f in found.findings if f["kind"] != "undrained-audit")

@@ -103,8 +103,11 @@ def sync(home: Home, agent_id: str, *, resource_id: str | None = None) -> int:
     Raises StorageError if an artifact cannot be synced: the ``fsync`` that
     asked must fail, as it would on any filesystem that lost a write.
     """
-    rows = _rows(home, agent_id, "" if resource_id is None else " AND u.resource_id = ?",
-                 () if resource_id is None else (resource_id,))
+    # Only this page cache's: one that is gone may have lost bytes that an fsync now would
+    # bless; those are recovery's to verify (``settle_restarted``).
+    now = home.page_cache()
+    rows = _rows(home, agent_id, " AND u.page_cache = ?" + ("" if resource_id is None else " AND u.resource_id = ?"),
+                 (now,) if resource_id is None else (now, resource_id))
     if not rows:
         return 0
     try:
@@ -136,10 +139,12 @@ def write_back(home: Home) -> int:
 
 
 def forget_before(home: Home, agent_id: str, before_us: int) -> int:
-    """Drop the rows of revisions activated before ``before_us`` (``write_back`` made them durable)."""
+    """Drop the rows of this page cache's revisions activated before ``before_us`` (``write_back`` made
+    them durable). Rows of a page cache that is gone stay for recovery to verify."""
     catalog = home.catalog(agent_id)
     with immediate(catalog):  # synchronous=FULL: the activations themselves are durable from here on
-        catalog.execute("DELETE FROM unsynced_revisions WHERE agent_id = ? AND created_at < ?", (agent_id, before_us))
+        catalog.execute("DELETE FROM unsynced_revisions WHERE agent_id = ? AND page_cache = ? AND created_at < ?",
+                        (agent_id, home.page_cache(), before_us))
         return catalog.changes()
 
 
