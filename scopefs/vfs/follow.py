@@ -68,16 +68,25 @@ class Follow:
         expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify)."""
         mount = self._mount
         watch = CatalogWatch.open()
+        woke = False
         try:
             while True:
-                watching = watch is not None and watch.watch(self._directories())
+                watching, added = watch.watch(self._directories()) if watch is not None else (False, False)
                 wait = FOLLOW_S if watching else POLL_S
+                if woke:
+                    # inotify reports a commit's write(2)s; the commit becomes visible a moment later
+                    # (SQLite's shared-memory index, which inotify does not see): look once more then.
+                    wait = POLL_S
+                if added:  # what was committed since the view was read reached no watch: look now
+                    wait = 0.0
                 for until in (mount.view.valid_until, mount.view.access.evidence_until):
                     wait = min(wait, _seconds_until(until))
+                woke = False
                 with trio.move_on_after(wait):
                     if watching:
                         assert watch is not None
                         await watch.changed()
+                        woke = True
                     else:
                         await trio.sleep_forever()
                 await self._round(mount.sync)

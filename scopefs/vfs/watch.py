@@ -58,15 +58,21 @@ class CatalogWatch:
             return None
         return cls(fd)
 
-    def watch(self, directories: set[Path]) -> bool:
-        """Watch each of ``directories`` not watched yet; False if one could not be (then poll)."""
-        ok = True
+    def watch(self, directories: set[Path]) -> tuple[bool, bool]:
+        """Watch each of ``directories`` not watched yet: (all are watched, one was just added).
+
+        A commit that landed before a watch was added was reported to
+        nobody, so after adding one the caller must look at the catalog
+        once before it sleeps on the watch.
+        """
+        ok, added = True, False
         for directory in directories - self._watched:
             if _libc.inotify_add_watch(self._fd, os.fsencode(directory), _MASK) < 0:
                 ok = False
                 continue
             self._watched.add(directory)
-        return ok
+            added = True
+        return ok, added
 
     async def changed(self) -> None:
         """Return once something changed in a watched directory since the last call (events drained)."""
