@@ -1,7 +1,8 @@
 """A small pyfuse3 file system that exercises the vendored patch (``vendor/pyfuse3``).
 
 ``python tests/fork_fs.py MOUNTPOINT LOG`` serves ``/a.txt`` and ``/d/b.txt``
-from memory, answers ``open`` and ``opendir`` with ENOSYS and appends one
+from memory, answers ``open`` and ``opendir`` with ENOSYS, wants only
+``d/b.txt``'s closes (``flush_wanted``) and appends one
 line per request it receives to LOG (``opcode fh inode [detail]``), so a
 test can see exactly what the kernel sent.
 """
@@ -23,6 +24,7 @@ CHILDREN = {ROOT: [(b"a.txt", A), (b"d", D)], D: [(b"b.txt", B)]}
 class ForkFS(pyfuse3.Operations):
     inode_requests = True
     enable_atomic_o_trunc = False
+    flush_wanted = frozenset({B})  # a close of a.txt is answered in C, one of d/b.txt reaches flush()
 
     def __init__(self, log_path: str) -> None:
         super().__init__()

@@ -52,6 +52,7 @@ def mounted(tmp_path: Path) -> Iterator[Mounted]:
 def test_the_patched_build_is_installed() -> None:
     assert pyfuse3.Operations.inode_requests is False  # opt-in: stock behaviour unless a file system asks
     assert pyfuse3.Operations.enable_atomic_o_trunc is True
+    assert pyfuse3.Operations.flush_wanted is None
 
 
 def test_reads_come_by_inode_once_open_answered_enosys(mounted: Mounted) -> None:
@@ -106,3 +107,23 @@ def test_fsync_comes_by_inode(mounted: Mounted) -> None:
         os.close(fd)
     assert ["fsync", "0", "2"] in mounted.requests("fsync")
     assert a.read_bytes().startswith(b"ALPHA\nalpha")
+
+
+def test_closes_of_unwanted_inodes_are_answered_without_python(mounted: Mounted) -> None:
+    a, b = mounted.root / "a.txt", mounted.root / "d" / "b.txt"
+    for _ in range(3):
+        assert b.read_bytes() == b"beta\n"
+    # Hundreds of closes in a row, most answered in C while the loop polls, then requests that
+    # need Python again: every one gets its answer, in order.
+    for round_ in range(5):
+        for _ in range(200):
+            fd = os.open(a, os.O_RDONLY)
+            os.close(fd)
+        assert a.read_bytes() == b"alpha\n" * 1000
+        assert sorted(os.listdir(mounted.root / "d")) == ["b.txt"]
+        with open(b, "ab") as out:
+            out.write(b"%d" % round_)
+    assert b.read_bytes() == b"beta\n01234"
+    flushes = mounted.requests("flush")
+    assert flushes and all(line[2] == "4" for line in flushes)  # only d/b.txt's closes reached flush()
+    assert len(flushes) >= 3 + 5

@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from collections.abc import Container
 
 import trio
 
@@ -118,6 +119,12 @@ class Commits:
             self._replaced.append(old)
         self._writers[node.ino] = fh
         self._mount.settle_wanted.set()
+
+    @property
+    def writing(self) -> Container[int]:
+        """The inodes whose close has work to do: a FLUSH of any other inode is answered by
+        pyfuse3 in C (``Operations.flush_wanted``), which keeps a read-only close near native."""
+        return self._writers.keys()
 
     @property
     def pending(self) -> bool:

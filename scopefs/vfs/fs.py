@@ -117,6 +117,7 @@ class ScopeFS(pyfuse3.Operations):
                                lambda: mount.view, mount.sync)
         self.reads = Reads(mount, self.queries)
         self.commits = Commits(mount, self.reads)
+        self.flush_wanted = self.commits.writing  # a close of any other inode needs no answer from Python
         self.renames = Renames(mount, self.commits)
         self.removals = Removals(mount)
         self.folders = Folders(mount, self.removals)
