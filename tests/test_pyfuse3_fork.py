@@ -53,6 +53,14 @@ def test_the_patched_build_is_installed() -> None:
     assert pyfuse3.Operations.inode_requests is False  # opt-in: stock behaviour unless a file system asks
     assert pyfuse3.Operations.enable_atomic_o_trunc is True
     assert pyfuse3.Operations.flush_wanted is None
+    assert pyfuse3.__version__ == "3.5.0+inode.2"
+
+
+def test_importing_the_patched_build_leaves_importlib_metadata_unloaded() -> None:
+    # upstream looks its version up at import, which loads email, zipfile and csv (4.7 MiB per server)
+    code = "import sys, pyfuse3; assert 'importlib.metadata' not in sys.modules, sorted(sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_reads_come_by_inode_once_open_answered_enosys(mounted: Mounted) -> None:

@@ -455,3 +455,25 @@ def test_a_session_whose_binding_was_revoked_cannot_be_mounted(scenario: Scenari
     # Bob's binding is untouched: his session still mounts.
     bob = mounts.mount(scenario.bob_session, "bob")
     assert (bob / NOTE).read_bytes() == BOB_FACT
+
+
+def test_a_mount_server_loads_no_tls_and_ssl_still_works_where_it_is_used(scenario: Scenario,
+                                                                           mounts: Mounts) -> None:  # noqa: F811
+    """``vfs.lean``: a hundred idle mounts each leave libssl unloaded (2.2 MiB of RSS each)."""
+    where = mounts.root / "alice"
+    where.mkdir(parents=True)
+    mounts.active.append(where)
+    pid = scenario.cli.j("mount", scenario.alice_session, str(where))["pid"]
+    assert (where / NOTE).read_bytes() == ALICE_FACT
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libpython" in maps or "python" in maps  # the map of the server itself, not an empty file
+    assert "libssl" not in maps and "/_ssl." not in maps
+    # In a process that does use TLS after the server module was imported, ssl is the real thing.
+    code = ("import scopefs.vfs.server, ssl, sys, trio\n"
+            "ctx = ssl.create_default_context()\n"
+            "assert isinstance(ctx, ssl.SSLContext) and trio.SSLStream is not None\n"
+            "assert sys.modules['_ssl'] is not None\n"
+            "import trio._ssl as t\n"
+            "assert t._stdlib_ssl.SSLContext is ssl.SSLContext\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

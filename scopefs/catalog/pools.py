@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +151,8 @@ def parse(text: bytes, registered: set[str]) -> PoolConfig:
     """The declaration in ``text``, validated against the registered agents; BadInput with the first problem."""
     if len(text) > MAX_FILE_BYTES:
         raise BadInput(f"the pools file is larger than {MAX_FILE_BYTES} bytes")
+    import tomllib  # here, not at the top: only `pools apply` parses, and every mount server imports this module
+
     try:
         raw = tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -24,6 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TextIO
 
+# isort: split
+import scopefs.vfs.lean  # noqa: F401 - first: it defers ssl before trio imports it
+
+# isort: split
 import pyfuse3
 import trio
 
