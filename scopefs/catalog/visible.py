@@ -14,6 +14,7 @@ holds no notes at all.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from scopefs.catalog.access import Access, current_access
 from scopefs.catalog.changes import changes_since, latest_seq
 from scopefs.catalog.db import scalar
 from scopefs.catalog.home import Home
+from scopefs.catalog.layered import LayeredMap, editing
 from scopefs.catalog.policy import Effect, Entry, Mount, Op, ResourceState, evaluate
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import MountedStore, find_store, mounted_stores, policy_entries
@@ -61,8 +63,8 @@ class VisibleView:
     access: Access
     problem: Reason | None  # set when the session's evidence is gone: nothing is visible
     stores: tuple[MountedStore, ...]
-    notes: dict[tuple[str, ...], VisibleNote]
-    by_resource: dict[str, tuple[str, ...]]
+    notes: Mapping[tuple[str, ...], VisibleNote]  # a LayeredMap: the next picture shares its bulk
+    by_resource: Mapping[str, tuple[str, ...]]
     seq: int  # the change-log position this picture reflects
     valid_until: int | None  # earliest policy expiry that can change a decision
     base_seq: int | None = None  # set by refresh(): the picture this one was derived from...
@@ -140,8 +142,9 @@ def build(home: Home, session_id: str) -> VisibleView:
             found, when = _store_notes(conn, inside, store)
             expiries += when
             notes.update((n.parts, n) for n in found)
-    return VisibleView(access, problem, tuple(stores), notes, {n.resource_id: p for p, n in notes.items()}, seq,
-                       min(expiries, default=None), pool_seqs=tuple(pool_seqs))
+    return VisibleView(access, problem, tuple(stores), LayeredMap(notes),
+                       LayeredMap({n.resource_id: p for p, n in notes.items()}), seq, min(expiries, default=None),
+                       pool_seqs=tuple(pool_seqs))
 
 
 def _same_evidence(old: VisibleView, access: Access, problem: Reason | None) -> bool:
@@ -159,7 +162,7 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     if problem is not None:  # evidence gone: empty at once, before anything else can fail
         if old.problem == problem:
             return old
-        return VisibleView(access, problem, (), {}, {}, old.seq, None)
+        return VisibleView(access, problem, (), LayeredMap(), LayeredMap(), old.seq, None)
     conn = home.catalog(access.agent_id)
     changes = changes_since(conn, old.seq)
     expired = old.valid_until is not None and access.now >= old.valid_until
@@ -174,8 +177,8 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
         # The same view, with evidence that runs out at another time (a membership renewed or
         # shortened): the mount must wake then (``vfs.follow``), so it gets the new access.
         return dataclasses.replace(old, access=access, base_seq=old.seq, delta=frozenset())
-    notes = dict(old.notes)
-    by_resource = dict(old.by_resource)
+    notes = editing(old.notes)  # copies what changed since the last flattening, not the whole view
+    by_resource = editing(old.by_resource)
     delta: set[tuple[str, ...]] = set()
     expiries = [old.valid_until] if old.valid_until is not None else []
 
@@ -213,7 +216,8 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
             put(changed)
             expiries += _expiries(list(policy_entries(conn, access.agent_id, home_store.store_id, resource_id)),
                                   access.now)
-    return dataclasses.replace(old, access=access, notes=notes, by_resource=by_resource, seq=changes.last_seq,
+    return dataclasses.replace(old, access=access, notes=notes.done(), by_resource=by_resource.done(),
+                               seq=changes.last_seq,
                                valid_until=min(expiries, default=None), base_seq=old.seq,
                                delta=frozenset(delta))
 
