@@ -20,7 +20,9 @@ nothing in here may end the mount.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -41,6 +43,7 @@ from scopefs.vfs.watch import CatalogWatch
 log = logging.getLogger("scopefs.vfs")
 
 POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
+WAKE_GRACE_S = 0.02  # after an inotify wake, how long a save of this mount has to refresh the view itself
 FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
@@ -89,7 +92,12 @@ class Follow:
                         woke = True
                     else:
                         await trio.sleep_forever()
-                await self._round(mount.sync)
+                since = time.monotonic_ns()
+                if woke:
+                    # Most wakes are this mount's own saves, which refresh the view themselves as soon
+                    # as they commit: give them a moment, and do not read the catalog again if one did.
+                    await trio.sleep(WAKE_GRACE_S)
+                await self._round(functools.partial(mount.sync, since=since))
         finally:
             if watch is not None:
                 watch.close()

@@ -97,9 +97,12 @@ class Layers:
             node = self.dirs[parts] = self.inodes.new(Kind.DIR, parts)
         return node
 
+    def child_names(self, parts: Parts) -> set[str]:
+        """Every name the folder may hold: the view's and local ones, shown or not (``names``)."""
+        return set(self.tree.names(parts)) | self.local_children.get(parts, set())
+
     def names(self, parts: Parts) -> list[str]:
-        names = set(self.tree.names(parts)) | self.local_children.get(parts, set())
-        return [n for n in sorted(names) if self.lookup(parts + (n,)) is not None]
+        return [n for n in sorted(self.child_names(parts)) if self.lookup(parts + (n,)) is not None]
 
     def note_of(self, node: Node) -> VisibleNote | None:
         """The committed revision a note node shows, if the view still has it."""

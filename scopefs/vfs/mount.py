@@ -77,6 +77,7 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
+        self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
         self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
 
     # -- the catalog thread and the view -------------------------------------
@@ -89,17 +90,37 @@ class MountState:
     def view(self) -> VisibleView:
         return self.layers.view
 
-    async def sync(self) -> None:
+    async def sync(self, *, since: int | None = None) -> None:
         """Bring the view up to date with the catalog and queue invalidations.
+
+        Up to date means: the view applied was read by a refresh that began
+        on the catalog thread after ``since`` (``time.monotonic_ns``; the
+        call, by default). Catalog calls run one at a time, so such a
+        refresh sees every commit that had returned by then; when one
+        already did (another task's sync, the follower's after an inotify
+        wake), this returns without reading again. A save loop then reads
+        the catalog once per save, not once per save and once per wake.
 
         Fails closed: if the catalog cannot be read for longer than
         ``FAIL_CLOSED_S``, the view is emptied until it can, because a
         revocation the mount cannot see must not keep serving notes.
         """
+        asked = time.monotonic_ns() if since is None else since
+        if self._fresh_since > asked:
+            return
         async with self._sync_lock:
+            if self._fresh_since > asked:  # the sync this one waited for covered it
+                return
             old = self.view
+            began = time.monotonic_ns()  # replaced by the moment the refresh really starts, on the thread
+
+            def fresh(home: Home, view: VisibleView) -> VisibleView:
+                nonlocal began
+                began = time.monotonic_ns()
+                return refresh(home, view)
+
             try:
-                new = await self.catalog(refresh, self.home, old)
+                new = await self.catalog(fresh, self.home, old)
             except Exception:
                 if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
                     self._apply(dataclasses.replace(old, problem=Reason.INVALID_CONTEXT, stores=(), notes={},
@@ -107,6 +128,7 @@ class MountState:
                 raise
             self._last_sync_ok = time.monotonic()
             self._apply(new)
+            self._fresh_since = began
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view
@@ -209,8 +231,11 @@ class MountState:
 
     def check_new_name(self, parent: Node, name: str, *, ignore: str | None = None) -> None:
         """EINVAL for a new name that looks like a sibling's (``vfs.names``)."""
-        siblings = set(self.layers.names(parent.parts)) - {ignore}
-        if confusable(name, siblings):
+        layers = self.layers
+        look_alikes = confusable(name, layers.child_names(parent.parts) - {ignore})
+        # only those still there count (a name being removed no longer does): looked up one by one,
+        # since a create must not cost a lookup of every sibling
+        if any(layers.lookup(parent.parts + (other,)) is not None for other in look_alikes):
             raise fail(errno.EINVAL)
 
     # -- who asks ----------------------------------------------------------------

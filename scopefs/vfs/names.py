@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import functools
 import unicodedata
+from collections.abc import Iterable
 
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.paths import MAX_COMPONENT_BYTES, validate_component
@@ -57,7 +58,7 @@ def skeleton(name: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
 
 
-def confusable(name: str, siblings: list[str] | set[str]) -> bool:
-    """True if another sibling looks the same as ``name`` but is not it."""
+def confusable(name: str, siblings: Iterable[str]) -> list[str]:
+    """The siblings that look the same as ``name`` but are not it."""
     mark = skeleton(name)
-    return any(other != name and skeleton(other) == mark for other in siblings)
+    return [other for other in siblings if other != name and skeleton(other) == mark]
