@@ -38,7 +38,7 @@ from scopefs.vfs.mount import MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
-from scopefs.vfs.watch import CatalogWatch
+from scopefs.vfs.watch import ARTIFACT_EVENTS, DirectoryWatch
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -62,6 +62,7 @@ class Follow:
     async def start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._follow)
         nursery.start_soon(self._settle)
+        nursery.start_soon(self._watch_artifacts)
         nursery.start_soon(self._every, TICK_S, self._tick)
         nursery.start_soon(self._every, WRITEBACK_S, self._commits.write_back)
         nursery.start_soon(self._invalidate)
@@ -70,7 +71,7 @@ class Follow:
         """``MountState.sync`` whenever a database of the view changed, a policy entry or role membership
         expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify)."""
         mount = self._mount
-        watch = CatalogWatch.open()
+        watch = DirectoryWatch.open()
         woke = False
         try:
             while True:
@@ -101,6 +102,27 @@ class Follow:
         finally:
             if watch is not None:
                 watch.close()
+
+    async def _watch_artifacts(self) -> None:
+        """Look again at once at each cached artifact inotify says changed (``Reads.recheck_named``).
+
+        Without inotify, or for a store whose watch could not be added,
+        the sweep of ``Reads.recheck`` still finds every change, in turn.
+        """
+        watch = DirectoryWatch.open(ARTIFACT_EVENTS)
+        if watch is None:
+            return
+        try:
+            while True:
+                watch.watch(self._reads.store_directories())
+                changed, names = False, None
+                with trio.move_on_after(FOLLOW_S):  # then watch the stores cached meanwhile too
+                    names = await watch.changed_names()
+                    changed = True
+                if changed:
+                    await self._round(functools.partial(self._reads.recheck_named, names))
+        finally:
+            watch.close()
 
     def _directories(self) -> set[Path]:
         """Where the databases this view reads live: the state database, and each cell's catalog."""
