@@ -18,12 +18,13 @@ import trio
 
 from scopefs.vfs import reads
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.watch import ARTIFACT_EVENTS, DirectoryWatch
+from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
+from tests.mountkit import Mounts, mounts
 
-__all__ = ["no_kernel"]
+__all__ = ["mounts", "no_kernel"]  # fixtures, named as parameters below
 
 NOTE, OTHER = "notes/allergy.md", "notes/garden.md"
 
@@ -37,32 +38,65 @@ def _tamper(path: Path) -> None:
         os.close(fd)
 
 
-def test_a_watch_names_each_artifact_written_moved_removed_or_changed(tmp_path: Path) -> None:
+def test_a_watch_names_each_artifact_written_moved_removed_or_changed_to_its_group(tmp_path: Path) -> None:
+    stores, catalogs = tmp_path / "store", tmp_path / "catalog"
+    stores.mkdir()
+    catalogs.mkdir()
     for name in ("written", "chmodded", "moved", "removed"):
-        (tmp_path / name).write_bytes(b"x")
+        (stores / name).write_bytes(b"x")
 
-    async def main() -> set[str]:
-        watch = DirectoryWatch.open(ARTIFACT_EVENTS)
+    async def main() -> tuple[set[str], bool]:
+        watch = DirectoryWatch.open()
         assert watch is not None, "inotify is part of every machine this runs on"
-        try:
-            assert watch.watch({tmp_path}) == (True, True)
-            fd = os.open(tmp_path / "written", os.O_WRONLY | os.O_APPEND)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            assert watch.watch("artifacts", {stores}, ARTIFACT_EVENTS) == (True, True)
+            assert watch.watch("catalog", {catalogs}, CATALOG_EVENTS) == (True, True)
+            assert watch.watch("artifacts", {stores}, ARTIFACT_EVENTS) == (True, False)  # once only
+            fd = os.open(stores / "written", os.O_WRONLY | os.O_APPEND)
             os.write(fd, b"y")
             os.close(fd)
-            os.chmod(tmp_path / "chmodded", 0o600)
-            os.rename(tmp_path / "moved", tmp_path / "arrived")
-            os.unlink(tmp_path / "removed")
+            os.chmod(stores / "chmodded", 0o600)
+            os.rename(stores / "moved", stores / "arrived")
+            os.unlink(stores / "removed")
             seen: set[str] = set()
             with trio.fail_after(5):
                 while not {"written", "chmodded", "moved", "arrived", "removed"} <= seen:
-                    names = await watch.changed_names()
+                    names = await watch.changed("artifacts")
                     assert names is not None  # no overflow with five events
                     seen |= names
-            return seen
-        finally:
-            watch.close()
+            catalog_told = False
+            with trio.move_on_after(0.3):
+                await watch.changed("catalog")
+                catalog_told = True
+            nursery.cancel_scope.cancel()
+        return seen, catalog_told
 
-    assert trio.run(main) == {"written", "chmodded", "moved", "arrived", "removed"}
+    seen, catalog_told = trio.run(main)
+    assert seen == {"written", "chmodded", "moved", "arrived", "removed"}
+    assert not catalog_told  # nothing changed among the catalogs: that group was not woken
+
+
+def test_a_mount_holds_one_inotify_instance(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
+    """The kernel allows a user 128 instances and a gateway runs 100 mounts: a mount that could not get
+    one would poll its catalog ten times a second (100 such mounts took half a CPU between them)."""
+    where = mounts.mount(scenario.alice_session)
+    assert (where / "private" / NOTE).read_bytes() == ALICE_FACT  # its artifact store is watched too now
+    pid = _server_pid(where)
+    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    assert links.count("anon_inode:inotify") == 1
+
+
+def _server_pid(where: Path) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"scopefs.vfs.server" in argv and os.fsencode(str(where)) in argv:
+                return int(entry)
+    raise AssertionError("no server process for the mount")
 
 
 @pytest.mark.usefixtures("no_kernel")

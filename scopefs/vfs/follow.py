@@ -38,7 +38,7 @@ from scopefs.vfs.mount import MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
-from scopefs.vfs.watch import ARTIFACT_EVENTS, DirectoryWatch
+from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -58,8 +58,12 @@ class Follow:
         self._reads = reads
         self._removals = removals
         self._commits = commits
+        self._watch: DirectoryWatch | None = None  # the mount's one inotify descriptor (``start``)
 
     async def start(self, nursery: trio.Nursery) -> None:
+        self._watch = DirectoryWatch.open()
+        if self._watch is not None:
+            nursery.start_soon(self._watch.run)
         nursery.start_soon(self._follow)
         nursery.start_soon(self._settle)
         nursery.start_soon(self._watch_artifacts)
@@ -71,37 +75,34 @@ class Follow:
         """``MountState.sync`` whenever a database of the view changed, a policy entry or role membership
         expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify)."""
         mount = self._mount
-        watch = DirectoryWatch.open()
+        watch = self._watch
         woke = False
-        try:
-            while True:
-                watching, added = watch.watch(self._directories()) if watch is not None else (False, False)
-                wait = FOLLOW_S if watching else POLL_S
-                if woke:
-                    # inotify reports a commit's write(2)s; the commit becomes visible a moment later
-                    # (SQLite's shared-memory index, which inotify does not see): look once more then.
-                    wait = POLL_S
-                if added:  # what was committed since the view was read reached no watch: look now
-                    wait = 0.0
-                for until in (mount.view.valid_until, mount.view.access.evidence_until):
-                    wait = min(wait, _seconds_until(until))
-                woke = False
-                with trio.move_on_after(wait):
-                    if watching:
-                        assert watch is not None
-                        await watch.changed()
-                        woke = True
-                    else:
-                        await trio.sleep_forever()
-                since = time.monotonic_ns()
-                if woke:
-                    # Most wakes are this mount's own saves, which refresh the view themselves as soon
-                    # as they commit: give them a moment, and do not read the catalog again if one did.
-                    await trio.sleep(WAKE_GRACE_S)
-                await self._round(functools.partial(mount.sync, since=since))
-        finally:
-            if watch is not None:
-                watch.close()
+        while True:
+            watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS)
+                               if watch is not None else (False, False))
+            wait = FOLLOW_S if watching else POLL_S
+            if woke:
+                # inotify reports a commit's write(2)s; the commit becomes visible a moment later
+                # (SQLite's shared-memory index, which inotify does not see): look once more then.
+                wait = POLL_S
+            if added:  # what was committed since the view was read reached no watch: look now
+                wait = 0.0
+            for until in (mount.view.valid_until, mount.view.access.evidence_until):
+                wait = min(wait, _seconds_until(until))
+            woke = False
+            with trio.move_on_after(wait):
+                if watching:
+                    assert watch is not None
+                    await watch.changed("catalog")
+                    woke = True
+                else:
+                    await trio.sleep_forever()
+            since = time.monotonic_ns()
+            if woke:
+                # Most wakes are this mount's own saves, which refresh the view themselves as soon
+                # as they commit: give them a moment, and do not read the catalog again if one did.
+                await trio.sleep(WAKE_GRACE_S)
+            await self._round(functools.partial(mount.sync, since=since))
 
     async def _watch_artifacts(self) -> None:
         """Look again at once at each cached artifact inotify says changed (``Reads.recheck_named``).
@@ -109,20 +110,17 @@ class Follow:
         Without inotify, or for a store whose watch could not be added,
         the sweep of ``Reads.recheck`` still finds every change, in turn.
         """
-        watch = DirectoryWatch.open(ARTIFACT_EVENTS)
+        watch = self._watch
         if watch is None:
             return
-        try:
-            while True:
-                watch.watch(self._reads.store_directories())
-                changed, names = False, None
-                with trio.move_on_after(FOLLOW_S):  # then watch the stores cached meanwhile too
-                    names = await watch.changed_names()
-                    changed = True
-                if changed:
-                    await self._round(functools.partial(self._reads.recheck_named, names))
-        finally:
-            watch.close()
+        while True:
+            watch.watch("artifacts", self._reads.store_directories(), ARTIFACT_EVENTS)
+            changed, names = False, None
+            with trio.move_on_after(FOLLOW_S):  # then watch the stores cached meanwhile too
+                names = await watch.changed("artifacts")
+                changed = True
+            if changed:
+                await self._round(functools.partial(self._reads.recheck_named, names))
 
     def _directories(self) -> set[Path]:
         """Where the databases this view reads live: the state database, and each cell's catalog."""

@@ -54,51 +54,103 @@ _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; t
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class DirectoryWatch:
-    """An inotify descriptor on some directories: the databases' of one view, or its artifacts' stores."""
+class _Group:
+    """What one reader of the watch waits for: the names that changed in its directories."""
 
-    def __init__(self, fd: int, events: int) -> None:
+    def __init__(self) -> None:
+        self.names: set[str] | None = set()  # None: events were lost, so anything may have changed
+        self.pending = False
+        self.wakeup = trio.Event()
+
+    def add(self, name: str | None) -> None:
+        if name is None:
+            self.names = None
+        elif self.names is not None and name:
+            self.names.add(name)
+        self.pending = True
+        self.wakeup.set()
+
+    def take(self) -> set[str] | None:
+        names, self.names, self.pending = self.names, set(), False
+        self.wakeup = trio.Event()
+        return names
+
+
+class DirectoryWatch:
+    """One inotify descriptor per mount, on groups of directories that report apart.
+
+    One descriptor, not one per purpose: the kernel allows a user 128
+    inotify instances (``fs.inotify.max_user_instances``), and a gateway
+    runs a hundred mounts as one user; a mount that cannot get one polls.
+    ``run`` is the one task that reads the descriptor and hands each event
+    to the group whose directory it came from (``changed``).
+    """
+
+    def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._events = events
-        self._watched: set[Path] = set()
+        self._groups: dict[str, _Group] = {}
+        self._by_wd: dict[int, _Group] = {}
+        self._watched: dict[str, set[Path]] = {}
 
     @classmethod
-    def open(cls, events: int = CATALOG_EVENTS) -> DirectoryWatch | None:
+    def open(cls) -> DirectoryWatch | None:
         """A new watch, or None where inotify is unavailable (the mount then polls)."""
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             log.warning("no inotify (%s): the mount polls instead", errno.errorcode.get(ctypes.get_errno(), "?"))
             return None
-        return cls(fd, events)
+        return cls(fd)
 
-    def watch(self, directories: set[Path]) -> tuple[bool, bool]:
-        """Watch each of ``directories`` not watched yet: (all are watched, one was just added).
+    def _group(self, group: str) -> _Group:
+        return self._groups.setdefault(group, _Group())
+
+    def watch(self, group: str, directories: set[Path], events: int) -> tuple[bool, bool]:
+        """Watch each of ``directories`` not watched yet for ``group``: (all are watched, one was just added).
 
         A commit that landed before a watch was added was reported to
         nobody, so after adding one the caller must look at the catalog
         once before it sleeps on the watch.
         """
+        found, watched = self._group(group), self._watched.setdefault(group, set())
         ok, added = True, False
-        for directory in directories - self._watched:
-            if _libc.inotify_add_watch(self._fd, os.fsencode(directory), self._events) < 0:
+        for directory in directories - watched:
+            wd = _libc.inotify_add_watch(self._fd, os.fsencode(directory), events)
+            if wd < 0:
                 ok = False
                 continue
-            self._watched.add(directory)
+            self._by_wd[wd] = found
+            watched.add(directory)
             added = True
         return ok, added
 
-    async def changed(self) -> None:
-        """Return once something changed in a watched directory since the last call (events drained)."""
-        await self.changed_names()
-
-    async def changed_names(self) -> set[str] | None:
-        """The names that changed in the watched directories since the last call (None: the kernel's
+    async def changed(self, group: str) -> set[str] | None:
+        """The names that changed in ``group``'s directories since the last call (None: the kernel's
         queue overflowed, so anything may have), once there is at least one."""
-        while True:
-            await trio.lowlevel.wait_readable(self._fd)
-            chunks = self._drain()
-            if chunks:
-                return _names(chunks)
+        found = self._group(group)
+        while not found.pending:
+            await found.wakeup.wait()
+        return found.take()
+
+    async def run(self) -> None:
+        """Read the descriptor for as long as the mount lives; closes it when cancelled."""
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(self._fd)
+                chunks = self._drain()
+                if chunks:
+                    self._hand_out(chunks)
+        finally:
+            self.close()
+
+    def _hand_out(self, chunks: list[bytes]) -> None:
+        for wd, mask, name in _events(chunks):
+            if mask & IN_Q_OVERFLOW:
+                for group in self._groups.values():
+                    group.add(None)
+                continue
+            found = self._by_wd.get(wd)
+            if found is not None:
+                found.add(name)
 
     def _drain(self) -> list[bytes]:
         chunks: list[bytes] = []
@@ -107,26 +159,27 @@ class DirectoryWatch:
                 data = os.read(self._fd, _READ)
             except BlockingIOError:
                 return chunks
+            except OSError:  # closed under us: the mount is going
+                return chunks
             if not data:
                 return chunks
             chunks.append(data)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
 
 
-def _names(chunks: list[bytes]) -> set[str] | None:
-    """The names the events in ``chunks`` are about; None if one says events were lost."""
-    names: set[str] = set()
+def _events(chunks: list[bytes]) -> list[tuple[int, int, str]]:
+    """(watch descriptor, mask, name) of each event in ``chunks``."""
+    found = []
     for data in chunks:
         at = 0
         while at + _EVENT.size <= len(data):
-            _wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
-            if mask & IN_Q_OVERFLOW:
-                return None
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
             name = data[at + _EVENT.size:at + _EVENT.size + length].split(b"\0", 1)[0]
-            if name:
-                names.add(os.fsdecode(name))
+            found.append((wd, mask, os.fsdecode(name)))
             at += _EVENT.size + length
-    return names
+    return found
