@@ -32,7 +32,29 @@ FLATTEN_MIN = 64  # a top layer of at most this many entries is never flattened 
 # the square root of the base's size)
 
 
-class LayeredMap(Mapping[K, V], Generic[K, V]):
+class _Layers(Generic[K, V]):
+    """A base dict and a top layer of changes over it: how both a picture and an edit are read."""
+
+    __slots__ = ()
+    _base: dict[K, V]
+    _top: dict[K, Any]
+
+    def __getitem__(self, key: K) -> V:
+        found = self._top.get(key, _ABSENT)
+        if found is _ABSENT:
+            return self._base[key]
+        if found is _GONE:
+            raise KeyError(key)
+        return cast(V, found)
+
+    def __contains__(self, key: object) -> bool:
+        found = self._top.get(key, _ABSENT)  # type: ignore[arg-type]
+        if found is _ABSENT:
+            return key in self._base
+        return found is not _GONE
+
+
+class LayeredMap(_Layers[K, V], Mapping[K, V]):
     """A read-only mapping: a base dict shared between pictures, and this picture's own changes."""
 
     __slots__ = ("_base", "_top", "_len")
@@ -48,14 +70,6 @@ class LayeredMap(Mapping[K, V], Generic[K, V]):
         made._base, made._top, made._len = base, top, length
         return made
 
-    def __getitem__(self, key: K) -> V:
-        found = self._top.get(key, _ABSENT)
-        if found is _ABSENT:
-            return self._base[key]
-        if found is _GONE:
-            raise KeyError(key)
-        return cast(V, found)
-
     @overload
     def get(self, key: K, default: None = None) -> V | None: ...
 
@@ -67,12 +81,6 @@ class LayeredMap(Mapping[K, V], Generic[K, V]):
         if found is _ABSENT:
             return self._base.get(key, default)
         return default if found is _GONE else found
-
-    def __contains__(self, key: object) -> bool:
-        found = self._top.get(key, _ABSENT)  # type: ignore[arg-type]
-        if found is _ABSENT:
-            return key in self._base
-        return found is not _GONE
 
     def __iter__(self) -> Iterator[K]:
         top = self._top
@@ -97,27 +105,13 @@ class LayeredMap(Mapping[K, V], Generic[K, V]):
         return MapEdit(self)
 
 
-class MapEdit(MutableMapping[K, V], Generic[K, V]):
+class MapEdit(_Layers[K, V], MutableMapping[K, V]):
     """The changes that turn one ``LayeredMap`` into the next (copies only the source's top layer)."""
 
     def __init__(self, source: LayeredMap[K, V]) -> None:
         self._base = source._base
         self._top: dict[K, Any] = dict(source._top)
         self._len = source._len
-
-    def __getitem__(self, key: K) -> V:
-        found = self._top.get(key, _ABSENT)
-        if found is _ABSENT:
-            return self._base[key]
-        if found is _GONE:
-            raise KeyError(key)
-        return cast(V, found)
-
-    def __contains__(self, key: object) -> bool:
-        found = self._top.get(key, _ABSENT)  # type: ignore[arg-type]
-        if found is _ABSENT:
-            return key in self._base
-        return found is not _GONE
 
     def __setitem__(self, key: K, value: V) -> None:
         if key not in self:
