@@ -8,6 +8,11 @@ already mounted, so a change to one step shows in that step. Each save
 writes new bytes (a random salt per run): a save of bytes equal to the
 note's makes no revision and would time nothing.
 
+The content is ``fuse_bench.py``'s (1-4 KiB of prose from a vocabulary of
+about 3,000 words) unless ``--content synthetic`` (300 tokens from 997):
+what a save costs depends on it, since keeping the search index in step
+(chunks, FTS5 rows, the embedding) grows with the words a note holds.
+
     .venv/bin/scopefs --home bench/out/full/home mount SESSION /tmp/bm     # the session of bench/out/full/manifest.json
     .venv/bin/python bench/save_steps.py /tmp/bm --saves 300
     .venv/bin/scopefs --home bench/out/full/home umount /tmp/bm
@@ -23,6 +28,10 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuse_bench  # noqa: E402 - the tree's content, from the script next to this one
 
 STEPS = ("create", "write", "close", "rename", "total")
 
@@ -32,15 +41,22 @@ def main() -> int:
     parser.add_argument("root", help="the mounted view (or a native copy of the tree, for comparison)")
     parser.add_argument("--saves", type=int, default=300)
     parser.add_argument("--notes", type=int, default=10_000, help="notes in the tree (default 10000)")
+    parser.add_argument("--content", choices=("realistic", "synthetic"), default="realistic")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     salt = os.urandom(4).hex()
+    vocab = fuse_bench.vocabulary()
+
+    def content(i: int, k: int) -> bytes:
+        if args.content == "synthetic":
+            return (f"# note {i} save {k} {salt}\n" + " ".join(f"word{(i * 7 + j) % 997}" for j in range(300))).encode()
+        return f"# note {i} save {k} {salt}\n".encode() + fuse_bench.note_bytes(i, vocab)
     times: dict[str, list[float]] = {step: [] for step in STEPS}
     for k in range(args.saves):
         i = (k * 37) % args.notes
         folder = f"{args.root}/private/bench/d{i // 100:02d}"
         name = f"n{i:04d}.md"
-        data = (f"# note {i} save {k} {salt}\n" + " ".join(f"word{(i * 7 + j) % 997}" for j in range(300))).encode()
+        data = content(i, k)
         t0 = time.perf_counter_ns()
         fd = os.open(f"{folder}/.{name}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         t1 = time.perf_counter_ns()
@@ -55,7 +71,7 @@ def main() -> int:
     report = {step: {"p50_ms": statistics.median(v), "mean_ms": statistics.mean(v),
                      "p95_ms": sorted(v)[int(len(v) * 0.95)]} for step, v in times.items()}
     if args.json:
-        json.dump({"saves": args.saves, "steps": report}, sys.stdout, indent=1)
+        json.dump({"saves": args.saves, "content": args.content, "steps": report}, sys.stdout, indent=1)
         print()
     else:
         for step, figures in report.items():
