@@ -142,3 +142,26 @@ def test_the_sweep_reaches_every_cached_artifact_in_turns(scenario: Scenario,
         assert nodes[0].verified is not None  # the untouched note keeps its pages
 
     run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures("no_kernel")
+def test_every_cached_name_of_a_named_artifact_is_looked_at(scenario: Scenario) -> None:
+    """vim's backup (the note renamed to a scratch name, then written anew under its name) can hold the
+    same revision, and so the same artifact, as another cached inode: inotify's name reaches them all."""
+    home = scenario.cli.home
+    artifact = artifact_path(home, scenario.alice, NOTE)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        assert await tool.read(f"private/{NOTE}") == ALICE_FACT
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        await tool.create("private/notes", "allergy.md", ALICE_FACT)  # the same bytes: no new revision
+        assert await tool.read("private/notes/allergy.md~") == ALICE_FACT
+        assert await tool.read(f"private/{NOTE}") == ALICE_FACT
+        sharing = [node for node in fs.mount.layers.inodes.nodes.values()
+                   if node.verified is not None and node.verified[0].locator == artifact.name]
+        assert len(sharing) == 2, "the backup and the note: two cached inodes of one artifact"
+        _tamper(artifact)
+        await fs.reads.recheck_named({artifact.name})
+        assert all(node.verified is None for node in sharing)
+
+    run_alice_mount(scenario, script)

@@ -77,7 +77,9 @@ class Reads:
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
         self._cached: dict[int, Node] = {}  # inodes whose pages the kernel may hold, for ``recheck``
-        self._by_locator: dict[str, Node] = {}  # the same, by their artifact's name (``recheck_named``)
+        # the same, by their artifact's name (``recheck_named``); a note and a scratch file frozen to its
+        # revision (vim's backup) share one artifact
+        self._by_locator: dict[str, dict[int, Node]] = {}
         self._swept = 0  # where the sweep's next turn starts in ``_cached``
         self._stores: set[int] = set()  # the store directories (descriptors) of the cached artifacts
 
@@ -139,7 +141,7 @@ class Reads:
         node.cached_revision = note.revision_id
         node.verified = (note, stamp)
         self._cached[node.ino] = node
-        self._by_locator[note.locator] = node
+        self._by_locator.setdefault(note.locator, {})[node.ino] = node
         place = mount.artifacts.place(note)
         if place is not None:
             self._stores.add(place[0])
@@ -201,8 +203,10 @@ class Reads:
         for ino in [ino for ino, node in self._cached.items() if node.verified is None]:
             del self._cached[ino]
         if len(self._by_locator) > 2 * len(self._cached) + 64:  # names of artifacts no longer cached
-            self._by_locator = {node.verified[0].locator: node for node in self._cached.values()
-                                if node.verified is not None}
+            self._by_locator = {}
+            for node in self._cached.values():
+                if node.verified is not None:
+                    self._by_locator.setdefault(node.verified[0].locator, {})[node.ino] = node
         nodes = list(self._cached.values())
         if len(nodes) > SWEEP_BATCH:
             start = self._swept % len(nodes)
@@ -217,13 +221,14 @@ class Reads:
         else:
             nodes = []
             for locator in locators:
-                node = self._by_locator.get(locator)
-                if node is None:
-                    continue
-                if node.verified is None or node.verified[0].locator != locator or node.ino not in self._cached:
-                    del self._by_locator[locator]  # verified again since, or gone: not this artifact's any more
-                    continue
-                nodes.append(node)
+                named = self._by_locator.get(locator, {})
+                for ino, node in list(named.items()):
+                    if node.verified is None or node.verified[0].locator != locator or ino not in self._cached:
+                        del named[ino]  # verified again since, or gone: not this artifact's any more
+                    else:
+                        nodes.append(node)
+                if not named:
+                    self._by_locator.pop(locator, None)
         await self._look_again(nodes)
 
     def store_directories(self) -> set[Path]:
