@@ -75,6 +75,10 @@ class VisibleView:
     def usable(self) -> bool:
         return self.problem is None
 
+    def emptied(self, problem: Reason, access: Access | None = None) -> VisibleView:
+        """This view with nothing in it, for ``problem``: evidence gone, or a catalog that cannot be read."""
+        return VisibleView(access or self.access, problem, (), LayeredMap(), LayeredMap(), self.seq, None)
+
     def store(self, store_id: str) -> MountedStore | None:
         return next((s for s in self.stores if s.store_id == store_id), None)
 
@@ -162,7 +166,7 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
     if problem is not None:  # evidence gone: empty at once, before anything else can fail
         if old.problem == problem:
             return old
-        return VisibleView(access, problem, (), LayeredMap(), LayeredMap(), old.seq, None)
+        return old.emptied(problem, access)
     conn = home.catalog(access.agent_id)
     changes = changes_since(conn, old.seq)
     expired = old.valid_until is not None and access.now >= old.valid_until

@@ -21,7 +21,6 @@ a check and the change it guards are written with no await in between
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import math
@@ -123,8 +122,7 @@ class MountState:
                 new = await self.catalog(fresh, self.home, old)
             except Exception:
                 if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
-                    self._apply(dataclasses.replace(old, problem=Reason.INVALID_CONTEXT, stores=(), notes={},
-                                                    by_resource={}, base_seq=None, delta=frozenset()))
+                    self._apply(old.emptied(Reason.INVALID_CONTEXT))
                 raise
             self._last_sync_ok = time.monotonic()
             self._apply(new)
