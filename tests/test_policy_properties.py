@@ -609,8 +609,8 @@ def test_a_view_only_names_stores_its_subject_owns_or_shares(
     for mount in view.mounts:
         if mount.scope_kind == "user":
             assert subject.kind is SubjectKind.USER and mount.audience_id == subject.principal_id
-        if mount.scope_kind == "role":
-            assert mount.audience_id in fresh_roles
+        if mount.scope_kind == "role" or mount.root.startswith("projections/roles/"):
+            assert subject.kind is SubjectKind.USER and mount.audience_id in fresh_roles
         elif mount.audience_id != "":
             assert mount.audience_id == subject.principal_id, mount
 
@@ -639,6 +639,10 @@ def test_a_user_view_has_a_role_mount_exactly_for_fresh_evidence(
     fresh = {(f"roles/{r.role_name}", r.role_id) for r in roles if r.expires_at is None or now < r.expires_at}
     stale = {f"roles/{r.role_name}" for r in roles if r.expires_at is not None and now >= r.expires_at}
     assert {(m.root, m.audience_id) for m in view.mounts if m.scope_kind == "role"} == fresh
+    # Projections to a role show exactly while its store does: same evidence, same instant.
+    assert {(m.root, m.audience_id) for m in view.mounts if m.root.startswith("projections/roles/")} == \
+        {(f"projections/{root}", role_id) for root, role_id in fresh}
+    stale |= {f"projections/{root}" for root in stale}
     assert all(m.placement == m.ceiling == {Op.RETRIEVE, Op.READ, Op.DERIVE}
                for m in view.mounts if m.scope_kind == "role")
     assert {root for root, reason in view.excluded if reason is Reason.MEMBERSHIP_STALE} == stale

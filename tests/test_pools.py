@@ -109,7 +109,7 @@ def _search_paths(cli: Cli, session: str, query: str) -> set[str]:
 
 def test_mode_a_shares_the_pool_and_keeps_private_stores(scenario: Scenario, pooled: dict[str, str]) -> None:
     cli = scenario.cli
-    assert _ls(cli, pooled["main"]) == ["agent-shared", "pools", "postbox", "private"]
+    assert _ls(cli, pooled["main"]) == ["agent-shared", "pools", "postbox", "private", "projections"]
     assert _ls(cli, pooled["main"], "pools") == ["team"]
     assert cli("read", pooled["dev"], "pools/team/release.md", check=True).out == POOL_FACT
     assert _search_paths(cli, pooled["dev"], "release train") == {"pools/team/release.md"}
@@ -272,7 +272,7 @@ def test_no_file_applied_keeps_every_agent_in_its_own_cell(scenario: Scenario) -
     cli = scenario.cli
     shown = cli.j("pools", "show")
     assert shown["applied"] is False and shown["effective"]["main"]["own_writable"] is True
-    assert _ls(cli, scenario.alice_session) == ["agent-shared", "postbox", "private"]
+    assert _ls(cli, scenario.alice_session) == ["agent-shared", "postbox", "private", "projections"]
     assert cli("read", scenario.alice_session, "private/notes/allergy.md", check=True).out == ALICE_FACT
 
 
@@ -291,7 +291,7 @@ def test_removing_a_reader_empties_live_mounts(scenario: Scenario, pooled: dict[
         wait_until(lambda: not (view / "pools").exists())
         assert errno_of(lambda: note.read_bytes()) == errno.ENOENT
         assert errno_of(lambda: os.pread(held, 5, 0)) in (errno.EACCES, errno.EIO)
-        assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
+        assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private", "projections"]
     finally:
         os.close(held)
 

@@ -227,7 +227,7 @@ def _start_holder(place: Place) -> subprocess.Popen[bytes]:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert holder.stdout is not None
     before = json.loads(holder.stdout.readline() or b"null")
-    assert before == {"read": ALICE_FACT.decode(), "list": ["agent-shared", "postbox", "private"]}
+    assert before == {"read": ALICE_FACT.decode(), "list": ["agent-shared", "postbox", "private", "projections"]}
     return holder
 
 

@@ -78,9 +78,9 @@ def test_roots_of_each_view(scenario: Scenario) -> None:
     def roots(session: str) -> list[str]:
         return [e["name"] for e in cli.j("ls", session)["entries"]]
 
-    assert roots(scenario.alice_session) == ["agent-shared", "postbox", "private"]
+    assert roots(scenario.alice_session) == ["agent-shared", "postbox", "private", "projections"]
     assert roots(scenario.group_session) == ["agent-shared", "channel", "postbox", "projections"]
-    assert roots(service_session) == ["agent", "agent-shared"]
+    assert roots(service_session) == ["agent", "agent-shared", "projections"]
     assert roots(ambiguous) == ["agent-shared"]
 
 
@@ -90,7 +90,7 @@ def test_read_only_roots_and_ambiguous_sessions_refuse_writes(scenario: Scenario
                  _open(scenario, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
                        "--sender", "unbound-77")["session_id"]]
     cases = [(scenario.alice_session, "agent-shared/x.md"), (scenario.group_session, "agent-shared/x.md"),
-             (scenario.group_session, "projections/x.md"), (scenario.alice_session, "postbox/x.md")]
+             (scenario.group_session, "projections/channel/x.md"), (scenario.alice_session, "postbox/x.md")]
     cases += [(s, "agent-shared/x.md") for s in ambiguous]
     cases += [(s, "private/x.md") for s in ambiguous]
     for session, path in cases:

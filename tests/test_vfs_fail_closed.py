@@ -86,7 +86,7 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
             os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
             wait_until(lambda: errno_of(lambda: os.pread(held, 4096, 0)) in (errno.EACCES, errno.EIO))
             trigger.unlink()  # the catalog is readable again: the view comes back
-            wait_until(lambda: sorted(os.listdir(where)) == ["agent-shared", "postbox", "private"])
+            wait_until(lambda: sorted(os.listdir(where)) == ["agent-shared", "postbox", "private", "projections"])
             assert note.read_bytes() == ALICE_FACT
         finally:
             os.close(held)

@@ -168,7 +168,7 @@ def settle(mounts: Mounts, where: Path) -> None:  # noqa: F811
 # -- what the tree holds -------------------------------------------------------
 
 ROOTS = {
-    "alice": ["agent-shared", "postbox", "private"],
+    "alice": ["agent-shared", "postbox", "private", "projections"],
     "group": ["agent-shared", "channel", "postbox", "projections"],
     "ambiguous": ["agent-shared"],
 }
@@ -181,10 +181,10 @@ def test_the_tree_holds_only_the_session_roots(scenario: Scenario, mounts: Mount
     assert sorted(os.listdir(where)) == ROOTS[who]
     expected = {
         "alice": {"agent-shared", "agent-shared/docs", "agent-shared/docs/guide.md", "postbox", "private",
-                  "private/notes", "private/notes/allergy.md"},
+                  "private/notes", "private/notes/allergy.md", "projections", "projections/agent-shared"},
         "group": {"agent-shared", "agent-shared/docs", "agent-shared/docs/guide.md", "agent-shared/denied.md",
                   "agent-shared/hidden-dir", "agent-shared/hidden-dir/deep.md", "channel", "channel/offsite.md",
-                  "postbox", "projections"},
+                  "postbox", "projections", "projections/agent-shared", "projections/channel"},
         "ambiguous": {"agent-shared", "agent-shared/docs", "agent-shared/docs/guide.md"},
     }[who]
     assert tree(where) == expected
@@ -312,7 +312,7 @@ BOB_NOTES = {
 
 BOB_TREE = ["agent-shared", "postbox", "private", "private/notes", "private/notes/allergy.md",
             "private/notes/diet.md", "private/zeta", "private/zeta/plan.md", "private/a", "private/a/b",
-            "private/a/b/c.md"]
+            "private/a/b/c.md", "projections", "projections/agent-shared"]
 
 
 def _inodes(where: Path) -> dict[str, int]:
@@ -434,8 +434,10 @@ def _readonly_ops(where: Path, who: str) -> dict[str, Callable[[], object]]:
         ops["rename-out"] = lambda: os.rename(guide, where / Path(writable).parent / "guide.md")
         ops["rename-in"] = lambda: os.rename(where / writable, where / "agent-shared/moved.md")
     if who == "group":
-        ops["create-in-projections"] = lambda: os.open(where / "projections/x.md", os.O_WRONLY | os.O_CREAT, 0o600)
-        ops["mkdir-in-projections"] = lambda: os.mkdir(where / "projections/x")
+        ops["create-in-projections"] = lambda: os.open(where / "projections/channel/x.md",
+                                                       os.O_WRONLY | os.O_CREAT, 0o600)
+        ops["mkdir-in-projections"] = lambda: os.mkdir(where / "projections/channel/x")
+        ops["create-by-projections"] = lambda: os.open(where / "projections/x.md", os.O_WRONLY | os.O_CREAT, 0o600)
     if who == "ambiguous":  # every write, wherever it is aimed
         ops["create-at-root"] = lambda: os.open(where / "x.md", os.O_WRONLY | os.O_CREAT, 0o600)
         ops["mkdir-at-root"] = lambda: os.mkdir(where / "private")

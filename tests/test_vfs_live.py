@@ -221,7 +221,7 @@ def test_revoked_binding_empties_view_and_stops_held_reads(scenario: Scenario, m
     view = mounts.mount(scenario.alice_session)
     note = view / ALLERGY
     assert os.stat(note).st_size == len(ALICE_FACT)
-    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
+    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private", "projections"]
     with _pinned(note) as held:
         assert held.first == ALICE_FACT
         assert os.pread(held.fd, 4096, 0) == ALICE_FACT
@@ -270,7 +270,7 @@ def test_expired_role_membership_removes_role_folder(scenario: Scenario, mounts:
         # The kernel's cached entries follow (invalidated from the server's worker).
         wait_until(lambda: _gone(view / "roles" / "ops"), timeout=BOUND_S)
         assert _gone(view / "roles")
-    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private"]
+    assert sorted(os.listdir(view)) == ["agent-shared", "postbox", "private", "projections"]
     assert (view / ALLERGY).read_bytes() == ALICE_FACT  # the rest of the view is untouched
 
 

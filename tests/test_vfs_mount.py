@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, SCOPEFS, Scenario, table_dump
 from tests.mountkit import Mounts, is_mounted, live_notes, mounts, wait_until  # noqa: F401
 
-ALICE_ROOTS = ["agent-shared", "postbox", "private"]
+ALICE_ROOTS = ["agent-shared", "postbox", "private", "projections"]
 GROUP_ROOTS = ["agent-shared", "channel", "postbox", "projections"]
 NOTE = "private/notes/allergy.md"
 # Run in a child process, so that a hanging FUSE request fails the test (by

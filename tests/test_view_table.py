@@ -63,6 +63,9 @@ def test_user_row() -> None:
         "roles/finance": ("role", "prn_role_finance", READ_ONLY),
         "roles/ops": ("role", "prn_role_ops", READ_ONLY),
         "postbox": ("quarantine", "prn_alice", frozenset({Op.RETRIEVE, Op.READ})),
+        "projections/agent-shared": ("projection", "", frozenset()),
+        "projections/roles/finance": ("projection", "prn_role_finance", frozenset()),
+        "projections/roles/ops": ("projection", "prn_role_ops", frozenset()),
     }
     assert writable(ALICE, mount(view, "private")) >= {Op.APPEND, Op.REPLACE, Op.DELETE}
     for ro in ("agent-shared", "roles/ops", "roles/finance", "postbox"):
@@ -95,12 +98,27 @@ def test_conversation_row() -> None:
     assert shape(view) == {
         "channel": ("channel", "prn_group", READ_WRITE),
         "agent-shared": ("agent-shared", "", READ_ONLY),
-        "projections": ("projection", "prn_group", READ_ONLY),
+        "projections/channel": ("projection", "prn_group", frozenset()),
+        "projections/agent-shared": ("projection", "", frozenset()),
         "postbox": ("postbox", "", frozenset({Op.DEPOSIT})),
     }
     assert writable(GROUP, mount(view, "channel")) >= {Op.APPEND, Op.REPLACE, Op.DELETE}
-    for ro in ("agent-shared", "projections"):
+    for ro in ("agent-shared", "projections/channel", "projections/agent-shared"):
         assert writable(GROUP, mount(view, ro)) == set(), ro
+
+
+def test_projection_mounts_grant_only_what_a_live_projection_allows() -> None:
+    """A copy in projections/ is read only through its own allows, up to read and derive; never written."""
+    for subject in (ALICE, GROUP, CRON):
+        shared = mount(memory_view(subject, ROLES, NOW), "projections/agent-shared")
+        assert evaluate(Op.READ, subject, shared, LIVE, (), NOW) == Decision(False, Reason.DEFAULT_DENY)
+        live = tuple(Entry(Effect.ALLOW, op, AudienceKind.ANY, expires_at=NOW + 1)
+                     for op in (Op.RETRIEVE, Op.READ, Op.DERIVE))
+        assert evaluate(Op.DERIVE, subject, shared, LIVE, live, NOW).allowed
+        assert not evaluate(Op.READ, subject, shared, LIVE, live, NOW + 1)  # expired at the instant
+        assert writable(subject, shared) == set()
+        for op in WRITE_OPS:
+            assert not evaluate(op, subject, shared, LIVE, anyone_may_do_anything(), NOW), op
 
 
 def test_group_postbox_is_write_only() -> None:
@@ -122,11 +140,12 @@ def test_a_group_never_mounts_a_members_private_or_role_store() -> None:
 
 
 def test_service_row() -> None:
-    """service: agent/ rw, agent-shared/ ro, nothing else (roles never count)."""
+    """service: agent/ rw, agent-shared/ ro, projections to the whole agent, nothing else (roles never count)."""
     view = memory_view(CRON, ROLES, NOW)
     assert shape(view) == {
         "agent": ("agent", "prn_cron", READ_WRITE),
         "agent-shared": ("agent-shared", "", READ_ONLY),
+        "projections/agent-shared": ("projection", "", frozenset()),
     }
     assert writable(CRON, mount(view, "agent")) >= {Op.APPEND, Op.REPLACE, Op.DELETE}
     assert writable(CRON, mount(view, "agent-shared")) == set()
@@ -153,9 +172,9 @@ def test_ambiguous_row(subject: Subject) -> None:
 def test_roots_outside_the_row_are_outside_view() -> None:
     """A root from another row is simply not there: mount_for is None and the evaluator says outside-view."""
     others = {
-        ALICE: ("channel", "projections", "agent"),
+        ALICE: ("channel", "agent"),
         GROUP: ("private", "agent", "roles"),
-        CRON: ("private", "channel", "projections", "postbox", "roles"),
+        CRON: ("private", "channel", "postbox", "roles"),
         SHARED_MAIN: ("private", "channel", "projections", "postbox", "agent", "roles"),
     }
     for subject, roots in others.items():

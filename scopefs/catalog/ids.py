@@ -27,6 +27,7 @@ PREFIXES = {
     "policy": "pol",
     "entry": "pe",
     "membership": "m",
+    "projection": "pj",
 }
 
 

@@ -31,6 +31,11 @@ log = logging.getLogger("scopefs.search")
 
 
 def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> bytes:
+    return read_target(home, session_id, path, actor_id=actor_id)[2]
+
+
+def read_target(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> tuple[Access, Target, bytes]:
+    """``read_note``, with the access and the resolved note it read (the revision a copy is made from)."""
     access, target = _readable(home, session_id, path, actor_id)
     assert target.store is not None and target.revision is not None
     try:
@@ -40,7 +45,7 @@ def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = 
         raise
     _audit(home, access, target, "allow", Reason.ALLOWED)
     _searchable_again(home, access, target)
-    return data
+    return access, target, data
 
 
 def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes], object], *,

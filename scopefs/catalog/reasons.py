@@ -26,6 +26,13 @@ class Reason(StrEnum):
     # A revision committed without a disk sync whose artifact did not survive
     # a power loss: recovery rolled its note back to the revision before it.
     REVISION_LOST = "revision-lost"
+    # Publishing into agent-shared/ or a role store needs a live publisher
+    # grant for the session's verified subject; reading never implies it.
+    NOT_PUBLISHER = "not-publisher"
+    # A projection is made by the note's verified owner, into an audience
+    # the owner belongs to (catalog.sharing).
+    NOT_OWNER = "not-owner"
+    NOT_IN_AUDIENCE = "not-in-audience"
 
 
 # Reasons that describe the caller's own session rather than a resource.
@@ -43,6 +50,11 @@ SESSION_REASONS = frozenset(
 )
 
 
+# Reasons about the caller's own authority to share: they name nothing of
+# another scope, so the caller sees them as they are.
+SHARING_REASONS = frozenset({Reason.NOT_PUBLISHER, Reason.NOT_OWNER, Reason.NOT_IN_AUDIENCE})
+
+
 def public_reason(reason: Reason, *, read_like: bool) -> Reason:
     """The reason a caller may see for an internal decision.
 
@@ -51,7 +63,7 @@ def public_reason(reason: Reason, *, read_like: bool) -> Reason:
     one. Write refusals against a root the caller can already see keep
     ``default-deny`` (the root is visibly read-only, nothing is revealed).
     """
-    if reason in SESSION_REASONS:
+    if reason in SESSION_REASONS or reason in SHARING_REASONS:
         return reason
     if read_like:
         return Reason.OUTSIDE_VIEW

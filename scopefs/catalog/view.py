@@ -7,12 +7,19 @@ which physical store that is gets resolved later, inside the agent's cell.
 
     subject       roots (rw = writable)
     user          private/ rw, agent-shared/ ro, roles/<role>/ ro while the
-                  membership is fresh, postbox/ owner review
-    conversation  channel/ rw, agent-shared/ ro, projections/ ro,
-                  postbox/ deposit-only
-    service       agent/ rw, agent-shared/ ro
+                  membership is fresh, postbox/ owner review,
+                  projections/agent-shared/ and projections/roles/<role>/
+    conversation  channel/ rw, agent-shared/ ro, postbox/ deposit-only,
+                  projections/channel/ and projections/agent-shared/
+    service       agent/ rw, agent-shared/ ro, projections/agent-shared/
     ambiguous     agent-shared/: nothing by placement; only resources with
                   an explicit allow for anonymous use; never a write
+
+Projections (``projections/<audience>/``) are reviewed copies addressed to
+one audience each: this conversation, one of the user's roles, or every
+subject of the agent. Their mounts grant nothing by placement: a copy is
+readable only through its own allow entries, which expire or are revoked
+with the projection, so a copy without a live projection reads as missing.
 
 A conversation view never contains a user's private store or any role
 store, whoever is speaking: other participants share the model context.
@@ -38,6 +45,9 @@ from scopefs.catalog.subject import Subject, SubjectKind
 READ_ONLY = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE})
 READ_WRITE = READ_ONLY | {Op.APPEND, Op.REPLACE, Op.DELETE}
 OWNER_REVIEW = frozenset({Op.RETRIEVE, Op.READ})
+# What a projection's allow entries grant its audience: read it, and use it
+# as a source (a copy is declassified for exactly that audience).
+PROJECTED = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE})
 DEPOSIT_ONLY = frozenset({Op.DEPOSIT})
 ANONYMOUS_CEILING = frozenset({Op.RETRIEVE, Op.READ})
 NOTHING: frozenset[Op] = frozenset()
@@ -112,6 +122,14 @@ def memory_view(subject: Subject, roles: Iterable[RoleEvidence], now: int,
     return View(subject, tuple(mounts), own.excluded if memory.own else (), capture)
 
 
+def projection_mount(root: str, audience_id: str) -> Mount:
+    """Copies projected to one audience: nothing by placement, what their allows grant up to ``PROJECTED``."""
+    return Mount(root, "projection", audience_id, NOTHING, PROJECTED)
+
+
+PROJECTIONS_SHARED = "projections/agent-shared"
+
+
 def _read_only(mount: Mount) -> Mount:
     return Mount(mount.root, mount.scope_kind, mount.audience_id, mount.placement & READ_ONLY,
                  mount.ceiling & READ_ONLY, mount.cell)
@@ -128,30 +146,34 @@ def _own_view(subject: Subject, roles: Iterable[RoleEvidence], now: int) -> View
         excluded: list[tuple[str, Reason]] = []
         roles = tuple(roles)
         names = [r.role_name for r in roles]
+        projected = [projection_mount(PROJECTIONS_SHARED, AGENT_SHARED_AUDIENCE)]
         for role in sorted(roles, key=lambda r: r.role_name):
-            root = f"roles/{role.role_name}"
+            roots = (f"roles/{role.role_name}", f"projections/roles/{role.role_name}")
             if names.count(role.role_name) > 1:  # ambiguous folder: mount neither (fail closed)
-                excluded.append((root, Reason.OUTSIDE_VIEW))
+                excluded.extend((root, Reason.OUTSIDE_VIEW) for root in roots)
             elif role.fresh(now):
-                mounts.append(Mount(root, "role", role.role_id, READ_ONLY, READ_ONLY))
+                mounts.append(Mount(roots[0], "role", role.role_id, READ_ONLY, READ_ONLY))
+                projected.append(projection_mount(roots[1], role.role_id))
             else:
-                excluded.append((root, Reason.MEMBERSHIP_STALE))
+                excluded.extend((root, Reason.MEMBERSHIP_STALE) for root in roots)
         mounts.append(Mount("postbox", "quarantine", pid, OWNER_REVIEW, OWNER_REVIEW))
-        return View(subject, tuple(mounts), tuple(excluded))
+        return View(subject, (*mounts, *projected), tuple(excluded))
     if subject.kind is SubjectKind.CONVERSATION:
         assert pid is not None
         return View(subject, (
             Mount("channel", "channel", pid, READ_WRITE, READ_WRITE),
             _shared(),
-            Mount("projections", "projection", pid, READ_ONLY, READ_ONLY),
             # Deposits are routed per message to a participant's quarantine;
             # the mount itself has no store, so it lists and reads nothing.
             Mount("postbox", "postbox", "", DEPOSIT_ONLY, DEPOSIT_ONLY),
+            projection_mount("projections/channel", pid),
+            projection_mount(PROJECTIONS_SHARED, AGENT_SHARED_AUDIENCE),
         ))
     if subject.kind is SubjectKind.SERVICE:
         assert pid is not None
         return View(subject, (
             Mount("agent", "agent", pid, READ_WRITE, READ_WRITE),
             _shared(),
+            projection_mount(PROJECTIONS_SHARED, AGENT_SHARED_AUDIENCE),
         ))
     return View(subject, (_shared(NOTHING, ANONYMOUS_CEILING),))

@@ -18,6 +18,7 @@ from scopefs.catalog.artifacts import open_scopes_dir
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import StorageError, storage_error
+from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Mount
 from scopefs.catalog.stores import StoreRow, find_store
 from scopefs.writer.steps import Step, checkpoint
@@ -28,7 +29,7 @@ _AUTHORITY = {
     "role": "role",
     "agent-shared": "agent-admin",
     "agent": "service",
-    "projection": "conversation",
+    "projection": "audience",
     "quarantine": "principal",
 }
 MKDIR_ATTEMPTS = 8
@@ -36,13 +37,23 @@ MKDIR_ATTEMPTS = 8
 
 def ensure_store(access: Access, mount: Mount) -> StoreRow:
     """The store behind ``mount``, created on first use."""
-    catalog = access.home.catalog(access.agent_id)
-    existing = find_store(catalog, access.agent_id, mount.scope_kind, mount.audience_id)
+    return ensure_store_for(access.home, access.agent_id, mount.scope_kind, mount.audience_id)
+
+
+def ensure_store_for(home: Home, agent_id: str, scope_kind: str, audience_id: str) -> StoreRow:
+    """The store of ``scope_kind`` for ``audience_id`` in ``agent_id``'s cell, created on first use.
+
+    For the broker's own writes into a store no session writes by
+    placement (a publisher's copy, a projection) and for grants that need
+    the store's policy to exist before anything is in it.
+    """
+    catalog = home.catalog(agent_id)
+    existing = find_store(catalog, agent_id, scope_kind, audience_id)
     if existing is not None:
         return existing
-    if mount.scope_kind not in _AUTHORITY:
+    if scope_kind not in _AUTHORITY:
         raise StorageError("this root has no store of its own")
-    scopes_fd = open_scopes_dir(access.home, access.agent_id)
+    scopes_fd = open_scopes_dir(home, agent_id)
     try:
         for _ in range(MKDIR_ATTEMPTS):
             path_key = ids.random_token()
@@ -64,23 +75,23 @@ def ensure_store(access: Access, mount: Mount) -> StoreRow:
         checkpoint(Step.STORE_DIR_MADE)
         store_id, root_id = ids.new_id("store"), ids.new_id("storage_root")
         with immediate(catalog):
-            raced = find_store(catalog, access.agent_id, mount.scope_kind, mount.audience_id)
+            raced = find_store(catalog, agent_id, scope_kind, audience_id)
             if raced is None:
                 now = now_us()
                 catalog.execute(
                     "INSERT INTO storage_roots (storage_root_id, agent_id, backend_kind, path_key, authority_kind,"
                     " authority_owner, created_at) VALUES (?, ?, 'fs', ?, ?, ?, ?)",
-                    (root_id, access.agent_id, path_key, _AUTHORITY[mount.scope_kind], mount.audience_id or None, now),
+                    (root_id, agent_id, path_key, _AUTHORITY[scope_kind], audience_id or None, now),
                 )
                 catalog.execute(
                     "INSERT INTO stores (store_id, agent_id, storage_root_id, scope_kind, audience_id, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    (store_id, access.agent_id, root_id, mount.scope_kind, mount.audience_id, now),
+                    (store_id, agent_id, root_id, scope_kind, audience_id, now),
                 )
         if raced is not None:  # another writer created it first; ours is empty
             os.rmdir(path_key, dir_fd=scopes_fd)
             return raced
         checkpoint(Step.STORE_ROW)
-        return StoreRow(store_id, mount.scope_kind, mount.audience_id, path_key)
+        return StoreRow(store_id, scope_kind, audience_id, path_key)
     finally:
         os.close(scopes_fd)

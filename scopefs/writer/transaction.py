@@ -41,9 +41,11 @@ import dataclasses
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
+
+import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.access import (
@@ -67,10 +69,11 @@ from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import current_model, prepare_from_fd
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
-from scopefs.catalog.policy import Decision, Op
+from scopefs.catalog.policy import Decision, Mount, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import ResourceRow, StoreRow, active_revision, find_resource, path_conflict, policy_entries
 from scopefs.catalog.subject import SubjectKind
+from scopefs.catalog.view import READ_WRITE, View
 from scopefs.writer import lock
 from scopefs.writer.commit import PolicyChanged, activate, roll_back
 from scopefs.writer.recovery import recover_pending_if_idle
@@ -94,6 +97,25 @@ class WriteResult:
     sha256: str
     size: int
     created: bool  # a new resource, not a new revision of an existing one
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What makes a write the broker's copy rather than a subject's own write.
+
+    A published or projected copy lands in a store its author holds no
+    placement in; the authority for it is a decision of its own (a live
+    publisher grant, the source still active), which ``authority``
+    re-makes inside both commit transactions, as ``_recheck`` does for the
+    view's policy. ``rows`` adds the copy's lineage and bookkeeping in the
+    transaction that records its pending revision, so they exist exactly
+    when the revision does.
+    """
+
+    operation: Op  # what the audit calls it: publish, project, ...
+    trust_origin: str
+    authority: Callable[[apsw.Connection], Decision]
+    rows: Callable[[apsw.Connection, str, str], None]  # (catalog, resource_id, revision_id)
 
 
 def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
@@ -232,7 +254,8 @@ class _Pending:
 
 
 def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
-                    staged: _Staged, locator: str, expected_resource_id: Expected) -> _Pending:
+                    staged: _Staged, locator: str, expected_resource_id: Expected,
+                    provenance: Provenance | None = None) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
     agent_id = access.agent_id
     catalog = access.home.catalog(agent_id)
@@ -246,6 +269,8 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
         if (current.revision_id if current else None) != expected_base:
             raise Conflict("the note changed while it was being written; nothing was written, try again")
         decision = _recheck(access, dataclasses.replace(target, store=store), op)
+        if decision and provenance is not None:
+            decision = provenance.authority(catalog)
         if not decision:
             raise PolicyChanged(decision)
         created = resource is None
@@ -264,7 +289,8 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
         revision_no = scalar(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
                              (resource_id,))
         revision_id, intent_id = ids.new_id("revision"), ids.new_id("intent")
-        event = access.event(op, "allow", Reason.ALLOWED, store_id=store.store_id, revision_id=revision_id)
+        event = access.event(provenance.operation if provenance else op, "allow", Reason.ALLOWED,
+                             store_id=store.store_id, revision_id=revision_id)
         event_id = enqueue(catalog, agent_id, event)
         subject_kind = access.session.subject.kind
         catalog.execute(
@@ -272,13 +298,16 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
             " size, locator, state, session_id, actor_id, trust_origin, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
             (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
-             access.session.session_id, access.actor_id, _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
+             access.session.session_id, access.actor_id,
+             provenance.trust_origin if provenance else _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
         )
         catalog.execute(
             "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"
             " expected_sha256, event_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id, now),
         )
+        if provenance is not None:
+            provenance.rows(catalog, resource_id, revision_id)
     return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
 
 
@@ -334,22 +363,30 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
 
 
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
-            staging_fd: int, staged: _Staged, expected_resource_id: Expected, *, durable: bool = True) -> WriteResult:
+            staging_fd: int, staged: _Staged, expected_resource_id: Expected, *, durable: bool = True,
+            provenance: Provenance | None = None) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
+    catalog = home.catalog(agent_id)
+    shown_op = provenance.operation if provenance else op
     locator = ids.random_token()
     store_fd = open_store_dir(home, agent_id, store.path_key)
     try:
-        revalidate(access, op)
+        revalidate(access, shown_op)
         try:
-            pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id)
+            pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id, provenance)
         except PolicyChanged as changed:
-            raise access.refuse(op, changed.decision.reason, store_id=store.store_id) from None
+            raise access.refuse(shown_op, changed.decision.reason, store_id=store.store_id) from None
         checkpoint(Step.PENDING)
         # What activation re-checks: the same target, now with its resource
         # (new or not), so entries added to it meanwhile count too.
         planned = dataclasses.replace(target, store=store, resource=ResourceRow(
             pending.resource_id, store.store_id, target.inner_path, "live"))
+
+        def recheck() -> Decision:
+            decision = _recheck(access, planned, op)
+            return provenance.authority(catalog) if decision and provenance is not None else decision
+
         renamed = placed = False
         try:
             renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
@@ -362,11 +399,11 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             final_sha256, _ = _final_hash(store_fd, locator)
             checkpoint(Step.FINALIZED)
             index = prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))  # slow part, before the txn
-            revalidate(access, op)
-            activate(home.catalog(agent_id), agent_id, resource_id=pending.resource_id, store_id=store.store_id,
+            revalidate(access, shown_op)
+            activate(catalog, agent_id, resource_id=pending.resource_id, store_id=store.store_id,
                      revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
-                     final_sha256=final_sha256, recheck=lambda: _recheck(access, planned, op),
+                     final_sha256=final_sha256, recheck=recheck,
                      unsynced=None if durable else home.page_cache())
         except BaseException as exc:
             refusal = exc.decision if isinstance(exc, PolicyChanged) else None
@@ -375,7 +412,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                      reason=refusal.reason if refusal is not None else Reason.REVISION_STALE,
                      decision="deny" if refusal is not None else "error")
             if refusal is not None:  # the outbox row already carries the audit of this refusal
-                raise access.denied(op, refusal.reason) from None
+                raise access.denied(shown_op, refusal.reason) from None
             if isinstance(exc, OSError):
                 raise storage_error("cannot finalize the note", exc) from exc
             raise
@@ -435,10 +472,38 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
         os.close(staging_fd)
 
 
+def write_copy(access: Access, scope_kind: str, audience_id: str, inner: Parts, source: bytes,
+               provenance: Provenance) -> WriteResult:
+    """Write ``source`` into a store no view writes by placement, as ``access``'s broker-made copy.
+
+    The caller decided the authority (``provenance.authority``, re-made in
+    both commit transactions); the copy itself goes through the same
+    staged-rename transaction as every write, through a view holding that
+    one store and nothing else, so the plan, the conflict checks and the
+    recovery are the ones every note has. Always durable: it is a command's
+    answer.
+    """
+    check_parts(inner)
+    mount = Mount("copy", scope_kind, audience_id, READ_WRITE, READ_WRITE)
+    broker = dataclasses.replace(access, view=View(access.view.subject, (mount,)))
+    parts = ("copy", *inner)
+    home = access.home
+    recover_pending_if_idle(home, access.agent_id)
+    staging_fd = open_dir(home.staging_dir(access.agent_id))
+    try:
+        with _staged(staging_fd, source) as staged:
+            with lock.shared(home.lock_path(access.agent_id)):
+                target, op = _plan(broker, parts, None)
+                store = target.store or ensure_store(broker, mount)
+                return _commit(broker, store, target, op, staging_fd, staged, None, provenance=provenance)
+    finally:
+        os.close(staging_fd)
+
+
 def check_write(home: Home, session_id: str, parts: Parts) -> None:
     """Raise (audited) if writing ``parts`` now would be refused; writes nothing."""
     access = authorize_session(home, session_id, Op.APPEND, parts=check_parts(parts))
     _plan(access, parts, None)
 
 
-__all__ = ["WriteResult", "check_write", "write_note", "write_parts"]
+__all__ = ["Provenance", "WriteResult", "check_write", "write_copy", "write_note", "write_parts"]

@@ -426,5 +426,67 @@ WHEN NOT ((OLD.state = 'pending' AND NEW.state IN ('active', 'rolled-back'))
 BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
 """
 
+# V6: sharing on purpose (issue 15). ``lineage_edges`` ties a revision
+# made from another (a published copy, a projection copy) to its parent;
+# rows reference immutable revisions only and are never changed. A
+# projection is a reviewed copy addressed to one audience: its row names
+# the source revision, the publisher, the purpose and the expiry (or the
+# recorded choice of none), and the copy it made. What the audience may do
+# with the copy is not here but in the copy's own policy entries (allows
+# that expire with the projection), so the evaluator, the views and the
+# search decide it with the rules they already follow; revocation revokes
+# those entries and tombstones the copy.
+V6 = """
+CREATE TABLE lineage_edges (
+    child_revision_id  TEXT NOT NULL REFERENCES revisions (revision_id),
+    parent_revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    agent_id           TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    relation           TEXT NOT NULL CHECK (relation IN ('publish', 'project', 'postbox', 'derive')),
+    created_at         INTEGER NOT NULL,
+    PRIMARY KEY (child_revision_id, parent_revision_id),
+    CHECK (child_revision_id != parent_revision_id)
+) STRICT;
+CREATE INDEX lineage_edges_by_parent ON lineage_edges (parent_revision_id);
+CREATE TRIGGER lineage_edges_fixed BEFORE UPDATE ON lineage_edges
+BEGIN SELECT RAISE(ABORT, 'lineage is never edited'); END;
+CREATE TRIGGER lineage_edges_no_delete BEFORE DELETE ON lineage_edges
+BEGIN SELECT RAISE(ABORT, 'lineage is never deleted'); END;
+
+CREATE TABLE projections (
+    projection_id      TEXT PRIMARY KEY,
+    agent_id           TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    source_revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    source_session_id  TEXT NOT NULL,
+    publisher_id       TEXT NOT NULL,        -- the verified subject that projected
+    target_kind        TEXT NOT NULL CHECK (target_kind IN ('conversation', 'role', 'agent-shared')),
+    target_id          TEXT NOT NULL,        -- conversation or role principal; '' for agent-shared
+    purpose            TEXT NOT NULL CHECK (length(purpose) BETWEEN 1 AND 500),
+    expires_at         INTEGER,
+    no_expiry          INTEGER NOT NULL CHECK (no_expiry IN (0, 1)),
+    copy_resource_id   TEXT NOT NULL REFERENCES resources (resource_id),
+    copy_revision_id   TEXT NOT NULL UNIQUE REFERENCES revisions (revision_id),
+    created_at         INTEGER NOT NULL,
+    revoked_at         INTEGER,
+    CHECK ((expires_at IS NULL) = (no_expiry = 1)),
+    CHECK ((target_kind = 'agent-shared') = (target_id = ''))
+) STRICT;
+CREATE INDEX projections_by_source ON projections (source_session_id);
+CREATE INDEX projections_by_copy ON projections (copy_resource_id);
+CREATE TRIGGER projections_no_replace BEFORE INSERT ON projections
+WHEN EXISTS (SELECT 1 FROM projections WHERE projection_id = NEW.projection_id
+             OR copy_revision_id = NEW.copy_revision_id)
+BEGIN SELECT RAISE(ABORT, 'projections are never replaced'); END;
+CREATE TRIGGER projections_fixed
+BEFORE UPDATE OF projection_id, agent_id, source_revision_id, source_session_id, publisher_id, target_kind,
+                 target_id, purpose, expires_at, no_expiry, copy_resource_id, copy_revision_id, created_at
+ON projections
+BEGIN SELECT RAISE(ABORT, 'a projection is fixed; revoke it and project again'); END;
+CREATE TRIGGER projections_revoke_once BEFORE UPDATE OF revoked_at ON projections
+WHEN OLD.revoked_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'projection already revoked'); END;
+CREATE TRIGGER projections_no_delete BEFORE DELETE ON projections
+BEGIN SELECT RAISE(ABORT, 'projections are never deleted'); END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4, V5))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5, V6))  # 'SCAG'

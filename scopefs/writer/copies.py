@@ -1,0 +1,84 @@
+"""What publishing and projecting have in common: a verified source and its preview.
+
+Both take one revision of a note from the session's own view, show the
+person sharing it what would go where, and only with ``--yes`` write a
+copy. The source is read like any read (decided, verified against its
+hash, audited); the preview holds the first lines of the caller's own
+note, for the caller's own terminal, and is never logged or audited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from scopefs.catalog.access import Access, Target
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import one
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.home import Home
+from scopefs.catalog.paths import Parts, split_virtual_path
+from scopefs.catalog.policy import Decision
+from scopefs.catalog.reader import read_target
+from scopefs.catalog.reasons import Reason
+
+PREVIEW_LINES = 5
+PREVIEW_LINE_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Source:
+    """One verified revision of a note of the session's view."""
+
+    access: Access
+    target: Target
+    data: bytes
+    path: str  # the virtual path it was named by
+
+    @property
+    def revision_id(self) -> str:
+        assert self.target.revision is not None
+        return self.target.revision.revision_id
+
+    @property
+    def revision_no(self) -> int:
+        assert self.target.revision is not None
+        return self.target.revision.revision_no
+
+    def copy_name(self, name: str | None) -> Parts:
+        """Where the copy goes inside its target store: ``--as NAME``, else the source's path inside its root."""
+        if name is None:
+            return self.target.inner
+        parts = split_virtual_path(name)
+        if not parts:
+            raise BadInput("--as names a note, e.g. notes/x.md")
+        return parts
+
+    def first_lines(self) -> list[str]:
+        text = self.data[: PREVIEW_LINES * PREVIEW_LINE_CHARS * 4].decode("utf-8", "replace")
+        return [line[:PREVIEW_LINE_CHARS] for line in text.splitlines()[:PREVIEW_LINES]]
+
+    def preview(self, **more: Any) -> dict[str, Any]:
+        """What ``--yes`` would do, for the person deciding: source, revision, size, first lines, and ``more``."""
+        return {"source": self.path, "source_revision": self.revision_no, "source_revision_id": self.revision_id,
+                "bytes": len(self.data), "first_lines": self.first_lines(), **more}
+
+
+def read_source(home: Home, session_id: str, path: str) -> Source:
+    """The note at ``path`` as the session's view shows it now, verified (refusals as for ``read``)."""
+    access, target, data = read_target(home, session_id, path)
+    return Source(access, target, data, path)
+
+
+def source_still_active(catalog: apsw.Connection, revision_id: str) -> Decision:
+    """Inside a commit: the copy is of the revision the person saw, which nobody retired meanwhile."""
+    row = one(catalog, "SELECT state FROM revisions WHERE revision_id = ?", (revision_id,))
+    return Decision(True, Reason.ALLOWED) if row is not None and row[0] == "active" \
+        else Decision(False, Reason.REVISION_STALE)
+
+
+def add_lineage(catalog: apsw.Connection, agent_id: str, child: str, parent: str, relation: str) -> None:
+    catalog.execute("INSERT INTO lineage_edges (child_revision_id, parent_revision_id, agent_id, relation, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)", (child, parent, agent_id, relation, now_us()))

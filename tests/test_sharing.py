@@ -1,0 +1,305 @@
+"""Sharing on purpose through the command line: publisher grants, publish, projections.
+
+Every check runs the installed ``scopefs`` on a real home. Reading
+``agent-shared/`` or a role store never implies writing it; a publisher's
+copy and a projection's copy are reviewed (a preview that changes
+nothing), immutable revisions with lineage; a projection reaches exactly
+one audience and is gone from every new read once revoked or expired.
+"""
+
+from __future__ import annotations
+
+import apsw
+import pytest
+
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    BOB_FACT,
+    CHANNEL,
+    Cli,
+    Scenario,
+    diff_snapshots,
+    snapshot,
+)
+from tests.mountkit import catalog, wait_until
+
+SOURCE = "private/notes/allergy.md"
+AUDIT_ONLY = ("audit",)  # a refusal or a preview may add audit rows, nothing else
+
+
+def _grant(s: Scenario, principal: str, scope: str = "agent-shared") -> str:
+    return s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", principal, "--scope", scope)["grant_id"]
+
+
+def _role(s: Scenario, name: str, *members: str) -> str:
+    role = s.cli.j("role", "add", name)["role_id"]
+    for member in members:
+        s.cli.j("member", "add", role, member)
+    return role
+
+
+def _other_group(s: Scenario, members: tuple[str, ...] = ()) -> tuple[str, str]:
+    conv = s.cli.j("conversation", "add", "--agent", s.agent, "--channel", CHANNEL, "--account", ACCOUNT,
+                   "--conversation", "tg-chat-other-5550001")["conversation_id"]
+    for member in members:
+        s.cli.j("member", "add", conv, member)
+    return conv, s.cli.j("session", "open", "--agent", s.agent, "--group", "--conversation", conv)["session_id"]
+
+
+def _service_session(s: Scenario) -> str:
+    service = s.cli.j("principal", "add", "cron", "--kind", "service")["principal_id"]
+    return s.cli.j("session", "open", "--agent", s.agent, "--service", service)["session_id"]
+
+
+def _project(s: Scenario, to: str, *more: str, session: str | None = None, path: str = SOURCE) -> dict:
+    return s.cli.j("project", session or s.alice_session, path, "--to", to, "--purpose", "so the group knows",
+                   *(more or ("--expires", "7d")), "--yes")
+
+
+def _unchanged(cli: Cli, call: list[str], *, code: int, stdin: bytes | None = None) -> str:
+    before = snapshot(cli.home, skip_tables=AUDIT_ONLY)
+    result = cli(*call, stdin=stdin)
+    assert result.code == code, (call, result.code, result.err)
+    assert diff_snapshots(before, snapshot(cli.home, skip_tables=AUDIT_ONLY)) == []
+    return result.err
+
+
+# -- publisher authority -----------------------------------------------------------
+
+def test_publishing_needs_a_grant_and_reading_never_implies_it(scenario: Scenario) -> None:
+    s = scenario
+    err = _unchanged(s.cli, ["publish", s.alice_session, SOURCE, "--to", "agent-shared", "--yes"], code=3)
+    assert "not-publisher" in err
+    _grant(s, s.alice)
+    # A grant to Alice is no grant to anybody else, nor to a group she is in.
+    for session in (s.bob_session, s.group_session):
+        path = SOURCE if session == s.bob_session else "channel/offsite.md"
+        assert "not-publisher" in _unchanged(s.cli, ["publish", session, path, "--to", "agent-shared", "--yes"],
+                                             code=3)
+    # Holding publisher authority still writes nothing by placement: agent-shared/ stays read-only.
+    for session in (s.alice_session, s.bob_session, s.group_session):
+        _unchanged(s.cli, ["write", session, "agent-shared/x.md"], stdin=b"x", code=3)
+
+
+def test_publish_previews_then_writes_an_immutable_copy_with_lineage(scenario: Scenario) -> None:
+    s = scenario
+    grant = _grant(s, s.alice)
+    before = snapshot(s.cli.home, skip_tables=AUDIT_ONLY)
+    preview = s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "ref/allergy.md")
+    assert diff_snapshots(before, snapshot(s.cli.home, skip_tables=AUDIT_ONLY)) == []
+    assert preview["published"] is False
+    shown = preview["preview"]
+    assert (shown["source"], shown["source_revision"], shown["bytes"]) == (SOURCE, 1, len(ALICE_FACT))
+    assert shown["target_path"] == "agent-shared/ref/allergy.md"
+    assert shown["first_lines"] == [ALICE_FACT.decode().rstrip("\n")]
+    text = s.cli("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "ref/allergy.md")
+    assert "preview only" in text.text and "agent-shared/ref/allergy.md" in text.text
+
+    done = s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "ref/allergy.md", "--yes")
+    assert done["published"] is True
+    for session in (s.alice_session, s.bob_session, s.group_session, _service_session(s)):
+        assert s.cli("read", session, "agent-shared/ref/allergy.md", check=True).out == ALICE_FACT
+    # The source moves on; the published copy does not.
+    s.cli.j("write", s.alice_session, SOURCE, stdin=b"changed\n")
+    assert s.cli("read", s.bob_session, "agent-shared/ref/allergy.md", check=True).out == ALICE_FACT
+    with catalog(s.cli.home) as conn:
+        source_rev = conn.execute("SELECT v.revision_id FROM revisions v JOIN resources r USING (resource_id)"
+                                  " WHERE r.path = 'notes/allergy.md' AND v.revision_no = 1"
+                                  " AND v.session_id = ?", (s.alice_session,)).fetchall()[0][0]
+        row = conn.execute("SELECT parent_revision_id, relation FROM lineage_edges WHERE child_revision_id = ?",
+                           (done["revision_id"],)).fetchall()
+        origin = conn.execute("SELECT trust_origin, actor_id FROM revisions WHERE revision_id = ?",
+                              (done["revision_id"],)).fetchall()
+    assert row == [(source_rev, "publish")]
+    assert origin == [("publish", s.alice)]
+    conn = apsw.Connection(str(s.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        ops = conn.execute("SELECT decision FROM audit WHERE operation = 'publish' AND revision_id = ?",
+                           (done["revision_id"],)).fetchall()
+    finally:
+        conn.close()
+    assert ops == [("allow",)]
+    # Revoking the grant stops the next publish; what was published stays.
+    s.cli.j("grant", "revoke", grant)
+    assert "not-publisher" in _unchanged(
+        s.cli, ["publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "ref/allergy.md", "--yes"], code=3)
+    assert s.cli("read", s.bob_session, "agent-shared/ref/allergy.md", check=True).out == ALICE_FACT
+
+
+def test_role_publishers_write_the_role_store_members_read_it(scenario: Scenario) -> None:
+    s = scenario
+    _role(s, "finance", s.bob)
+    _grant(s, s.alice, "role:finance")
+    # A role grant is not an agent-shared grant.
+    assert "not-publisher" in _unchanged(s.cli, ["publish", s.alice_session, SOURCE, "--to", "agent-shared",
+                                                 "--yes"], code=3)
+    s.cli.j("publish", s.alice_session, SOURCE, "--to", "role:finance", "--as", "budget.md", "--yes")
+    assert s.cli("read", s.bob_session, "roles/finance/budget.md", check=True).out == ALICE_FACT
+    # Alice publishes into it but is no member: she cannot read it back, and nobody else sees it.
+    for session in (s.alice_session, s.group_session):
+        assert s.cli("read", session, "roles/finance/budget.md").code == 3
+    _unchanged(s.cli, ["write", s.bob_session, "roles/finance/budget.md"], stdin=b"x", code=3)
+
+
+@pytest.mark.parametrize("call", [
+    ["grant", "publisher", "--agent", "main", "--principal", "{alice}", "--scope", "role:nope"],
+    ["grant", "publisher", "--agent", "nope", "--principal", "{alice}", "--scope", "agent-shared"],
+    ["grant", "publisher", "--agent", "main", "--principal", "{conversation}", "--scope", "agent-shared"],
+    ["grant", "publisher", "--agent", "main", "--principal", "{alice}", "--scope", "user:{bob}"],
+    ["grant", "publisher", "--agent", "main", "--principal", "{alice}", "--scope", "conversation:{conversation}"],
+    ["grant", "revoke", "pe_aaaaaaaaaaaaaaaaaaaaaaaaaa"],
+    ["grant", "revoke", "not-a-grant"],
+    ["publish", "{alice_session}", SOURCE, "--to", "private"],
+    ["publish", "{alice_session}", SOURCE, "--to", "role:nope", "--yes"],
+    ["publish", "{alice_session}", SOURCE, "--to", "conversation:{conversation}", "--yes"],
+    ["publish", "{alice_session}", SOURCE, "--to", "agent-shared", "--as", "../x.md", "--yes"],
+], ids=lambda c: " ".join(c[:2]) + ":" + c[-1])
+def test_bad_sharing_input_changes_nothing(scenario: Scenario, call: list[str]) -> None:
+    s = scenario
+    _grant(s, s.alice)
+    names = {"alice": s.alice, "bob": s.bob, "conversation": s.conversation, "alice_session": s.alice_session}
+    _unchanged(s.cli, [part.format(**names) for part in call], code=2)
+
+
+# -- projections -------------------------------------------------------------------
+
+def test_a_projection_reaches_exactly_its_one_audience(scenario: Scenario) -> None:
+    s = scenario
+    _, other_group = _other_group(s, (s.alice,))
+    before = snapshot(s.cli.home, skip_tables=AUDIT_ONLY)
+    preview = s.cli.j("project", s.alice_session, SOURCE, "--to", f"conversation:{s.conversation}",
+                      "--purpose", "so the group knows", "--expires", "7d")
+    assert diff_snapshots(before, snapshot(s.cli.home, skip_tables=AUDIT_ONLY)) == []
+    shown = preview["preview"]
+    assert shown["purpose"] == "so the group knows" and shown["no_expiry"] is False
+    assert sorted(m["principal_id"] for m in shown["audience"]) == sorted([s.alice, s.bob])
+    assert shown["target_path"] == "projections/channel/notes/allergy.md"
+
+    made = _project(s, f"conversation:{s.conversation}")
+    copy = "projections/channel/notes/allergy.md"
+    assert s.cli("read", s.group_session, copy, check=True).out == ALICE_FACT
+    assert [e["name"] for e in s.cli.j("ls", s.group_session, "projections/channel/notes")["entries"]] == \
+        ["allergy.md"]
+    # The group never reaches the private source; nobody else reaches the copy.
+    assert s.cli("read", s.group_session, SOURCE).code == 3
+    for session in (other_group, s.bob_session, s.alice_session, _service_session(s)):
+        assert s.cli("read", session, copy).code == 3
+        assert s.cli("read", session, "projections/agent-shared/notes/allergy.md").code == 3
+    hits = s.cli.j("search", s.group_session, "hazelnuts")["results"]
+    assert [h["path"] for h in hits] == [copy]
+    assert s.cli.j("search", other_group, "hazelnuts")["results"] == []
+    assert [h["path"] for h in s.cli.j("search", s.bob_session, "allergic")["results"]] == [SOURCE]
+    # Editing the source never republishes: the copy stays at its revision.
+    s.cli.j("write", s.alice_session, SOURCE, stdin=b"hazelnuts and walnuts now\n")
+    assert s.cli("read", s.group_session, copy, check=True).out == ALICE_FACT
+    listed = s.cli.j("projection", "list", "--agent", s.agent)["projections"]
+    assert [(p["projection_id"], p["state"], p["target"]) for p in listed] == \
+        [(made["projection_id"], "live", f"conversation:{s.conversation}")]
+
+
+def test_projecting_again_replaces_the_copy_and_revoking_reports_exposures(scenario: Scenario) -> None:
+    s = scenario
+    first = _project(s, f"conversation:{s.conversation}")
+    copy = "projections/channel/notes/allergy.md"
+    s.cli("read", s.group_session, copy, check=True)  # the group was shown the first copy
+    s.cli.j("write", s.alice_session, SOURCE, stdin=b"walnuts too\n")
+    second = _project(s, f"conversation:{s.conversation}")
+    assert second["replaced_projection_id"] == first["projection_id"]
+    assert s.cli("read", s.group_session, copy, check=True).out == b"walnuts too\n"
+    states = {p["projection_id"]: p["state"] for p in s.cli.j("projection", "list", "--agent", s.agent,
+                                                              "--source-session", s.alice_session)["projections"]}
+    assert states == {first["projection_id"]: "revoked", second["projection_id"]: "live"}
+
+    out = s.cli.j("projection", "revoke", first["projection_id"])
+    assert out["revoked"] is False and out["exposed_session_ids"] == [s.group_session]
+    assert s.cli("read", s.group_session, copy, check=True).out == b"walnuts too\n"  # the old revoke is history
+    out = s.cli.j("projection", "revoke", second["projection_id"])
+    assert out["revoked"] is True and out["exposed_session_ids"] == [s.group_session]
+    result = s.cli("read", s.group_session, copy)
+    assert result.code == 3 and result.out == b""
+    assert s.cli.j("ls", s.group_session, "projections/channel")["entries"] == []
+    assert s.cli.j("search", s.group_session, "walnuts")["results"] == []
+    assert s.cli.j("projection", "revoke", second["projection_id"])["revoked"] is False
+
+
+def test_an_expired_projection_is_gone_from_every_read(scenario: Scenario) -> None:
+    s = scenario
+    made = _project(s, f"conversation:{s.conversation}", "--expires", "2s")
+    copy = "projections/channel/notes/allergy.md"
+    assert s.cli("read", s.group_session, copy, check=True).out == ALICE_FACT
+    wait_until(lambda: s.cli("read", s.group_session, copy).code == 3, timeout=10)
+    assert s.cli.j("ls", s.group_session, "projections/channel")["entries"] == []
+    assert s.cli.j("search", s.group_session, "hazelnuts")["results"] == []
+    states = [p["state"] for p in s.cli.j("projection", "list", "--agent", s.agent)["projections"]]
+    assert states == ["expired"]
+    assert made["projection_id"]
+
+
+def test_role_and_agent_wide_projections(scenario: Scenario) -> None:
+    s = scenario
+    role = _role(s, "ops", s.alice, s.bob)
+    _project(s, "role:ops", "--no-expiry", "--as", "ops-allergy.md")
+    assert s.cli("read", s.bob_session, "projections/roles/ops/ops-allergy.md", check=True).out == ALICE_FACT
+    assert s.cli("read", s.group_session, "projections/roles/ops/ops-allergy.md").code == 3
+    s.cli.j("member", "remove", role, s.bob)
+    assert s.cli("read", s.bob_session, "projections/roles/ops/ops-allergy.md").code == 3
+    _project(s, "agent-shared", "--expires", "1d", session=s.bob_session)
+    for session in (s.alice_session, s.bob_session, s.group_session, _service_session(s)):
+        assert s.cli("read", session, "projections/agent-shared/notes/allergy.md", check=True).out == BOB_FACT
+    listed = s.cli.j("projection", "list", "--agent", s.agent)["projections"]
+    assert [p["no_expiry"] for p in listed] == [True, False]
+
+
+def test_only_the_owner_projects_into_an_audience_it_is_in(scenario: Scenario) -> None:
+    s = scenario
+    other_conv, _ = _other_group(s)  # Alice is not a member
+    err = _unchanged(s.cli, ["project", s.alice_session, SOURCE, "--to", f"conversation:{other_conv}",
+                             "--purpose", "p", "--no-expiry", "--yes"], code=3)
+    assert "not-in-audience" in err
+    _role(s, "ops", s.bob)
+    assert "not-in-audience" in _unchanged(s.cli, ["project", s.alice_session, SOURCE, "--to", "role:ops",
+                                                   "--purpose", "p", "--no-expiry", "--yes"], code=3)
+    # A group, a service: nobody there owns a note on a person's behalf.
+    assert "not-owner" in _unchanged(s.cli, ["project", s.group_session, "channel/offsite.md", "--to",
+                                             f"conversation:{s.conversation}", "--purpose", "p", "--no-expiry",
+                                             "--yes"], code=3)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--purpose", "p"],                                           # neither expiry choice
+    ["--purpose", "p", "--expires", "1d", "--no-expiry"],        # both
+    ["--purpose", "", "--no-expiry"],                             # empty purpose
+    ["--purpose", "   ", "--no-expiry"],
+    ["--purpose", "x" * 501, "--no-expiry"],                      # too long
+    ["--purpose", "a\x1bb", "--no-expiry"],                       # control characters
+    ["--purpose", "p", "--expires", "0s"],                        # not in the future
+    ["--purpose", "p", "--expires", "-1d"],
+    ["--purpose", "p", "--expires", "soon"],
+], ids=["neither", "both", "empty", "blank", "long", "control", "zero", "negative", "malformed"])
+def test_bad_projection_input_changes_nothing(scenario: Scenario, flags: list[str]) -> None:
+    s = scenario
+    _unchanged(s.cli, ["project", s.alice_session, SOURCE, "--to", f"conversation:{s.conversation}", *flags,
+                       "--yes"], code=2)
+
+
+@pytest.mark.parametrize("target", ["conversation:p_aaaaaaaaaaaaaaaaaaaaaaaaaa", "role:nope", "user:{bob}", "{bob}",
+                                    "private", "private:{bob}", "agent-shared:x", "conversation:{alice}", "",
+                                    "role:" + "r" * 300])
+def test_no_target_names_a_person_or_a_private_store(scenario: Scenario, target: str) -> None:
+    """No direct user-to-user sharing: every spelling of a person or a private store is refused, unchanged."""
+    s = scenario
+    to = target.format(bob=s.bob, alice=s.alice)
+    for call in (["project", s.alice_session, SOURCE, "--to", to, "--purpose", "p", "--no-expiry", "--yes"],
+                 ["publish", s.alice_session, SOURCE, "--to", to, "--yes"],
+                 ["grant", "publisher", "--agent", s.agent, "--principal", s.alice, "--scope", to]):
+        _unchanged(s.cli, call, code=2)
+
+
+def test_projection_copies_count_once_in_search(scenario: Scenario) -> None:
+    """The copy is the group's own result now; crowd-out stays exact with it in the view."""
+    s = scenario
+    _project(s, f"conversation:{s.conversation}")
+    hits = s.cli.j("search", s.group_session, "fact", "--limit", "5")["results"]
+    assert sorted(h["path"] for h in hits) == ["channel/offsite.md", "projections/channel/notes/allergy.md"]
+    assert len({h["citation"] for h in hits}) == len(hits)
