@@ -303,3 +303,16 @@ def test_projection_copies_count_once_in_search(scenario: Scenario) -> None:
     hits = s.cli.j("search", s.group_session, "fact", "--limit", "5")["results"]
     assert sorted(h["path"] for h in hits) == ["channel/offsite.md", "projections/channel/notes/allergy.md"]
     assert len({h["citation"] for h in hits}) == len(hits)
+
+
+def test_role_notes_reach_only_the_roles_members_in_search(scenario: Scenario) -> None:
+    s = scenario
+    _role(s, "finance", s.bob)
+    _grant(s, s.alice, "role:finance")
+    s.cli.j("write", s.alice_session, "private/budget.md", stdin=b"Quarterly budget cap (canary F1n4)\n")
+    s.cli.j("publish", s.alice_session, "private/budget.md", "--to", "role:finance", "--yes")
+    assert [h["path"] for h in s.cli.j("search", s.bob_session, "quarterly budget")["results"]] == \
+        ["roles/finance/budget.md"]
+    assert [h["path"] for h in s.cli.j("search", s.alice_session, "quarterly budget")["results"]] == \
+        ["private/budget.md"]
+    assert s.cli.j("search", s.group_session, "quarterly budget")["results"] == []

@@ -122,3 +122,33 @@ def test_unmodified_tools_in_the_sandbox_see_the_copy_and_never_the_source(scena
     assert "No such file or directory" in out  # /memory/private is not there
     alice = s.cli("run", s.bob_session, "--", "sh", "-c", "grep -rl hazelnuts /memory; ls /memory/projections")
     assert "hazelnuts" not in alice.text and "channel" not in alice.text
+
+
+def test_no_path_in_a_mount_shares_with_a_person(scenario: Scenario, mounts: Mounts) -> None:
+    """Crafted names and paths never reach another person: the only ways out are publish, project, deposit."""
+    s = scenario
+    s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", s.alice, "--scope", "agent-shared")
+    alice, group = mounts.mount(s.alice_session), mounts.mount(s.group_session)
+    refused = (errno.EROFS, errno.EACCES, errno.ENOENT, errno.EPERM)
+    attempts = {
+        "a projection root": alice / "projections" / "agent-shared" / "x.md",
+        "a role's projections": alice / "projections" / "roles" / "ops" / "x.md",
+        "a person's name under projections": alice / "projections" / s.bob / "x.md",
+        "next to the projection roots": alice / "projections" / "x.md",
+        "a role folder": alice / "roles" / "ops" / "x.md",
+        "agent-shared, as its publisher": alice / "agent-shared" / "x.md",
+        "the group's projections": group / "projections" / "channel" / "x.md",
+        "a person's id in the postbox": group / "postbox" / f"{s.bob}.md",
+        "a private folder in a group": group / "private" / "x.md",
+    }
+    for what, path in attempts.items():
+        assert _write_errno(path, os.O_CREAT) in refused, what
+        assert errno_of(lambda path=path: os.mkdir(path.parent / "made")) in refused + (errno.EEXIST,), what
+        assert errno_of(lambda path=path: os.symlink("/memory/private/notes/allergy.md", path)) in refused, what
+    source = alice / SOURCE
+    assert errno_of(lambda: os.link(source, alice / "agent-shared" / "linked.md")) in refused + (errno.EXDEV,)
+    assert errno_of(lambda: os.rename(source, alice / "agent-shared" / "moved.md")) in refused + (errno.EXDEV,)
+    assert source.read_bytes() == ALICE_FACT
+    for session in (s.bob_session, s.group_session):
+        assert s.cli("read", session, "agent-shared/moved.md").code == 3
+        assert s.cli("read", session, "agent-shared/linked.md").code == 3

@@ -81,6 +81,11 @@ class WriteArgs(_Strict):
     content: str = Field(max_length=MAX_WRITE_CHARS)
 
 
+class DepositArgs(_Strict):
+    handle: str = Field(min_length=1, max_length=64, description="a message handle from `scopefs message add`")
+    content: str = Field(max_length=MAX_WRITE_CHARS, description="filed into the message sender's postbox")
+
+
 class ListArgs(_Strict):
     path: str = Field(default="", max_length=4096)
 
@@ -110,6 +115,10 @@ class ReadRequest(_Call):
 
 class WriteRequest(_Call):
     args: WriteArgs
+
+
+class DepositRequest(_Call):
+    args: DepositArgs
 
 
 class ListRequest(_Call):
@@ -152,7 +161,8 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
         return await run({"op": "open", **request.model_dump(exclude_unset=True)})
 
     for op, model in (("search", SearchRequest), ("read", ReadRequest), ("write", WriteRequest),
-                      ("list", ListRequest), ("close", CloseRequest), ("mount", MountRequest)):
+                      ("list", ListRequest), ("close", CloseRequest), ("mount", MountRequest),
+                      ("deposit", DepositRequest)):
         app.post(f"/v1/{op}", response_model=Answer, name=op)(_route(op, model, run))
 
     @app.exception_handler(RequestValidationError)

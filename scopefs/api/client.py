@@ -81,5 +81,8 @@ class Client:
     def write(self, capability: str, path: str, content: str) -> dict[str, Any]:
         return self.call("write", capability, path=path, content=content)
 
+    def deposit(self, capability: str, handle: str, content: str) -> dict[str, Any]:
+        return self.call("deposit", capability, handle=handle, content=content)
+
     def list(self, capability: str, path: str = "") -> dict[str, Any]:
         return self.call("list", capability, path=path)

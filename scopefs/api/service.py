@@ -17,7 +17,7 @@ everything a request may do is decided here and below. Two kinds:
   actor's binding must still hold, and the policy revision must be the
   one the capability was issued under (a refusal there is audited); then
   the operation runs as the command line's does (``search``, ``read`` of
-  a bounded window, ``write``, ``list``).
+  a bounded window, ``write``, ``list``, a group's ``deposit``).
 
 Requests may run at once on several threads: each leases a home of its
 own for its whole run (``workers``), while the replay window and its
@@ -74,6 +74,7 @@ _ARGS: dict[str, frozenset[str]] = {
     "list": frozenset({"path"}),
     "close": frozenset(),
     "mount": frozenset({"name", "uid"}),
+    "deposit": frozenset({"handle", "content"}),
 }
 
 
@@ -117,7 +118,7 @@ class Service:
             _only(request, _OPEN_FIELDS)
             return self._open(home, request)
         if op not in _ARGS:
-            raise BadInput("unknown op (open, search, read, write, list, close, mount)")
+            raise BadInput("unknown op (open, search, read, write, list, close, mount, deposit)")
         _only(request, _CALL_FIELDS)
         args = request.get("args", {})
         if not isinstance(args, dict):
@@ -249,6 +250,25 @@ def _write(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
             "sha256": result.sha256, "size": result.size, "created": result.created}
 
 
+def _deposit(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    """A group's deposit through a message handle (``writer.postbox``): one generic refusal for every failure."""
+    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, refused
+    from scopefs.writer.postbox import deposit
+
+    content = args.get("content")
+    handle = args.get("handle")
+    if not isinstance(content, str) or not isinstance(handle, str):
+        raise BadInput("a deposit is a handle and text content")
+    try:
+        data = content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput("content must be valid text") from None
+    if len(data) > DEPOSIT_MAX_BYTES:
+        raise refused()
+    deposit(home, grant.session_id, handle, data, actor_id=grant.actor_id)
+    return {"deposited": True}
+
+
 def _list(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     path = args.get("path", "")
     if not isinstance(path, str):
@@ -265,7 +285,7 @@ def _close(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
 
 
 _OPERATIONS: dict[str, Callable[[Home, Grant, dict[str, Any]], dict[str, Any]]] = {
-    "search": _search, "read": _read, "write": _write, "list": _list, "close": _close,
+    "search": _search, "read": _read, "write": _write, "list": _list, "close": _close, "deposit": _deposit,
 }
 
 

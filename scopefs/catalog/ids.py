@@ -28,6 +28,7 @@ PREFIXES = {
     "entry": "pe",
     "membership": "m",
     "projection": "pj",
+    "item": "pb",
 }
 
 

@@ -94,9 +94,9 @@ def live_projection_at(catalog: apsw.Connection, agent_id: str, copy_resource_id
 
 
 def sessions_exposed(home: Home, revision_id: str) -> list[str]:
-    """Every session that was shown ``revision_id``: exposure receipts and allowed reads, ids only."""
+    """Every session that was shown ``revision_id``: exposure receipts, allowed reads and search hits, ids only."""
     rows = home.state().execute(
         "SELECT session_id FROM exposures WHERE revision_id = ?1"
         " UNION SELECT session_id FROM audit WHERE revision_id = ?1 AND decision = 'allow'"
-        " AND operation IN ('read', 'retrieve') AND session_id IS NOT NULL ORDER BY 1", (revision_id,))
+        " AND operation IN ('read', 'search') AND session_id IS NOT NULL ORDER BY 1", (revision_id,))
     return [row[0] for row in rows]

@@ -33,6 +33,10 @@ class Reason(StrEnum):
     # the owner belongs to (catalog.sharing).
     NOT_OWNER = "not-owner"
     NOT_IN_AUDIENCE = "not-in-audience"
+    # Deposits (audit only: a depositor is told one generic refusal).
+    HANDLE_INVALID = "handle-invalid"
+    POSTBOX_OFF = "postbox-off"
+    RATE_LIMITED = "rate-limited"
 
 
 # Reasons that describe the caller's own session rather than a resource.

@@ -270,6 +270,12 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     return Outcome(tuple(hit for hit, _, _ in kept), tuple(answered))
 
 
+# Stores a view shows but search never looks in: a postbox deposit waits in
+# its owner's quarantine, readable in review, and reaches search (or any
+# prompt) only once approved into private/.
+UNSEARCHED = frozenset({"quarantine"})
+
+
 def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
                  about: str | None) -> tuple[list[Hit], list[str], tuple[str, ...]]:
     """The top ``limit`` authorized chunks of one cell's stores, each hit's store, and the arms that answered.
@@ -277,7 +283,8 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
     Not audited here: the caller audits what survives the merge of every cell.
     """
     conn = home.catalog(access.agent_id)
-    scope = scope_for(conn, access.agent_id, access.session.subject, access.view.mounts, access.now, about)
+    searched = tuple(m for m in access.view.mounts if m.scope_kind not in UNSEARCHED)
+    scope = scope_for(conn, access.agent_id, access.session.subject, searched, access.now, about)
     arms = _arms(conn, scope, query, mode)
     postfilter = Postfilter(conn, scope)
     hits: list[Hit] = []

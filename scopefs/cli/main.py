@@ -662,9 +662,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                       " in folders under DIR (with --mount-uids)")
     p.add_argument("--mount-uids", metavar="LO-HI", help="the uids such mounts may be served to")
 
-    from scopefs.cli import sharing
+    from scopefs.cli import postbox, sharing
 
     sharing.register(sub, command, _Parser)
+    postbox.register(sub, command, _Parser)
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

@@ -37,7 +37,7 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
     if node.kind in (Kind.QUERIES, Kind.RESULTS):
         mtime = queries.attributes(node, attr, mtime)
     elif node.kind is Kind.DIR:
-        writable = layers.writable(node.parts + ("x",))
+        writable = layers.writable(node.parts + ("x",)) or layers.depositable(node.parts + ("x",))
         attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)
         attr.st_nlink = 2
         attr.st_size = 0
@@ -45,6 +45,11 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
         # each change of its names seen here moves it by a nanosecond, which says that it
         # changed, as the names do, and nothing of when.
         mtime += node.listing_version
+    elif node.deposit is not None:  # being written into a postbox: write-only, and nothing of it is cached
+        attr.st_mode = stat.S_IFREG | 0o200
+        attr.entry_timeout = attr.attr_timeout = 0
+        attr.st_nlink = 0
+        attr.st_size = node.draft.size if node.draft is not None else 0
     else:
         writable = node.kind is Kind.SCRATCH or layers.writable(node.parts)
         attr.st_mode = stat.S_IFREG | (0o600 if writable else 0o400)

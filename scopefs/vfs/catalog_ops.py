@@ -20,11 +20,24 @@ from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
+from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, refused
 from scopefs.vfs.drafts import Draft
-from scopefs.writer import unsynced
+from scopefs.writer import postbox, unsynced
 from scopefs.writer.rename import CrossRoot, rename_parts
 from scopefs.writer.tombstone import delete_parts
 from scopefs.writer.transaction import WriteResult, check_write, write_parts
+
+
+def check_deposit(home: Home, session_id: str, handle: str) -> None:
+    """Raise the one generic refusal (audited with the true reason) unless ``handle`` may deposit now."""
+    postbox.check_deposit(home, session_id, handle)
+
+
+def deposit(home: Home, session_id: str, handle: str, draft: Draft) -> None:
+    """File the draft into the postbox of the sender ``handle`` names (``writer.postbox.deposit``)."""
+    if draft.size > DEPOSIT_MAX_BYTES:
+        raise refused()
+    postbox.deposit(home, session_id, handle, draft.read(0, draft.size))
 
 
 class CrossDevice(OSError):

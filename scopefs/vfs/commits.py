@@ -43,13 +43,14 @@ from collections.abc import Container
 
 import trio
 
-from scopefs.catalog.errors import Conflict
+from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.paths import Parts
+from scopefs.catalog.postbox import handle_of_name, refused
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState, child_name, fail
 from scopefs.vfs.reads import Reads
 from scopefs.vfs.scratch import is_scratch
 from scopefs.writer import unsynced
@@ -177,6 +178,8 @@ class Commits:
         """A new note or scratch file, open for writing: its node and file handle."""
         mount = self._mount
         layers = mount.layers
+        if layers.depositable(mount.folder(parent_ino).parts + ("x",)):
+            return await self.create_deposit(parent_ino, name, pid_namespace)
         parent, text, parts = mount.new_child(parent_ino, name)
         removal = layers.removed.get(parts)
         revived = None
@@ -206,6 +209,45 @@ class Commits:
         self._register(node, fh)
         return node, fh
 
+    async def create_deposit(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
+        """``postbox/<handle>.md`` in a group: a write-only file its close deposits (``writer.postbox``).
+
+        The handle is checked now, so that a tool learns of a refusal at
+        its open rather than at its close; every refusal is the same
+        ``EACCES``. The node gets no name: the folder keeps listing empty,
+        and looking the file up, reading it or opening it again finds
+        nothing, before the close and after it.
+        """
+        mount = self._mount
+        parts = mount.folder(parent_ino).parts + (child_name(name),)
+        handle = handle_of_name(parts[-1])
+        try:
+            if handle is None:
+                raise refused()
+            await mount.catalog(catalog_ops.check_deposit, mount.home, mount.session_id, handle)
+        except Denied:
+            raise fail(errno.EACCES) from None
+        draft = Draft()
+        draft.dirty = True
+        node = mount.layers.inodes.new(Kind.NOTE, parts, draft=draft)
+        node.deposit, node.attached = handle, False
+        node.lookups += 1
+        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        self._register(node, fh)
+        return node, fh
+
+    async def _deposit(self, node: Node, draft: Draft) -> None:
+        """A deposit's close: its bytes filed once (an empty one files nothing); EACCES for any refusal."""
+        assert node.deposit is not None
+        if not draft.dirty or draft.size == 0:
+            return
+        mount = self._mount
+        try:
+            await mount.catalog(catalog_ops.deposit, mount.home, mount.session_id, node.deposit, draft)
+        except Denied:
+            raise fail(errno.EACCES) from None
+        draft.dirty = False
+
     def write(self, handle: Handle, off: int, buf: bytes) -> int:
         if not handle.writable or handle.node.draft is None:
             raise fail(errno.EBADF)
@@ -231,6 +273,9 @@ class Commits:
         mount = self._mount
         async with node.commit_lock:
             draft = node.draft
+            if draft is not None and node.deposit is not None:
+                await self._deposit(node, draft)
+                return
             if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
                 return
             if not mount.view.usable:
@@ -371,7 +416,7 @@ class Commits:
         draft = handle.node.draft
         if handle.wrote or (draft is not None and draft.size > 0):
             await self.commit(handle.node)
-        elif draft is not None and draft.dirty and handle.node.kind is Kind.NOTE:
+        elif draft is not None and draft.dirty and handle.node.kind is Kind.NOTE and handle.node.deposit is None:
             # Deferred, but a refusal must still reach this close().
             try:
                 await mount.catalog(catalog_ops.check_save, mount.home, mount.session_id, handle.node.parts)

@@ -253,6 +253,8 @@ class ScopeFS(pyfuse3.Operations):
         handle = self.mount.handles.get(fh) if fh else None
         if handle is not None:  # a file this mount created, still writing
             self.mount.check_handle(handle)
+            if handle.node.deposit is not None:
+                raise fail(errno.EACCES)  # a deposit is never read back, not even by its writer
             return await self.reads.read(handle, off, size)
         self.mount.admit(ctx)
         return await self.reads.read_inode(self.mount.node(inode), off, size)

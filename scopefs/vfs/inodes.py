@@ -68,6 +68,10 @@ class Node:
       bytes: a node with a draft is opened with ``keep_cache`` off.
     * ``commit_lock`` is held for the whole of one commit of this node; see
       ``vfs.mount`` for the order it is taken in.
+    * ``deposit`` is set only on a NOTE made by a create in a group's
+      ``postbox/`` (``Commits.create_deposit``): it is never ``attached``
+      (no lookup or listing finds it), its handle only writes, and its
+      close files the draft into the postbox instead of committing a note.
     """
 
     ino: int
@@ -93,6 +97,7 @@ class Node:
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
+    deposit: str | None = None  # a postbox deposit being written (its message handle): never named, never read
 
     @property
     def name(self) -> str:

@@ -125,6 +125,11 @@ class Layers:
         found = self.mount_for(parts)
         return found is not None and bool(found[1]) and Op.APPEND in found[0].placement
 
+    def depositable(self, parts: Parts) -> bool:
+        """Whether ``parts`` names a file a deposit may be made as: right under a deposit-only root."""
+        found = self.mount_for(parts)
+        return found is not None and len(found[1]) == 1 and Op.DEPOSIT in found[0].placement
+
     # -- the overlay -------------------------------------------------------
 
     def add_local(self, node: Node) -> None:

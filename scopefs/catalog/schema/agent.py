@@ -426,7 +426,7 @@ WHEN NOT ((OLD.state = 'pending' AND NEW.state IN ('active', 'rolled-back'))
 BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
 """
 
-# V6: sharing on purpose (issue 15). ``lineage_edges`` ties a revision
+# V6: sharing on purpose. ``lineage_edges`` ties a revision
 # made from another (a published copy, a projection copy) to its parent;
 # rows reference immutable revisions only and are never changed. A
 # projection is a reviewed copy addressed to one audience: its row names
@@ -435,7 +435,7 @@ BEGIN SELECT RAISE(ABORT, 'revision lifecycle only moves forward'); END;
 # with the copy is not here but in the copy's own policy entries (allows
 # that expire with the projection), so the evaluator, the views and the
 # search decide it with the rules they already follow; revocation revokes
-# those entries and tombstones the copy.
+# those entries and tombstones the copy. The postbox tables follow.
 V6 = """
 CREATE TABLE lineage_edges (
     child_revision_id  TEXT NOT NULL REFERENCES revisions (revision_id),
@@ -486,6 +486,78 @@ WHEN OLD.revoked_at IS NOT NULL
 BEGIN SELECT RAISE(ABORT, 'projection already revoked'); END;
 CREATE TRIGGER projections_no_delete BEFORE DELETE ON projections
 BEGIN SELECT RAISE(ABORT, 'projections are never deleted'); END;
+
+-- The postbox (catalog.postbox). A message handle is a single-use token
+-- bound to one group session, its conversation and the message's verified
+-- sender; only its SHA-256 is kept. A deposit is a pending item whose
+-- revision sits in the sender's quarantine store until its owner decides.
+CREATE TABLE message_handles (
+    handle_sha256   TEXT PRIMARY KEY CHECK (length(handle_sha256) = 64),
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    session_id      TEXT NOT NULL REFERENCES sessions (session_id),
+    conversation_id TEXT NOT NULL,
+    sender_id       TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    expires_at      INTEGER NOT NULL,
+    used_at         INTEGER
+) STRICT;
+CREATE TRIGGER message_handles_fixed
+BEFORE UPDATE OF handle_sha256, agent_id, session_id, conversation_id, sender_id, created_at, expires_at
+ON message_handles
+BEGIN SELECT RAISE(ABORT, 'a message handle is fixed'); END;
+CREATE TRIGGER message_handles_used_once BEFORE UPDATE OF used_at ON message_handles
+WHEN OLD.used_at IS NOT NULL
+BEGIN SELECT RAISE(ABORT, 'a message handle is used once'); END;
+
+CREATE TABLE postbox_items (
+    item_id              TEXT PRIMARY KEY,
+    agent_id             TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    owner_id             TEXT NOT NULL,      -- whose quarantine holds it: the message's verified sender
+    conversation_id      TEXT NOT NULL,
+    source_session_id    TEXT NOT NULL,
+    actor_id             TEXT,
+    handle_sha256        TEXT NOT NULL UNIQUE REFERENCES message_handles (handle_sha256),
+    resource_id          TEXT NOT NULL REFERENCES resources (resource_id),
+    revision_id          TEXT NOT NULL UNIQUE REFERENCES revisions (revision_id),
+    created_at           INTEGER NOT NULL,
+    expires_at           INTEGER NOT NULL,
+    state                TEXT NOT NULL DEFAULT 'pending'
+                             CHECK (state IN ('pending', 'approved', 'rejected', 'purged')),
+    decided_at           INTEGER,
+    approved_revision_id TEXT REFERENCES revisions (revision_id),
+    CHECK ((state = 'pending') = (decided_at IS NULL)),
+    CHECK ((state = 'approved') = (approved_revision_id IS NOT NULL))
+) STRICT;
+CREATE INDEX postbox_items_by_owner ON postbox_items (owner_id, state);
+CREATE TRIGGER postbox_items_fixed
+BEFORE UPDATE OF item_id, agent_id, owner_id, conversation_id, source_session_id, actor_id, handle_sha256,
+                 resource_id, revision_id, created_at, expires_at ON postbox_items
+BEGIN SELECT RAISE(ABORT, 'a postbox item is fixed; only its review changes'); END;
+CREATE TRIGGER postbox_items_decided_once BEFORE UPDATE OF state ON postbox_items
+WHEN OLD.state != 'pending'
+BEGIN SELECT RAISE(ABORT, 'a postbox item is decided once'); END;
+CREATE TRIGGER postbox_items_no_delete BEFORE DELETE ON postbox_items
+BEGIN SELECT RAISE(ABORT, 'postbox items are never deleted'); END;
+
+-- Accepted deposits per (source conversation, owner) in the current window.
+CREATE TABLE postbox_rates (
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    conversation_id TEXT NOT NULL,
+    owner_id        TEXT NOT NULL,
+    window_start    INTEGER NOT NULL,
+    accepted        INTEGER NOT NULL CHECK (accepted >= 0),
+    PRIMARY KEY (agent_id, conversation_id, owner_id)
+) STRICT;
+
+-- The conversations each owner has received from: the first one queues a notice.
+CREATE TABLE postbox_sources (
+    agent_id        TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    owner_id        TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    first_item_id   TEXT NOT NULL,
+    first_at        INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, owner_id, conversation_id)
+) STRICT;
 """
 
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,

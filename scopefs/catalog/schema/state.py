@@ -138,4 +138,20 @@ CREATE TRIGGER exposures_immutable BEFORE UPDATE ON exposures
 BEGIN SELECT RAISE(ABORT, 'exposure records are never edited'); END;
 """
 
-STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2))  # 'SCST'
+# V3: whether a person's postbox takes deposits (``catalog.postbox``): off
+# unless a live row says so; turning it off closes the row, keeping history.
+V3 = """
+CREATE TABLE postbox_settings (
+    setting_id   TEXT PRIMARY KEY,
+    principal_id TEXT NOT NULL REFERENCES principals (principal_id),
+    mode         TEXT NOT NULL CHECK (mode IN ('review')),
+    enabled_at   INTEGER NOT NULL,
+    disabled_at  INTEGER
+) STRICT;
+CREATE UNIQUE INDEX postbox_settings_live ON postbox_settings (principal_id) WHERE disabled_at IS NULL;
+CREATE TRIGGER postbox_settings_fixed
+BEFORE UPDATE OF setting_id, principal_id, mode, enabled_at ON postbox_settings
+BEGIN SELECT RAISE(ABORT, 'a postbox setting is fixed; disable it and enable again'); END;
+"""
+
+STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2, V3))  # 'SCST'
