@@ -136,6 +136,28 @@ STRANGER=$(id_of session open --agent main --dm --channel telegram --account dem
 expect_refused 3 read "$STRANGER" private/profile/drinks.md
 expect_refused 3 write "$STRANGER" agent-shared/x.md
 
+bold "7b. Sharing on purpose: a reviewed projection for the group, a deposit for Alice"
+run project "$ALICE_DM" private/profile/drinks.md --to "conversation:$GROUP" --purpose "so the group orders her tea" --expires 1d
+PROJECTION=$(id_of project "$ALICE_DM" private/profile/drinks.md --to "conversation:$GROUP" --purpose "so the group orders her tea" --expires 1d --yes)
+echo "projection: $PROJECTION"
+for _ in $(seq 50); do [ -e "$MNT/group/projections/channel/profile/drinks.md" ] && break; sleep 0.1; done
+echo "\$ cat $MNT/group/projections/channel/profile/drinks.md"; cat "$MNT/group/projections/channel/profile/drinks.md"
+must_see group "jasmine" 1
+must_see bob "jasmine" 0
+expect_refused 3 read "$GROUP_S" private/profile/drinks.md
+run projection revoke "$PROJECTION"
+for _ in $(seq 50); do [ ! -e "$MNT/group/projections/channel/profile/drinks.md" ] && break; sleep 0.1; done
+must_see group "jasmine" 0
+echo "--- Alice turns her postbox on; the group files a note for her through a message handle"
+run postbox enable "$ALICE" >/dev/null
+HANDLE=$("$SCOPEFS" --json message add "$GROUP_S" --channel telegram --account demo-bot --sender 100001 | python3 -c 'import json,sys; print(json.load(sys.stdin)["message_handle"])')
+"$SCOPEFS" run "$GROUP_S" -- sh -c "echo 'Alice asked for oat milk' > /tmp/n.md && cp /tmp/n.md /memory/postbox/$HANDLE.md && echo '  -> filed'; echo \"  group's postbox/ lists: [\$(ls /memory/postbox)]\""
+expect_refused 3 deposit "$GROUP_S" "$HANDLE"
+run postbox list "$ALICE_DM"
+must_see alice "oat milk" 1
+must_see bob "oat milk" 0
+must_see group "oat milk" 0
+
 bold "8. Bob leaves the group, then Alice's binding is revoked"
 run member remove "$GROUP" "$BOB"
 expect_refused 3 write "$GROUP_S" channel/from-bob.md --actor "$BOB"
