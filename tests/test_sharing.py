@@ -35,7 +35,7 @@ def _grant(s: Scenario, principal: str, scope: str = "agent-shared") -> str:
 def _role(s: Scenario, name: str, *members: str) -> str:
     role = s.cli.j("role", "add", name)["role_id"]
     for member in members:
-        s.cli.j("member", "add", role, member)
+        s.cli.j("member", "add", f"role:{name}", member)  # a role is named by its name or its id
     return role
 
 
@@ -154,6 +154,9 @@ def test_role_publishers_write_the_role_store_members_read_it(scenario: Scenario
     ["publish", "{alice_session}", SOURCE, "--to", "role:nope", "--yes"],
     ["publish", "{alice_session}", SOURCE, "--to", "conversation:{conversation}", "--yes"],
     ["publish", "{alice_session}", SOURCE, "--to", "agent-shared", "--as", "../x.md", "--yes"],
+    ["member", "add", "role:nope", "{alice}"],
+    ["member", "add", "role:Bad Name", "{alice}"],
+    ["member", "remove", "role:nope", "{alice}"],
 ], ids=lambda c: " ".join(c[:2]) + ":" + c[-1])
 def test_bad_sharing_input_changes_nothing(scenario: Scenario, call: list[str]) -> None:
     s = scenario

@@ -152,3 +152,26 @@ def test_no_path_in_a_mount_shares_with_a_person(scenario: Scenario, mounts: Mou
     for session in (s.bob_session, s.group_session):
         assert s.cli("read", session, "agent-shared/moved.md").code == 3
         assert s.cli("read", session, "agent-shared/linked.md").code == 3
+
+
+def test_a_removed_role_member_loses_its_notes_open_handles_included(scenario: Scenario, mounts: Mounts) -> None:
+    """roles/<role>/ and projections/roles/<role>/ go with the membership: held descriptors are refused."""
+    s = scenario
+    s.cli.j("role", "add", "ops")
+    for member in (s.alice, s.bob):
+        s.cli.j("member", "add", "role:ops", member)
+    s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", s.bob, "--scope", "role:ops")
+    s.cli.j("publish", s.bob_session, SOURCE, "--to", "role:ops", "--as", "runbook.md", "--yes")
+    s.cli.j("project", s.bob_session, SOURCE, "--to", "role:ops", "--purpose", "for on-call", "--no-expiry",
+            "--as", "bob-allergy.md", "--yes")
+    view = mounts.mount(s.alice_session)
+    published, projected = view / "roles/ops/runbook.md", view / "projections/roles/ops/bob-allergy.md"
+    wait_until(lambda: published.exists() and projected.exists(), timeout=BOUND_S)
+    with _pinned(published) as held_published, _pinned(projected) as held_projected:
+        assert held_published.first == held_projected.first != b""
+        s.cli.j("member", "remove", "role:ops", s.alice)
+        wait_until(lambda: _gone(published) and _gone(projected), timeout=BOUND_S)
+        for held in (held_published, held_projected):
+            assert _pread_result(held.fd) in (errno.EACCES, errno.EIO)
+    assert not (view / "roles").exists()
+    assert os.listdir(view / "projections") == ["agent-shared"]

@@ -89,12 +89,26 @@ def add_role(state: apsw.Connection, name: str) -> tuple[str, bool]:
     return role_id, True
 
 
+def group_id_of(state: apsw.Connection, group: str) -> str:
+    """A group as the operator names it: a conversation or role id, or ``role:NAME``."""
+    if isinstance(group, str) and group.startswith("role:"):
+        name = group[len("role:"):]
+        row = None
+        if _ROLE_NAME.fullmatch(name) is not None:
+            row = one(state, "SELECT principal_id FROM principals WHERE kind = 'role' AND label = ?", (name,))
+        if row is None:
+            raise BadInput("unknown role")
+        return str(row[0])
+    return group
+
+
 def add_member(state: apsw.Connection, group_id: str, principal_id: str, expires_after_us: int | None) -> str:
     """Record (or refresh) membership evidence; returns the membership id.
 
     Refreshing replaces the live row with a new one and a higher evidence
     revision, so history is kept and expiry is always the latest evidence.
     """
+    group_id = group_id_of(state, group_id)
     group = get_principal(state, group_id)
     if group.kind not in ("conversation", "role"):
         raise BadInput("the group must be a conversation or a role")
@@ -120,6 +134,7 @@ def add_member(state: apsw.Connection, group_id: str, principal_id: str, expires
 
 
 def remove_member(state: apsw.Connection, group_id: str, principal_id: str) -> bool:
+    group_id = group_id_of(state, group_id)
     get_principal(state, group_id)
     get_principal(state, principal_id)
     with immediate(state):

@@ -565,11 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
     member = sub.add_parser("member", help="manage memberships").add_subparsers(dest="verb", required=True,
                                                                                 parser_class=_Parser)
     p = command("add", cmd_member_add, "add a principal to a conversation or role", member)
-    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("group", metavar="CONVERSATION|ROLE|role:NAME")
     p.add_argument("principal")
     p.add_argument("--expires", metavar="DURATION", help="evidence freshness bound, e.g. 12h or 7d")
     p = command("remove", cmd_member_remove, "remove a principal from a conversation or role", member)
-    p.add_argument("group", metavar="CONVERSATION|ROLE")
+    p.add_argument("group", metavar="CONVERSATION|ROLE|role:NAME")
     p.add_argument("principal")
 
     session = sub.add_parser("session", help="manage sessions").add_subparsers(dest="verb", required=True,
