@@ -319,3 +319,58 @@ def test_role_notes_reach_only_the_roles_members_in_search(scenario: Scenario) -
     assert [h["path"] for h in s.cli.j("search", s.alice_session, "quarterly budget")["results"]] == \
         ["private/budget.md"]
     assert s.cli.j("search", s.group_session, "quarterly budget")["results"] == []
+
+
+def test_the_gateway_api_has_no_way_to_share_or_grant(scenario: Scenario) -> None:
+    """Sharing is the owner's and the operator's, never a capability holder's: no such API operation exists."""
+    import secrets
+
+    from scopefs.api.service import Service
+    from scopefs.catalog.clock import now_us
+    from scopefs.catalog.home import Home
+    from tests.conftest import ALICE_SENDER
+
+    home = Home.open(scenario.cli.home)
+    try:
+        service = Service(home)
+        opened = service.handle({"op": "open", "agent": "main", "chat": "direct", "channel": CHANNEL,
+                                 "account": ACCOUNT, "sender": ALICE_SENDER})
+        capability = opened["result"]["capability"]
+        for op, args in (("grant", {"principal": scenario.bob, "scope": "agent-shared"}),
+                         ("publish", {"path": SOURCE, "to": "agent-shared"}),
+                         ("project", {"path": SOURCE, "to": f"conversation:{scenario.conversation}"}),
+                         ("share", {"path": SOURCE, "to": scenario.bob}),
+                         ("policy", {"effect": "allow", "capability": "read", "principal": scenario.bob})):
+            before = snapshot(scenario.cli.home, skip_tables=AUDIT_ONLY)
+            answer = service.handle({"op": op, "capability": capability, "nonce": secrets.token_urlsafe(16),
+                                     "ts": now_us(), "args": args})
+            assert answer["ok"] is False and answer["error"]["code"] == "bad-input", (op, answer)
+            assert diff_snapshots(before, snapshot(scenario.cli.home, skip_tables=AUDIT_ONLY)) == []
+    finally:
+        home.close()
+
+
+def test_a_publisher_publishes_only_its_own_notes(scenario: Scenario) -> None:
+    """Never a note it only reads: another person's projection, a role note, agent-shared itself, a deposit."""
+    s = scenario
+    _role(s, "ops", s.alice, s.bob)
+    _grant(s, s.alice)
+    _grant(s, s.bob, "role:ops")
+    s.cli.j("project", s.bob_session, SOURCE, "--to", "role:ops", "--purpose", "for on-call", "--expires", "1d",
+            "--as", "bob.md", "--yes")
+    s.cli.j("publish", s.bob_session, SOURCE, "--to", "role:ops", "--as", "runbook.md", "--yes")
+    s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "alice.md", "--yes")
+    s.cli.j("postbox", "enable", s.alice)
+    handle = s.cli.j("message", "add", s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
+                     "--sender", "tg-sender-alice-8410023317")["message_handle"]
+    assert s.cli("deposit", s.group_session, handle, stdin=b"a deposit\n").code == 0
+    deposit = next(e["name"] for e in s.cli.j("ls", s.alice_session, f"postbox/{s.conversation}")["entries"])
+    for path in ("projections/roles/ops/bob.md", "roles/ops/runbook.md", "agent-shared/alice.md",
+                 f"postbox/{s.conversation}/{deposit}"):
+        assert s.cli("read", s.alice_session, path).code == 0, path  # she may read each...
+        err = _unchanged(s.cli, ["publish", s.alice_session, path, "--to", "agent-shared", "--as", "again.md",
+                                 "--yes"], code=3)
+        assert "not-owner" in err, path  # ...and, publisher though she is, copies none of them out
+        err = _unchanged(s.cli, ["project", s.alice_session, path, "--to", f"conversation:{s.conversation}",
+                                 "--purpose", "p", "--no-expiry", "--as", "again.md", "--yes"], code=3)
+        assert "not-owner" in err, path

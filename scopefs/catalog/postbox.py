@@ -147,7 +147,10 @@ def check_handle(catalog: apsw.Connection, state: apsw.Connection, agent_id: str
 
 
 def still_receiving(state: apsw.Connection, conversation_id: str, owner_id: str, now: int) -> Reason:
-    """Whether a deposit from ``conversation_id`` may reach ``owner_id`` now: a fresh member, postbox on."""
+    """Whether a deposit from ``conversation_id`` may reach ``owner_id`` now: an active person, a fresh
+    member, postbox on."""
+    if get_principal(state, owner_id).state != "active":
+        return Reason.IDENTITY_REVOKED
     member, expires = membership_expiry(state, conversation_id, owner_id)
     if not member or (expires is not None and now >= expires):
         return Reason.MEMBERSHIP_STALE
@@ -192,14 +195,12 @@ class Item:
     decided_at: int | None
     approved_revision_id: str | None
 
-    def shown_state(self, now: int) -> str:
-        return "expired" if self.state == "pending" and now >= self.expires_at else self.state
-
     def as_dict(self, now: int) -> dict[str, Any]:
         return {"item_id": self.item_id, "conversation_id": self.conversation_id,
                 "source_session_id": self.source_session_id, "actor_id": self.actor_id,
                 "revision_id": self.revision_id, "created_at_us": self.created_at, "expires_at_us": self.expires_at,
-                "state": self.shown_state(now), "approved_revision_id": self.approved_revision_id}
+                "state": self.state if self.state != "pending" or now < self.expires_at else "expired",
+                "approved_revision_id": self.approved_revision_id}
 
 
 def items(catalog: apsw.Connection, agent_id: str, owner_id: str, *, pending_only: bool = False,

@@ -1,8 +1,10 @@
 """Reading the projection records: what was projected where, and who saw a copy.
 
 A projection's state is derived, never stored twice: revoked once its
-``revoked_at`` is set, expired once its time has passed, superseded once a
-later projection of the same source replaced its copy, live otherwise.
+``revoked_at`` is set (by a revocation, or by a later projection that
+replaced its copy), expired once its time has passed, unavailable if its
+copy no longer verifies, live otherwise. A projection row exists only
+for a copy that was activated: it is written in that transaction.
 Who saw a copy comes from exposure records (the API's receipts) and the
 audit's allowed reads (the command line's and the mounts'): ids only.
 """
@@ -37,14 +39,16 @@ class Projection:
     created_at: int
     revoked_at: int | None
 
+    def expired(self, now: int) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
     def state(self, now: int, copy_state: str | None) -> str:
+        """revoked (or replaced); unavailable (its copy failed verification); expired; live."""
         if self.revoked_at is not None:
             return "revoked"
         if copy_state != "active":
-            return "superseded"
-        if self.expires_at is not None and now >= self.expires_at:
-            return "expired"
-        return "live"
+            return "unavailable"
+        return "expired" if self.expired(now) else "live"
 
     @property
     def target(self) -> str:
@@ -83,13 +87,11 @@ def list_projections(catalog: apsw.Connection, agent_id: str,
     return [(_row(row[:-1]), row[-1]) for row in catalog.execute(sql + " ORDER BY p.created_at, p.projection_id", args)]
 
 
-def live_projection_at(catalog: apsw.Connection, agent_id: str, copy_resource_id: str) -> Projection | None:
-    """The unrevoked projection whose copy a resource holds now, if any."""
+def projection_at(catalog: apsw.Connection, agent_id: str, copy_resource_id: str) -> Projection | None:
+    """The unrevoked projection whose copy a resource holds, if any (expired or not)."""
     rows = catalog.execute(
-        f"SELECT {', '.join('p.' + c.strip() for c in _COLUMNS.split(','))} FROM projections p"
-        " JOIN revisions v ON v.revision_id = p.copy_revision_id AND v.state = 'active'"
-        " WHERE p.agent_id = ? AND p.copy_resource_id = ? AND p.revoked_at IS NULL", (agent_id, copy_resource_id)
-    ).fetchall()
+        f"SELECT {_COLUMNS} FROM projections WHERE agent_id = ? AND copy_resource_id = ? AND revoked_at IS NULL"
+        " ORDER BY created_at DESC LIMIT 1", (agent_id, copy_resource_id)).fetchall()
     return _row(rows[0]) if rows else None
 
 

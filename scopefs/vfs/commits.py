@@ -45,7 +45,7 @@ import trio
 
 from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.paths import Parts
-from scopefs.catalog.postbox import handle_of_name, refused
+from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
@@ -253,6 +253,8 @@ class Commits:
             raise fail(errno.EBADF)
         if not self._mount.view.usable or handle.node.left_view:
             raise fail(errno.EACCES)  # the view went (revoked), or the note left it: nothing written could be saved
+        if handle.node.deposit is not None and off + len(buf) > DEPOSIT_MAX_BYTES:
+            raise fail(errno.EFBIG)  # a deposit is an observation, bounded before it is held
         handle.wrote = True
         handle.used = time.monotonic()
         return handle.node.draft.write(off, buf)

@@ -33,7 +33,7 @@ class PolicyChanged(Exception):
 def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
              base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
              final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex,
-             unsynced: str | None = None) -> None:
+             unsynced: str | None = None, record: Callable[[], None] | None = None) -> None:
     """Step 4: activate a pending revision whose final hash is already known.
 
     ``index`` (prepared from the final file before this transaction) is
@@ -50,6 +50,10 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
     ``unsynced``: the page cache (``catalog.boot``) of an artifact that was
     not synced; the commit then syncs nothing either, and the revision is
     listed as unsynced until ``writer.sync`` or recovery settles it.
+
+    ``record``: rows that must exist exactly when the revision is active (a
+    copy's lineage, a projection, a postbox item), written once it is, in
+    this transaction; whatever it raises undoes the activation.
     """
     now = now_us()
     with contextlib.ExitStack() as stack:
@@ -74,6 +78,8 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
                         (now, revision_id))
         insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
                prepared=index)
+        if record is not None:
+            record()
         catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",
                         (now, intent_id))
         if unsynced is not None:

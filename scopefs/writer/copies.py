@@ -47,6 +47,15 @@ class Source:
         assert self.target.revision is not None
         return self.target.revision.revision_no
 
+    def own(self) -> bool:
+        """Whether the note is in the subject's own store (a user's private/, a service's agent/), of its own
+        cell: the only notes a subject may copy out to an audience. Everything else it reads was shared
+        with it (a projection, a role note, a pool, agent-shared) or is held for its review (the postbox)."""
+        mount = self.target.mount
+        subject = self.access.session.subject
+        return (mount is not None and not self.access.cell and mount.scope_kind in ("user", "agent")
+                and subject.principal_id is not None and mount.audience_id == subject.principal_id)
+
     def copy_name(self, name: str | None) -> Parts:
         """Where the copy goes inside its target store: ``--as NAME``, else the source's path inside its root."""
         if name is None:

@@ -33,7 +33,7 @@ from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
-from scopefs.catalog.errors import BadInput, Denied
+from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.groups import membership_expiry
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import resolve_binding
@@ -63,6 +63,7 @@ from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
 log = logging.getLogger("scopefs.postbox")
 NOTICES = "NOTICES.md"
+NOTICE_ROUNDS = 4
 
 
 def _group(home: Home, session_id: str, actor_id: str | None = None) -> Access:
@@ -127,17 +128,18 @@ def deposit(home: Home, session_id: str, handle: str, data: bytes, *, actor_id: 
     inner = (conversation, f"{stamp}-{item_id}.md")
     first = [False]
 
-    def authority(conn: apsw.Connection) -> Decision:
-        if conn.execute("SELECT 1 FROM postbox_items WHERE item_id = ?", (item_id,)).fetchall():
-            # Activation: this deposit's own rows used the handle; the owner must still receive.
+    def authority(conn: apsw.Connection, activating: bool) -> Decision:
+        if activating:  # this deposit's ``reserve`` used the handle: the owner must still receive
             why = still_receiving(home.state(), conversation, bound.owner_id, now_us())
             return Decision(why is Reason.ALLOWED, why)
         again, why = check_handle(conn, home.state(), agent, session_id, conversation, handle, now_us())
         return Decision(True, Reason.ALLOWED) if again == bound else Decision(False, why)
 
-    def rows(conn: apsw.Connection, resource_id: str, revision_id: str) -> None:
+    def reserve(conn: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
+        count_deposit(conn, agent, bound, now_us())  # spent even if the deposit fails later: fails closed
+
+    def record(conn: apsw.Connection, resource_id: str, revision_id: str) -> None:
         now = now_us()
-        count_deposit(conn, agent, bound, now)
         conn.execute(
             "INSERT INTO postbox_items (item_id, agent_id, owner_id, conversation_id, source_session_id, actor_id,"
             " handle_sha256, resource_id, revision_id, created_at, expires_at)"
@@ -150,8 +152,8 @@ def deposit(home: Home, session_id: str, handle: str, data: bytes, *, actor_id: 
 
     try:
         result = write_copy(access, "quarantine", bound.owner_id, inner, data,
-                            Provenance(Op.DEPOSIT, "postbox", authority, rows))
-    except Denied:
+                            Provenance(Op.DEPOSIT, "postbox", authority, record, reserve))
+    except (Denied, Conflict):
         raise refused() from None
     if first[0]:
         _write_notices(access, bound)
@@ -159,22 +161,27 @@ def deposit(home: Home, session_id: str, handle: str, data: bytes, *, actor_id: 
 
 
 def _write_notices(access: Access, bound: Bound) -> None:
-    """``postbox/NOTICES.md`` of the owner, from the notice rows (which stay the record if this fails)."""
+    """``postbox/NOTICES.md`` of the owner, from the notice rows (which stay the record if this fails).
+
+    Two first deposits from two conversations can race here; each renders
+    the rows it sees, so the file is written again until a write is no
+    older than the rows (a few rounds at most).
+    """
     catalog = access.home.catalog(access.agent_id)
-    lines = ["# Postbox notices", "", "First deposits from conversations you had not received from before.", ""]
-    for conversation, first_at, first_item in notices(catalog, access.agent_id, bound.owner_id):
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(first_at / 1_000_000))
-        lines.append(f"- {when}: first deposit from conversation {conversation} (item {first_item})")
-    text = ("\n".join(lines) + "\n").encode("utf-8")
-
-    def nothing(_conn: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
-        return None
-
-    try:
-        write_copy(access, "quarantine", bound.owner_id, (NOTICES,), text,
-                   Provenance(Op.DEPOSIT, "postbox-notice", lambda _c: Decision(True, Reason.ALLOWED), nothing))
-    except Exception as exc:  # noqa: BLE001 - the notice row stands; doctor and `postbox list` show it
-        log.warning("postbox notice file not written (%s)", type(exc).__name__)
+    for _ in range(NOTICE_ROUNDS):
+        rows = notices(catalog, access.agent_id, bound.owner_id)
+        lines = ["# Postbox notices", "", "First deposits from conversations you had not received from before.", ""]
+        for conversation, first_at, first_item in rows:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(first_at / 1_000_000))
+            lines.append(f"- {when}: first deposit from conversation {conversation} (item {first_item})")
+        try:
+            write_copy(access, "quarantine", bound.owner_id, (NOTICES,), ("\n".join(lines) + "\n").encode("utf-8"),
+                       Provenance(Op.DEPOSIT, "postbox-notice", lambda _c, _a: Decision(True, Reason.ALLOWED)))
+        except Exception as exc:  # noqa: BLE001 - the notice row stands; `postbox list` shows it
+            log.warning("postbox notice file not written (%s)", type(exc).__name__)
+            return
+        if notices(catalog, access.agent_id, bound.owner_id) == rows:
+            return
 
 
 # -- the owner's review ------------------------------------------------------------
@@ -196,41 +203,47 @@ class Review:
 def review(home: Home, session_id: str) -> Review:
     access, owner = _owner(home, session_id, Op.READ)
     catalog = home.catalog(access.agent_id)
-    now = now_us()
-    pending = [i for i in items(catalog, access.agent_id, owner, pending_only=True) if now < i.expires_at]
-    return Review(pending, notices(catalog, access.agent_id, owner))
+    expire(home, access, owner)
+    return Review(items(catalog, access.agent_id, owner, pending_only=True), notices(catalog, access.agent_id, owner))
 
 
 def approve(home: Home, session_id: str, item_id: str, to: str | None = None) -> tuple[Item, WriteResult]:
-    """Copy a pending item into the owner's private store; then it leaves the postbox."""
+    """Copy a pending item into the owner's private store; it leaves the postbox in the same transaction."""
     access, owner = _owner(home, session_id, Op.APPEND)
     catalog = home.catalog(access.agent_id)
+    expire(home, access, owner)
     found = item(catalog, access.agent_id, owner, item_id)
     if found.state != "pending":
         raise BadInput(f"the item is {found.state} already")
     parts = split_virtual_path(to) if to else ("private", "postbox", f"{found.item_id}.md")
     if len(parts) < 2 or parts[0] != "private":
         raise BadInput("approve --to names a note under private/, e.g. private/notes/x.md")
+    found_mount = access.view.mount_for(parts)
+    if found_mount is None or Op.APPEND not in found_mount[0].placement:  # e.g. a pools file made it read-only
+        raise access.refuse(Op.APPEND, Reason.DEFAULT_DENY)
     held = active_with_store(catalog, access.agent_id, found.revision_id)
     if held is None:
         raise BadInput("unknown postbox item")
     data = read_verified(home, access.agent_id, held[1], held[0])
 
-    def authority(conn: apsw.Connection) -> Decision:
+    def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         row = conn.execute("SELECT state FROM postbox_items WHERE item_id = ?", (item_id,)).fetchall()
-        return Decision(True, Reason.ALLOWED) if row and row[0][0] == "pending" else Decision(False,
-                                                                                            Reason.REVISION_STALE)
+        pending = bool(row) and row[0][0] == "pending"
+        return Decision(pending, Reason.ALLOWED if pending else Reason.REVISION_STALE)
 
-    def rows(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
+    def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
+        if not _decide(conn, access, [found], "approved", approved=revision_id):
+            raise Conflict("the item was decided meanwhile; nothing was written")
         add_lineage(conn, access.agent_id, revision_id, found.revision_id, "postbox")
 
-    result = write_copy(access, "user", owner, parts[1:], data, Provenance(Op.APPEND, "postbox", authority, rows))
-    _settle(home, access, [found], "approved", approved=result.revision_id)
+    result = write_copy(access, "user", owner, parts[1:], data, Provenance(Op.APPEND, "postbox", authority, record))
+    drain_quietly(home.state(), catalog, access.agent_id)
     return found, result
 
 
 def reject(home: Home, session_id: str, item_id: str) -> Item:
     access, owner = _owner(home, session_id, Op.DELETE)
+    expire(home, access, owner)
     found = item(home.catalog(access.agent_id), access.agent_id, owner, item_id)
     if found.state != "pending":
         raise BadInput(f"the item is {found.state} already")
@@ -243,27 +256,45 @@ def purge(home: Home, session_id: str, conversation_id: str) -> list[Item]:
     access, owner = _owner(home, session_id, Op.DELETE)
     if not isinstance(conversation_id, str) or not ids.looks_like("principal", conversation_id):
         raise BadInput("unknown conversation")
+    expire(home, access, owner)
     found = items(home.catalog(access.agent_id), access.agent_id, owner, pending_only=True,
                   conversation_id=conversation_id)
-    _settle(home, access, found, "purged")
-    return found
+    return _settle(home, access, found, "purged")
 
 
-def _settle(home: Home, access: Access, found: list[Item], state: str, *, approved: str | None = None) -> None:
-    """The items decided, and their deposits out of the quarantine, in one transaction."""
-    if not found:
-        return
-    catalog = home.catalog(access.agent_id)
+def expire(home: Home, access: Access, owner: str) -> None:
+    """Pending items past their expiry leave the quarantine (each review, and each deposit, looks)."""
     now = now_us()
+    due = [i for i in items(home.catalog(access.agent_id), access.agent_id, owner, pending_only=True)
+           if now >= i.expires_at]
+    _settle(home, access, due, "expired")
+
+
+def _settle(home: Home, access: Access, found: list[Item], state: str) -> list[Item]:
+    """The items decided, and their deposits out of the quarantine, in one transaction; those it decided."""
+    if not found:
+        return []
+    catalog = home.catalog(access.agent_id)
     with lock.shared(home.lock_path(access.agent_id)), immediate(catalog):
-        for one_item in found:
-            changed = catalog.execute(
-                "UPDATE postbox_items SET state = ?, decided_at = ?, approved_revision_id = ?"
-                " WHERE item_id = ? AND state = 'pending' RETURNING 1",
-                (state, now, approved, one_item.item_id)).fetchall()
-            if not changed:
-                continue
-            tombstone_rows(catalog, one_item.resource_id, one_item.revision_id)
-            event = access.event(f"postbox-{state}", "allow", Reason.ALLOWED, revision_id=one_item.revision_id)
-            settle(catalog, enqueue(catalog, access.agent_id, event), decision="allow", reason=Reason.ALLOWED)
+        decided = _decide(catalog, access, found, state)
     drain_quietly(home.state(), catalog, access.agent_id)
+    return decided
+
+
+def _decide(catalog: apsw.Connection, access: Access, found: list[Item], state: str, *,
+            approved: str | None = None) -> list[Item]:
+    """Inside the caller's transaction: each still pending item decided, its deposit tombstoned, audited."""
+    now = now_us()
+    decided = []
+    for one_item in found:
+        changed = catalog.execute(
+            "UPDATE postbox_items SET state = ?, decided_at = ?, approved_revision_id = ?"
+            " WHERE item_id = ? AND state = 'pending' RETURNING 1",
+            (state, now, approved, one_item.item_id)).fetchall()
+        if not changed:
+            continue
+        tombstone_rows(catalog, one_item.resource_id, one_item.revision_id)
+        event = access.event(f"postbox-{state}", "allow", Reason.ALLOWED, revision_id=one_item.revision_id)
+        settle(catalog, enqueue(catalog, access.agent_id, event), decision="allow", reason=Reason.ALLOWED)
+        decided.append(one_item)
+    return decided

@@ -34,7 +34,7 @@ from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.policies import insert_entry, revoke_entry_in
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
-from scopefs.catalog.projections import PURPOSE_MAX, Projection, get_projection, live_projection_at, sessions_exposed
+from scopefs.catalog.projections import PURPOSE_MAX, Projection, get_projection, projection_at, sessions_exposed
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import Audience, audience_today, in_audience, parse_audience
 from scopefs.catalog.stores import find_resource, find_store
@@ -98,8 +98,8 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
     if not decision:
         raise access.refuse(Op.PROJECT, decision.reason)
     catalog = home.catalog(access.agent_id)
-    replaced = _replaced(catalog, access, audience, inner, source)
     now = now_us()
+    replaced = _replaced(catalog, access, audience, inner, source, now)
     members = audience_today(home.state(), audience, now)
     preview = source.preview(
         target=audience.spelled, target_path=f"{audience.projection_root()}/{'/'.join(inner)}", purpose=purpose,
@@ -111,18 +111,19 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
         return Projected(preview, None, None, replaced.projection_id if replaced else None)
     projection_id = ids.new_id("projection")
 
-    def authority(conn: apsw.Connection) -> Decision:
+    def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         decided = _owner_decision(access, source, audience)
         return source_still_active(conn, source.revision_id) if decided else decided
 
-    def rows(conn: apsw.Connection, resource_id: str, revision_id: str) -> None:
-        agent = access.agent_id
-        now_there = live_projection_at(conn, agent, resource_id)
-        if (now_there.projection_id if now_there else None) != (replaced.projection_id if replaced else None):
-            raise Conflict("another projection took that name meanwhile; nothing was written, try again")
+    def record(conn: apsw.Connection, resource_id: str, revision_id: str) -> None:
+        """With the copy's activation: its allows, its row, its lineage; the projection it replaces revoked."""
+        agent, at = access.agent_id, now_us()
+        holder = projection_at(conn, agent, resource_id)
+        if holder is not None:
+            if not holder.expired(at) and holder.projection_id != (replaced.projection_id if replaced else None):
+                raise Conflict("another projection took that name meanwhile; nothing was written, try again")
+            _revoke_rows(conn, agent, holder)
         add_lineage(conn, agent, revision_id, source.revision_id, "project")
-        if replaced is not None:
-            _revoke_rows(conn, agent, replaced)
         for capability in sorted(PROJECTED):
             insert_entry(conn, agent, target_kind="resource", target_id=resource_id, effect=Effect.ALLOW,
                          capability=capability, audience_kind=AudienceKind.ANY,
@@ -133,9 +134,9 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
             " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (projection_id, agent, source.revision_id, access.session.session_id, access.actor_id,
              audience.kind, audience.principal_id, purpose, expiry.at, int(expiry.at is None), resource_id,
-             revision_id, now_us()))
+             revision_id, at))
 
-    provenance = Provenance(Op.PROJECT, "projection", authority, rows)
+    provenance = Provenance(Op.PROJECT, "projection", authority, record)
     result = write_copy(access, "projection", audience.principal_id, inner, source.data, provenance)
     return Projected(preview, result, projection_id, replaced.projection_id if replaced else None)
 
@@ -143,8 +144,7 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
 def _owner_decision(access: Access, source: Source, audience: Audience) -> Decision:
     """Only a verified user projects, only from its own private store, only into an audience it is in."""
     subject = access.session.subject
-    mount = source.target.mount
-    if subject.kind is not SubjectKind.USER or mount is None or mount.scope_kind != "user" or access.cell:
+    if subject.kind is not SubjectKind.USER or not source.own():
         return Decision(False, Reason.NOT_OWNER)
     assert subject.principal_id is not None
     if not in_audience(access.home.state(), subject.principal_id, audience, now_us()):
@@ -153,26 +153,23 @@ def _owner_decision(access: Access, source: Source, audience: Audience) -> Decis
 
 
 def _replaced(catalog: apsw.Connection, access: Access, audience: Audience, inner: tuple[str, ...],
-              source: Source) -> Projection | None:
-    """The live projection this one would replace, or None; BadInput if the name holds anything else.
+              source: Source, now: int) -> Projection | None:
+    """The owner's live projection of the same note that this one replaces; None if the name is free
+    (nothing there, or a projection that expired); BadInput if another live projection holds it.
 
-    The owner is in the audience, so the names of its projections are
-    names it can see: refusing a taken name tells it nothing new.
+    The owner is in the audience, so a live projection's name is one it
+    can see: refusing a taken name tells it nothing new.
     """
     store = find_store(catalog, access.agent_id, "projection", audience.principal_id)
-    if store is None:
+    resource = None if store is None else find_resource(catalog, access.agent_id, store.store_id, "/".join(inner))
+    holder = None if resource is None else projection_at(catalog, access.agent_id, resource.resource_id)
+    if holder is None or holder.expired(now):
         return None
-    resource = find_resource(catalog, access.agent_id, store.store_id, "/".join(inner))
-    if resource is None:
-        return None
-    current = live_projection_at(catalog, access.agent_id, resource.resource_id)
-    assert source.target.revision is not None
-    if current is not None and current.publisher_id == access.actor_id:
-        mine = catalog.execute("SELECT 1 FROM revisions a JOIN revisions b ON a.resource_id = b.resource_id"
-                               " WHERE a.revision_id = ? AND b.revision_id = ?",
-                               (current.source_revision_id, source.revision_id)).fetchall()
-        if mine:
-            return current
+    if holder.publisher_id == access.actor_id and catalog.execute(
+            "SELECT 1 FROM revisions a JOIN revisions b ON a.resource_id = b.resource_id"
+            " WHERE a.revision_id = ? AND b.revision_id = ?", (holder.source_revision_id, source.revision_id)
+    ).fetchall():
+        return holder
     raise BadInput("the audience already has a projection by that name; choose another with --as")
 
 

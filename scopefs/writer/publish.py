@@ -4,7 +4,10 @@ Those stores are read-only in every view, for every subject: reading them
 never implies writing them. The only way in is ``publish``, by a session
 whose verified subject holds a live publisher grant for that store
 (``catalog.sharing.may_publish``), taking one revision of a note of that
-session's own view. Without ``--yes`` it only previews. With it, the copy
+subject's own store (``Source.own``): never a note it only reads (another
+person's projection, a role note, a postbox deposit, agent-shared itself),
+which would republish someone else's content past its audience, expiry or
+review. Without ``--yes`` it only previews. With it, the copy
 is an immutable revision of the target note, with lineage to its source,
 trust origin ``publish`` and an audit row, committed by the same write
 transaction as every note; the grant and the source are decided again
@@ -29,6 +32,7 @@ from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import get_principal
 from scopefs.catalog.policies import add_entry, revoke_entry
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
+from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import Audience, check_grant_id, may_publish, parse_audience
 from scopefs.catalog.stores import find_store
 from scopefs.writer.copies import Source, add_lineage, read_source, source_still_active
@@ -87,8 +91,6 @@ def publish(home: Home, session_id: str, path: str, to: str, *, name: str | None
     """Preview, or with ``yes`` publish, the note at ``path`` of the session's view into ``to``."""
     source = read_source(home, session_id, path)
     access = source.access
-    if access.cell:
-        raise BadInput("a note of a shared pool is published by that pool's writers, not copied out of it")
     audience = parse_audience(home.state(), access.agent_id, to)
     scope_kind, audience_id = audience.published_store()
     inner = source.copy_name(name)
@@ -101,18 +103,22 @@ def publish(home: Home, session_id: str, path: str, to: str, *, name: str | None
     if not yes:
         return Published(preview, None)
 
-    def rows(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
+    def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
         add_lineage(conn, access.agent_id, revision_id, source.revision_id, "publish")
 
-    provenance = Provenance(Op.PUBLISH, "publish", lambda conn: _decide(conn, source, scope_kind, audience_id), rows)
+    provenance = Provenance(Op.PUBLISH, "publish", lambda conn, _: _decide(conn, source, scope_kind, audience_id),
+                            record)
     return Published(preview, write_copy(access, scope_kind, audience_id, inner, source.data, provenance))
 
 
 def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_id: str) -> Decision:
+    """A live grant for the subject (else ``not-publisher``), a note of its own (else ``not-owner``), still active."""
     access = source.access
     store = find_store(catalog, access.agent_id, scope_kind, audience_id)
     decision = may_publish(catalog, access.agent_id, access.session.subject, store.store_id if store else None,
                            scope_kind, audience_id, now_us())
+    if decision and not source.own():
+        decision = Decision(False, Reason.NOT_OWNER)
     return decision if not decision else source_still_active(catalog, source.revision_id)
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -99,23 +100,37 @@ class WriteResult:
     created: bool  # a new resource, not a new revision of an existing one
 
 
+RowsHook = Callable[[apsw.Connection, str, str], None]  # (catalog, resource_id, revision_id), inside a transaction
+
+
+def _no_rows(_catalog: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Provenance:
     """What makes a write the broker's copy rather than a subject's own write.
 
     A published or projected copy lands in a store its author holds no
     placement in; the authority for it is a decision of its own (a live
-    publisher grant, the source still active), which ``authority``
-    re-makes inside both commit transactions, as ``_recheck`` does for the
-    view's policy. ``rows`` adds the copy's lineage and bookkeeping in the
-    transaction that records its pending revision, so they exist exactly
-    when the revision does.
+    publisher grant, the source still active), which ``authority`` re-makes
+    inside both commit transactions (``activating``: the second), as
+    ``_recheck`` does for the view's policy.
+
+    ``record`` writes the copy's lineage and bookkeeping (a projection's
+    row and allows, a postbox item) in the transaction that activates it,
+    so they exist exactly when the copy does: a write rolled back at any
+    step, or by recovery after a crash, leaves none of them behind.
+    ``reserve`` runs in the first transaction, for what must be taken
+    before the content is placed (a message handle, a rate slot); it stays
+    taken if the write fails, which fails closed.
     """
 
     operation: Op  # what the audit calls it: publish, project, ...
     trust_origin: str
-    authority: Callable[[apsw.Connection], Decision]
-    rows: Callable[[apsw.Connection, str, str], None]  # (catalog, resource_id, revision_id)
+    authority: Callable[[apsw.Connection, bool], Decision]  # (catalog, activating)
+    record: RowsHook = _no_rows
+    reserve: RowsHook = _no_rows
 
 
 def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
@@ -270,7 +285,7 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
             raise Conflict("the note changed while it was being written; nothing was written, try again")
         decision = _recheck(access, dataclasses.replace(target, store=store), op)
         if decision and provenance is not None:
-            decision = provenance.authority(catalog)
+            decision = provenance.authority(catalog, False)
         if not decision:
             raise PolicyChanged(decision)
         created = resource is None
@@ -307,7 +322,7 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
             (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id, now),
         )
         if provenance is not None:
-            provenance.rows(catalog, resource_id, revision_id)
+            provenance.reserve(catalog, resource_id, revision_id)
     return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
 
 
@@ -385,7 +400,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
 
         def recheck() -> Decision:
             decision = _recheck(access, planned, op)
-            return provenance.authority(catalog) if decision and provenance is not None else decision
+            return provenance.authority(catalog, True) if decision and provenance is not None else decision
 
         renamed = placed = False
         try:
@@ -404,7 +419,9 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                      revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
                      final_sha256=final_sha256, recheck=recheck,
-                     unsynced=None if durable else home.page_cache())
+                     unsynced=None if durable else home.page_cache(),
+                     record=None if provenance is None else functools.partial(
+                         provenance.record, catalog, pending.resource_id, pending.revision_id))
         except BaseException as exc:
             refusal = exc.decision if isinstance(exc, PolicyChanged) else None
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,

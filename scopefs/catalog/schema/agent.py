@@ -522,7 +522,7 @@ CREATE TABLE postbox_items (
     created_at           INTEGER NOT NULL,
     expires_at           INTEGER NOT NULL,
     state                TEXT NOT NULL DEFAULT 'pending'
-                             CHECK (state IN ('pending', 'approved', 'rejected', 'purged')),
+                             CHECK (state IN ('pending', 'approved', 'rejected', 'purged', 'expired')),
     decided_at           INTEGER,
     approved_revision_id TEXT REFERENCES revisions (revision_id),
     CHECK ((state = 'pending') = (decided_at IS NULL)),
