@@ -374,3 +374,35 @@ def test_a_publisher_publishes_only_its_own_notes(scenario: Scenario) -> None:
         err = _unchanged(s.cli, ["project", s.alice_session, path, "--to", f"conversation:{s.conversation}",
                                  "--purpose", "p", "--no-expiry", "--as", "again.md", "--yes"], code=3)
         assert "not-owner" in err, path
+
+
+def test_expired_and_foreign_projections_crowd_nothing_out_of_a_search(scenario: Scenario) -> None:
+    """200 nearer copies in the group's own projection store, all expired, plus 200 live ones addressed to
+    another conversation: the group's results, order, scores and shape are byte for byte what they were."""
+    import time as clock
+
+    from scopefs.catalog.home import Home
+    from scopefs.writer.projections import Expiry, project
+    from tests.test_search import ALLOWED, NEAR, _modes
+
+    s = scenario
+    for i, text in enumerate(ALLOWED):
+        s.cli.j("write", s.group_session, f"channel/camp/{i}.md", stdin=text)
+    query = "lantern battery"
+    alone = _modes(s.cli, s.group_session, query)
+    other_conv, other_group = _other_group(s, (s.alice,))
+    s.cli.j("write", s.alice_session, "private/near.md", stdin=NEAR)
+    home = Home.open(s.cli.home)
+    try:
+        soon = Expiry.choose(1_000_000, False)  # a second from now
+        for i in range(200):
+            project(home, s.alice_session, "private/near.md", f"conversation:{s.conversation}", purpose="p",
+                    expiry=soon, name=f"near/{i}.md", yes=True)
+            project(home, s.alice_session, "private/near.md", f"conversation:{other_conv}", purpose="p",
+                    expiry=Expiry.choose(None, True), name=f"near/{i}.md", yes=True)
+    finally:
+        home.close()
+    clock.sleep(max(0.0, (soon.at or 0) / 1e6 - clock.time()) + 0.1)
+    seen = [h["path"] for h in s.cli.j("search", other_group, query, "--limit", "100")["results"]]
+    assert len(seen) == 100 and all(p.startswith("projections/channel/near/") for p in seen)  # they do outrank
+    assert _modes(s.cli, s.group_session, query) == alone
