@@ -253,3 +253,24 @@ def test_a_gateway_deposits_through_the_api_with_the_same_refusal(enabled: Scena
     finally:
         home.close()
     assert len(s.cli.j("postbox", "list", s.alice_session)["pending"]) == 1
+
+
+def test_an_expired_deposit_leaves_the_review(enabled: Scenario) -> None:
+    """A deposit waits a month for its owner; then the next review settles it out of the quarantine."""
+    import time
+
+    s = enabled
+    assert _deposit(s, _handle(s)).code == 0
+    [pending] = s.cli.j("postbox", "list", s.alice_session)["pending"]
+    path = f"postbox/{s.conversation}"
+    assert len(s.cli.j("ls", s.alice_session, path)["entries"]) == 1
+    with catalog(s.cli.home) as conn:  # the item's month has passed (past the schema's guard)
+        guard = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'postbox_items_fixed'").fetchall()[0][0]
+        conn.execute("DROP TRIGGER postbox_items_fixed")
+        conn.execute("UPDATE postbox_items SET expires_at = ? WHERE item_id = ?",
+                     (int(time.time() * 1_000_000) - 1, pending["item_id"]))
+        conn.execute(guard)
+    assert s.cli("postbox", "approve", s.alice_session, pending["item_id"]).code == 2  # expired: not approvable
+    assert s.cli.j("postbox", "list", s.alice_session)["pending"] == []
+    assert s.cli("ls", s.alice_session, path).code == 3  # settled out of the quarantine
+    assert s.cli("read", s.alice_session, "postbox/NOTICES.md").code == 0  # the notice stays
