@@ -165,6 +165,21 @@ def test_the_first_deposit_from_a_conversation_notifies_once(enabled: Scenario) 
     assert text.count("first deposit from conversation") == 1
 
 
+def test_the_owners_listing_shows_conversation_time_and_actor(enabled: Scenario) -> None:
+    s = enabled
+    result = s.cli("deposit", s.group_session, _handle(s), "--actor", s.bob, stdin=NOTE)
+    assert result.code == 0, result.err
+    [pending] = s.cli.j("postbox", "list", s.alice_session)["pending"]
+    assert pending["actor_id"] == s.bob
+    [entry] = s.cli.j("ls", s.alice_session, f"postbox/{s.conversation}")["entries"]
+    stamp, rest = entry["name"].split("-by-")
+    assert len(stamp) == len("20261202T073000Z") and rest == f"{s.bob}-{pending['item_id']}.md"
+    # An actor who is not a member of the group is a refusal like any other.
+    assert _deposit(s, _handle(s)).code == 0
+    assert s.cli("deposit", s.group_session, _handle(s), "--actor", s.mike1, stdin=NOTE).err == \
+        "scopefs: deposit refused\n"
+
+
 def test_approve_reject_and_purge(enabled: Scenario) -> None:
     s = enabled
     for data in (NOTE, b"second (canary Tw0)\n", b"third (canary Thr3)\n"):

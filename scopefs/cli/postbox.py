@@ -53,7 +53,7 @@ def cmd_deposit(args: argparse.Namespace) -> int:
         raise BadInput("cannot read the deposit from stdin") from None
     if len(data) > DEPOSIT_MAX_BYTES:
         raise refused()
-    deposit(_home(args), args.session, args.handle, data)
+    deposit(_home(args), args.session, args.handle, data, actor_id=args.actor)
     emit(args.json, {"deposited": True}, ["deposited"])
     return 0
 
@@ -138,3 +138,4 @@ def register(sub: Any, command: Any, parser_class: type[argparse.ArgumentParser]
     p = command("deposit", cmd_deposit, "file stdin into the quarantine of a message's sender (one generic refusal)")
     p.add_argument("session")
     p.add_argument("handle")
+    p.add_argument("--actor", metavar="PRINCIPAL", help="the group member whose message this answers (provenance)")

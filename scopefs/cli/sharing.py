@@ -132,12 +132,13 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     p.add_argument("--scope", required=True, metavar="agent-shared|role:ROLE")
     command("revoke", cmd_grant_revoke, "revoke a publisher grant", grant).add_argument("grant")
 
-    p = command("publish", cmd_publish, "copy a note of the session's view into agent-shared/ or a role store"
+    p = command("publish", cmd_publish, "copy one of the subject's own notes into agent-shared/ or a role store"
                                         " (a preview unless --yes)")
     p.add_argument("session")
-    p.add_argument("path", help="a virtual path of the session's view, e.g. private/notes/x.md")
+    p.add_argument("path", help="a note of the session's own store, e.g. private/notes/x.md")
     p.add_argument("--to", required=True, metavar="agent-shared|role:ROLE")
-    p.add_argument("--as", dest="as_name", metavar="NAME", help="its path in the target (default: the same path)")
+    p.add_argument("--as", dest="as_name", metavar="NAME",
+                   help="its path inside the target (default: its path inside its own root)")
     p.add_argument("--yes", action="store_true", help="publish (without it: preview only)")
 
     p = command("project", cmd_project, "a reviewed copy of one private note for one audience"

@@ -125,7 +125,9 @@ def deposit(home: Home, session_id: str, handle: str, data: bytes, *, actor_id: 
         raise refused()
     item_id = ids.new_id("item")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    inner = (conversation, f"{stamp}-{item_id}.md")
+    # Its provenance shows in the owner's listing: conversation (the folder), time, actor (a principal id), item.
+    by = f"-by-{access.actor_id}" if access.actor_id else ""
+    inner = (conversation, f"{stamp}{by}-{item_id}.md")
     first = [False]
 
     def authority(conn: apsw.Connection, activating: bool) -> Decision:
