@@ -289,3 +289,13 @@ def test_an_expired_deposit_leaves_the_review(enabled: Scenario) -> None:
     assert s.cli.j("postbox", "list", s.alice_session)["pending"] == []
     assert s.cli("ls", s.alice_session, path).code == 3  # settled out of the quarantine
     assert s.cli("read", s.alice_session, "postbox/NOTICES.md").code == 0  # the notice stays
+
+
+def test_an_oversized_deposit_is_the_same_refusal_and_spends_nothing(enabled: Scenario) -> None:
+    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES
+
+    s = enabled
+    handle = _handle(s)
+    result = _deposit(s, handle, b"x" * (DEPOSIT_MAX_BYTES + 1))
+    assert (result.code, result.err) == (3, "scopefs: deposit refused\n")
+    assert _deposit(s, handle, b"x" * DEPOSIT_MAX_BYTES).code == 0  # the handle was not spent by the refusal

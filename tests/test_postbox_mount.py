@@ -128,3 +128,17 @@ def test_inside_the_sandbox_a_deposit_is_one_cp(enabled: Scenario) -> None:
     assert "No such file or directory" in lines[1]
     assert "Permission denied" in result.text  # the handle was used: the second cp is refused
     assert len(s.cli.j("postbox", "list", s.alice_session)["pending"]) == 1
+
+
+def test_a_deposit_past_its_bound_is_refused_as_it_is_written(enabled: Scenario, mounts: Mounts) -> None:
+    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES
+
+    s = enabled
+    group = mounts.mount(s.group_session)
+    fd = os.open(group / "postbox" / f"{_handle(s)}.md", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        assert os.write(fd, b"x" * DEPOSIT_MAX_BYTES) == DEPOSIT_MAX_BYTES
+        assert _errno(lambda: os.write(fd, b"y")) == errno.EFBIG
+    finally:
+        os.close(fd)  # what fitted is filed
+    assert len(s.cli.j("postbox", "list", s.alice_session)["pending"]) == 1

@@ -251,8 +251,8 @@ def _write(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deposit(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
-    """A group's deposit through a message handle (``writer.postbox``): one generic refusal for every failure."""
-    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, refused
+    """A group's deposit through a message handle (``writer.postbox``): one generic refusal for every failure,
+    an oversized deposit included."""
     from scopefs.writer.postbox import deposit
 
     content = args.get("content")
@@ -263,8 +263,6 @@ def _deposit(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
         data = content.encode("utf-8")
     except UnicodeEncodeError:
         raise BadInput("content must be valid text") from None
-    if len(data) > DEPOSIT_MAX_BYTES:
-        raise refused()
     deposit(home, grant.session_id, handle, data, actor_id=grant.actor_id)
     return {"deposited": True}
 

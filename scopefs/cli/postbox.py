@@ -42,17 +42,15 @@ def cmd_message_add(args: argparse.Namespace) -> int:
 
 
 def cmd_deposit(args: argparse.Namespace) -> int:
-    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, refused
+    from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES
     from scopefs.writer.postbox import deposit
 
     if sys.stdin is None:
         raise BadInput("deposit reads the content from stdin, which is closed")
     try:
-        data = sys.stdin.buffer.read(DEPOSIT_MAX_BYTES + 1)
+        data = sys.stdin.buffer.read(DEPOSIT_MAX_BYTES + 1)  # one byte more than a deposit may hold: refused
     except OSError:
         raise BadInput("cannot read the deposit from stdin") from None
-    if len(data) > DEPOSIT_MAX_BYTES:
-        raise refused()
     deposit(_home(args), args.session, args.handle, data, actor_id=args.actor)
     emit(args.json, {"deposited": True}, ["deposited"])
     return 0

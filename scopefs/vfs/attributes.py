@@ -37,7 +37,7 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
     if node.kind in (Kind.QUERIES, Kind.RESULTS):
         mtime = queries.attributes(node, attr, mtime)
     elif node.kind is Kind.DIR:
-        writable = layers.writable(node.parts + ("x",)) or layers.depositable(node.parts + ("x",))
+        writable = layers.takes_new(node.parts + ("x",))
         attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)
         attr.st_nlink = 2
         attr.st_size = 0

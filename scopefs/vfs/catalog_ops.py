@@ -20,7 +20,6 @@ from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
-from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, refused
 from scopefs.vfs.drafts import Draft
 from scopefs.writer import postbox, unsynced
 from scopefs.writer.rename import CrossRoot, rename_parts
@@ -34,9 +33,8 @@ def check_deposit(home: Home, session_id: str, handle: str) -> None:
 
 
 def deposit(home: Home, session_id: str, handle: str, draft: Draft) -> None:
-    """File the draft into the postbox of the sender ``handle`` names (``writer.postbox.deposit``)."""
-    if draft.size > DEPOSIT_MAX_BYTES:
-        raise refused()
+    """File the draft into the postbox of the sender ``handle`` names (``writer.postbox.deposit``; writes
+    already stopped it at ``DEPOSIT_MAX_BYTES``)."""
     postbox.deposit(home, session_id, handle, draft.read(0, draft.size))
 
 

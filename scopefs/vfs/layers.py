@@ -128,7 +128,12 @@ class Layers:
     def depositable(self, parts: Parts) -> bool:
         """Whether ``parts`` names a file a deposit may be made as: right under a deposit-only root."""
         found = self.mount_for(parts)
-        return found is not None and len(found[1]) == 1 and Op.DEPOSIT in found[0].placement
+        return found is not None and _deposit_at(found)
+
+    def takes_new(self, parts: Parts) -> bool:
+        """Whether something may be made at ``parts``: a note or scratch file, or a deposit (one lookup)."""
+        found = self.mount_for(parts)
+        return found is not None and bool(found[1]) and (Op.APPEND in found[0].placement or _deposit_at(found))
 
     # -- the overlay -------------------------------------------------------
 
@@ -273,3 +278,8 @@ class Layers:
         node.attached = False
         parent = self.dirs.get(parts[:-1])
         return Invalidation(node.ino, parent.ino if parent else None, parts[-1])
+
+
+def _deposit_at(found: tuple[Mount, Parts]) -> bool:
+    """A path one level under a deposit-only root (a group's ``postbox/``)."""
+    return len(found[1]) == 1 and Op.DEPOSIT in found[0].placement
