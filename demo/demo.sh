@@ -158,6 +158,31 @@ must_see alice "oat milk" 1
 must_see bob "oat milk" 0
 must_see group "oat milk" 0
 
+bold "7c. Derived memory: a digest follows its source; a forgotten claim stays out"
+echo "Alice keeps a note about her commute and a digest built from it"
+echo "Alice cycles to the office along the canal every morning" | run write "$ALICE_DM" private/profile/commute.md
+echo "Digest: Alice bikes to work, so morning meetings start at 9:30" | run derive "$ALICE_DM" --from private/profile/commute.md --to private/digests/mornings.md --kind digest
+echo "--- the group cannot pull the private digest into its channel by naming it"
+printf '$ scopefs derive %s --from %s:private/profile/commute.md --to channel/leak.md\n' "$GROUP_S" "$ALICE_DM"
+set +e; echo "A group digest of Alice's commute" | "$SCOPEFS" derive "$GROUP_S" --from "$ALICE_DM:private/profile/commute.md" --to channel/leak.md; got=$?; set -e
+if [ "$got" != 3 ]; then echo "DEMO FAILED: a private note widened into the channel (exit $got)" >&2; exit 1; fi
+echo "  -> refused (exit 3 mixed-audience), as it must be"
+for _ in $(seq 50); do [ -e "$MNT/alice/private/digests/mornings.md" ] && break; sleep 0.1; done
+must_see alice "9:30" 1
+echo "--- Alice forgets the commute note: a preview first, the same report applied"
+run forget "$ALICE_DM" private/profile/commute.md --dry-run
+run forget "$ALICE_DM" private/profile/commute.md
+for _ in $(seq 50); do [ ! -e "$MNT/alice/private/digests/mornings.md" ] && break; sleep 0.1; done
+must_see alice "canal" 0
+must_see alice "9:30" 0
+echo "--- the same claim, written again through the group, is refused"
+echo "alice cycles to the office along the canal every morning" > /tmp/scopefs-demo-claim.md
+printf '$ scopefs write %s channel/commute.md < claim\n' "$GROUP_S"
+set +e; "$SCOPEFS" write "$GROUP_S" channel/commute.md < /tmp/scopefs-demo-claim.md; got=$?; set -e
+rm -f /tmp/scopefs-demo-claim.md
+if [ "$got" != 3 ]; then echo "DEMO FAILED: a forgotten claim came back (exit $got)" >&2; exit 1; fi
+echo "  -> refused (exit 3 forgotten), as it must be"
+
 bold "8. Bob leaves the group, then Alice's binding is revoked"
 run member remove "$GROUP" "$BOB"
 expect_refused 3 write "$GROUP_S" channel/from-bob.md --actor "$BOB"

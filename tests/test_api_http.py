@@ -220,8 +220,9 @@ def test_the_api_keeps_to_its_openapi_description(scenario: Scenario) -> None:
     try:
         schema = schemathesis.openapi.from_asgi("/openapi.json", make_app(Service(home), token=SCHEMA_TOKEN))
         operations = [result.ok() for result in schema.get_all_operations()]
-        assert sorted(op.path for op in operations) == ["/v1/close", "/v1/deposit", "/v1/list", "/v1/mount", "/v1/open",
-                                                        "/v1/read", "/v1/search", "/v1/write"]
+        assert sorted(op.path for op in operations) == ["/v1/close", "/v1/deposit", "/v1/derive", "/v1/forget",
+                                                        "/v1/list", "/v1/mount", "/v1/open", "/v1/read", "/v1/search",
+                                                        "/v1/write"]
         for operation in operations:
 
             @given(case=operation.as_strategy())

@@ -530,8 +530,8 @@ def check(world: World, built: Built | None = None) -> tuple[Expected, set[str]]
     for i in n:
         res, rid = world.resources[i], built.resource_ids[i]
         for state in sorted(set(res.revisions) | {"active"}):
-            assert post.allows(rid, built.store_ids[res.store], res.live, state) == exp.decide(i, state), (i, state)
-            assert post_about.allows(rid, built.store_ids[res.store], res.live, state) == \
+            assert post.allows(rid, built.store_ids[res.store], res.live, state, "") == exp.decide(i, state), (i, state)
+            assert post_about.allows(rid, built.store_ids[res.store], res.live, state, "") == \
                 exp.decide(i, state, about=world.about), (i, state, "about")
 
     # (d) about= restricts to the resources carrying that verified subject, and nothing else.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
@@ -79,6 +79,21 @@ class ReadArgs(_Strict):
 class WriteArgs(_Strict):
     path: str = Field(min_length=1, max_length=4096)
     content: str = Field(max_length=MAX_WRITE_CHARS)
+    origin: Literal["human", "capture"] = Field(
+        default="human", description="capture: machine-made from chat (envelope stripped, human block kept)")
+
+
+class DeriveArgs(_Strict):
+    from_: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        alias="from", min_length=1, max_length=64, description="source paths of this session's view")
+    to: str = Field(min_length=1, max_length=4096)
+    kind: Literal["summary", "compaction", "digest"] = "summary"
+    content: str = Field(max_length=MAX_WRITE_CHARS)
+
+
+class ForgetArgs(_Strict):
+    paths: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(min_length=1, max_length=256)
+    dry_run: bool = False
 
 
 class DepositArgs(_Strict):
@@ -119,6 +134,14 @@ class WriteRequest(_Call):
 
 class DepositRequest(_Call):
     args: DepositArgs
+
+
+class DeriveRequest(_Call):
+    args: DeriveArgs
+
+
+class ForgetRequest(_Call):
+    args: ForgetArgs
 
 
 class ListRequest(_Call):
@@ -162,7 +185,7 @@ def make_app(service: Service, *, token: str | None = None) -> ASGIApp:
 
     for op, model in (("search", SearchRequest), ("read", ReadRequest), ("write", WriteRequest),
                       ("list", ListRequest), ("close", CloseRequest), ("mount", MountRequest),
-                      ("deposit", DepositRequest)):
+                      ("deposit", DepositRequest), ("derive", DeriveRequest), ("forget", ForgetRequest)):
         app.post(f"/v1/{op}", response_model=Answer, name=op)(_route(op, model, run))
 
     @app.exception_handler(RequestValidationError)

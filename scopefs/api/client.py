@@ -84,5 +84,12 @@ class Client:
     def deposit(self, capability: str, handle: str, content: str) -> dict[str, Any]:
         return self.call("deposit", capability, handle=handle, content=content)
 
+    def derive(self, capability: str, sources: list[str], to: str, content: str,
+               kind: str = "summary") -> dict[str, Any]:
+        return self.call("derive", capability, **{"from": sources, "to": to, "kind": kind, "content": content})
+
+    def forget(self, capability: str, paths: list[str], dry_run: bool = False) -> dict[str, Any]:
+        return self.call("forget", capability, paths=paths, dry_run=dry_run)
+
     def list(self, capability: str, path: str = "") -> dict[str, Any]:
         return self.call("list", capability, path=path)

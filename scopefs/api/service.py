@@ -70,11 +70,13 @@ _CALL_FIELDS = frozenset({"op", "capability", "nonce", "ts", "args"})
 _ARGS: dict[str, frozenset[str]] = {
     "search": frozenset({"query", "limit", "run"}),
     "read": frozenset({"path", "from", "lines", "run"}),
-    "write": frozenset({"path", "content"}),
+    "write": frozenset({"path", "content", "origin"}),
     "list": frozenset({"path"}),
     "close": frozenset(),
     "mount": frozenset({"name", "uid"}),
     "deposit": frozenset({"handle", "content"}),
+    "derive": frozenset({"from", "to", "kind", "content"}),
+    "forget": frozenset({"paths", "dry_run"}),
 }
 
 
@@ -238,14 +240,27 @@ def _receipt(home: Home, grant: Grant, args: dict[str, Any], operation: str,
                             operation=operation, exposed=exposed, policy_revision=grant.policy_revision).as_dict()
 
 
-def _write(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
-    from scopefs.writer.transaction import write_note
-
+def _content(args: dict[str, Any]) -> bytes:
     content = args.get("content")
     if not isinstance(content, str) or len(content) > MAX_WRITE_CHARS:
         raise BadInput(f"content must be text of at most {MAX_WRITE_CHARS} characters")
-    result = write_note(home, grant.session_id, _text(args, "path"), content.encode("utf-8"),
-                        actor_id=grant.actor_id)
+    try:
+        return content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput("content must be valid text") from None
+
+
+def _write(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    """A note of the session's own words, or (``origin: capture``) a machine capture from chat
+    (``writer.capture``: the envelope stripped, a human-notes block kept)."""
+    from scopefs.writer.capture import capture
+    from scopefs.writer.transaction import write_note
+
+    origin = args.get("origin", "human")
+    if origin not in ("human", "capture"):
+        raise BadInput("origin must be human or capture")
+    write = capture if origin == "capture" else write_note
+    result = write(home, grant.session_id, _text(args, "path"), _content(args), actor_id=grant.actor_id)
     return {"resource_id": result.resource_id, "revision_id": result.revision_id, "revision": result.revision_no,
             "sha256": result.sha256, "size": result.size, "created": result.created}
 
@@ -267,6 +282,38 @@ def _deposit(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     return {"deposited": True}
 
 
+def _derive(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    """A derivation from notes of this session's view only: a capability names no other session."""
+    from scopefs.writer.derive import MAX_SOURCES, derive, parse_source
+
+    sources = args.get("from")
+    if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_SOURCES \
+            or not all(isinstance(p, str) and p for p in sources):
+        raise BadInput(f"from must list 1 to {MAX_SOURCES} paths")
+    if any(parse_source(grant.session_id, p)[0] != grant.session_id for p in sources):
+        raise BadInput("a source is a path of this session's view")
+    kind = args.get("kind", "summary")
+    if not isinstance(kind, str):
+        raise BadInput("kind must be summary, compaction or digest")
+    derived = derive(home, grant.session_id, sources, _text(args, "to"), _content(args), kind=kind,
+                     actor_id=grant.actor_id)
+    result = derived.result
+    return {"resource_id": result.resource_id, "revision_id": result.revision_id, "revision": result.revision_no,
+            "sha256": result.sha256, "size": result.size, "kind": derived.kind, "sources": derived.sources}
+
+
+def _forget(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
+    from scopefs.writer.forget import MAX_PATHS, forget
+
+    paths = args.get("paths")
+    if not isinstance(paths, list) or not 1 <= len(paths) <= MAX_PATHS or not all(isinstance(p, str) for p in paths):
+        raise BadInput(f"paths must list 1 to {MAX_PATHS} paths")
+    dry_run = args.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise BadInput("dry_run must be true or false")
+    return forget(home, grant.session_id, paths, dry_run=dry_run, actor_id=grant.actor_id).as_dict()
+
+
 def _list(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
     path = args.get("path", "")
     if not isinstance(path, str):
@@ -284,6 +331,7 @@ def _close(home: Home, grant: Grant, args: dict[str, Any]) -> dict[str, Any]:
 
 _OPERATIONS: dict[str, Callable[[Home, Grant, dict[str, Any]], dict[str, Any]]] = {
     "search": _search, "read": _read, "write": _write, "list": _list, "close": _close, "deposit": _deposit,
+    "derive": _derive, "forget": _forget,
 }
 
 

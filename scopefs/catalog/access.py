@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from scopefs.catalog import pools
 from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.errors import Conflict, Denied, ScopefsError
+from scopefs.catalog.delegation import MAX_DEPTH, delegation_of, restrict
+from scopefs.catalog.errors import BadInput, Conflict, Denied, ScopefsError
 from scopefs.catalog.groups import membership_expiry, role_memberships
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import binding_live, get_principal
@@ -56,6 +57,7 @@ class Access:
     cell: str = ""
     pools_revision: int = 0  # of the pools file the view was computed under (0: none applied)
     evidence_until: int | None = None  # when the next time-bound evidence (a role membership) runs out
+    delegated: bool = False  # a child session (``catalog.delegation``): its parents' evidence counts too
 
     @property
     def agent_id(self) -> str:
@@ -70,7 +72,8 @@ class Access:
         """This access confined to one cell: only that cell's mounts, queries in that cell's catalog."""
         mounts = tuple(m for m in self.view.mounts if m.cell == cell)
         excluded = self.view.excluded if cell == "" else ()
-        return dataclasses.replace(self, cell=cell, view=View(self.view.subject, mounts, excluded, self.view.capture))
+        return dataclasses.replace(self, cell=cell, view=dataclasses.replace(self.view, mounts=mounts,
+                                                                             excluded=excluded))
 
     def narrowed(self, parts: tuple[str, ...]) -> Access:
         """Confined to the cell that holds ``parts`` (the own cell for a path under no mount)."""
@@ -143,6 +146,49 @@ def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
     return None if principal.state == "active" else Reason.IDENTITY_REVOKED
 
 
+@dataclass(frozen=True)
+class _Standing:
+    """A session's view as of one moment, and what, if anything, is wrong with its evidence."""
+
+    view: View
+    pools_revision: int
+    evidence_until: int | None
+    problem: Reason | None
+    delegated: bool = False
+
+
+def _standing(home: Home, session: SessionRecord, now: int, depth: int = 0) -> _Standing:
+    """The session's view and evidence now; for a delegated session, its parent's narrowed by its caps.
+
+    A child's standing is its parent's, computed the same way every time
+    (``catalog.delegation``): whatever the parent loses, the child loses
+    with it. A chain deeper than ``MAX_DEPTH``, a parent that cannot be
+    loaded, or rows that disagree fail closed (``invalid-context``).
+    """
+    delegation = delegation_of(home.catalog(session.agent_id), session.agent_id, session.session_id)
+    if delegation is None:
+        pools_revision, memory = pools.memory_for(home, session.agent_id)
+        roles = _roles(home, session)
+        view = memory_view(session.subject, roles, now, memory)
+        # The only evidence that changes with time alone: a mounted view must look again then (``vfs.follow``).
+        evidence_until = min((r.expires_at for r in roles if r.expires_at is not None and r.expires_at > now),
+                             default=None)
+        return _Standing(view, pools_revision, evidence_until, _evidence_problem(home, session))
+    nothing = _Standing(View(session.subject, (), caps=()), 0, None, Reason.INVALID_CONTEXT, True)
+    if depth >= MAX_DEPTH:
+        return nothing
+    try:
+        parent = load_session(home, delegation.parent_session_id)
+    except BadInput:
+        return nothing
+    if (parent.agent_id, parent.subject, parent.binding_id) != (session.agent_id, session.subject, session.binding_id):
+        return nothing
+    above = _standing(home, parent, now, depth + 1)
+    problem = _evidence_problem(home, session) or above.problem
+    return _Standing(restrict(above.view, delegation.cap_parts), above.pools_revision, above.evidence_until, problem,
+                     True)
+
+
 def current_access(home: Home, session_id: str, *, actor_id: str | None = None) -> tuple[Access, Reason | None]:
     """The session's access as of now and what, if anything, is wrong with it.
 
@@ -151,19 +197,14 @@ def current_access(home: Home, session_id: str, *, actor_id: str | None = None) 
     """
     session = load_session(home, session_id)
     now = now_us()
-    pools_revision, memory = pools.memory_for(home, session.agent_id)
-    roles = _roles(home, session)
-    view = memory_view(session.subject, roles, now, memory)
-    # The only evidence that changes with time alone: a mounted view must look again then (``vfs.follow``).
-    evidence_until = min((r.expires_at for r in roles if r.expires_at is not None and r.expires_at > now),
-                         default=None)
-    problem = _evidence_problem(home, session)
+    standing = _standing(home, session, now)
+    problem = standing.problem
     if problem is None and actor_id is not None:
         problem = _check_actor(home, session, actor_id, now)
     if actor_id is None and session.subject.kind in (SubjectKind.USER, SubjectKind.SERVICE):
         actor_id = session.subject.principal_id  # a private or service session acts as its subject
-    return Access(home, session, actor_id, view, now, pools_revision=pools_revision,
-                  evidence_until=evidence_until), problem
+    return Access(home, session, actor_id, standing.view, now, pools_revision=standing.pools_revision,
+                  evidence_until=standing.evidence_until, delegated=standing.delegated), problem
 
 
 def authorize_session(home: Home, session_id: str, operation: Op, *, actor_id: str | None = None,
@@ -186,7 +227,10 @@ def revalidate(access: Access, operation: Op) -> None:
     between authorization and commit; rechecking right before each commit
     narrows that window to the commit itself.
     """
-    problem = _evidence_problem(access.home, access.session)
+    if not access.delegated:
+        problem = _evidence_problem(access.home, access.session)
+    else:  # a delegated session: its parents' evidence too, up the whole chain
+        problem = _standing(access.home, access.session, now_us()).problem
     if problem is None and access.actor_id is not None:
         problem = _check_actor(access.home, access.session, access.actor_id, now_us())
     if problem is None and _writable_moved(access):
@@ -206,10 +250,10 @@ def _writable_moved(access: Access) -> bool:
     a write that has been staging for a while. One query when no file was
     applied since (the usual case).
     """
-    revision, memory = pools.memory_for(access.home, access.session.agent_id)
+    revision, _memory = pools.memory_for(access.home, access.session.agent_id)
     if revision == access.pools_revision:
         return False
-    fresh = memory_view(access.session.subject, _roles(access.home, access.session), now_us(), memory)
+    fresh = _standing(access.home, access.session, now_us()).view
 
     def writable(mounts: tuple[Mount, ...]) -> set[tuple[str, frozenset[Op], frozenset[Op]]]:
         return {(m.root, m.placement, m.ceiling) for m in mounts
@@ -270,7 +314,9 @@ def decide(access: Access, target: Target, op: Op) -> Decision:
         return Decision(False, Reason.OUTSIDE_VIEW)
     state = None
     if target.resource is not None:
-        state = ResourceState(target.resource.state == "live", target.revision.state if target.revision else None)
+        revision = target.revision
+        state = ResourceState(target.resource.state == "live", revision.state if revision else None,
+                              revision.held if revision else False, revision.valid_until if revision else None)
     return evaluate(op, access.session.subject, target.mount, state, target.entries, access.now)
 
 

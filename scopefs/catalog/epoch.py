@@ -29,11 +29,13 @@ def policy_revision(access: Access) -> str:
                        scalar(conn, "SELECT count(*) FROM policy_entries WHERE expires_at IS NOT NULL"
                                     " AND expires_at <= ?", (access.now,))]
     subject = access.session.subject
-    facts = {
+    facts: dict[str, object] = {
         "subject": [subject.kind.value, subject.principal_id],
         "actor": access.actor_id,
         "roots": sorted([m.root, m.scope_kind, m.audience_id, sorted(op.value for op in m.placement),
                          sorted(op.value for op in m.ceiling), m.cell] for m in access.view.mounts),
         "cells": cells,
     }
+    if access.view.caps is not None:  # a delegated session: its caps, as its parent's view narrows them now
+        facts["caps"] = sorted("/".join(cap) for cap in access.view.caps)
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]

@@ -16,9 +16,12 @@ few, never content, which is never stored here at all.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
@@ -80,6 +83,43 @@ def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, op
     finally:
         state.execute("PRAGMA synchronous=FULL")
     return Receipt(receipt_id, run, revision, policy_revision, unique, now)
+
+
+def record_batch(state: apsw.Connection, *, session_id: str, agent_id: str, run_id: str, operation: str,
+                 exposed: list[Exposed]) -> None:
+    """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction.
+
+    Committed without a disk sync, like ``record``: a crash of any process
+    loses none; a power loss can lose the last batch, never content.
+    """
+    unique = list(dict.fromkeys(exposed))
+    if not unique:
+        return
+    receipt_id = ids.random_token()
+    now = now_us()
+    state.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with immediate(state):
+            state.executemany(
+                "INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id, resource_id,"
+                " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                [(receipt_id, session_id, agent_id, run_id, operation, e.revision_id, e.resource_id, now)
+                 for e in unique])
+    finally:
+        state.execute("PRAGMA synchronous=FULL")
+
+
+def exposures_of(state: apsw.Connection, agent_id: str, revision_ids: list[str]) -> list[dict[str, Any]]:
+    """Who saw which of ``revision_ids``: (revision, session, run, operation, first and last time, how often)."""
+    if not revision_ids:
+        return []
+    rows = state.execute(
+        "SELECT revision_id, session_id, run_id, operation, min(at), max(at), count(*) FROM exposures"
+        " WHERE agent_id = ? AND revision_id IN (SELECT value FROM json_each(?))"
+        " GROUP BY revision_id, session_id, run_id, operation ORDER BY 5",
+        (agent_id, json.dumps(revision_ids))).fetchall()
+    return [{"revision_id": r[0], "session_id": r[1], "run_id": r[2], "operation": r[3], "first_at_us": r[4],
+             "last_at_us": r[5], "count": r[6]} for r in rows]
 
 
 def sessions_exposed_to(home: Home, revision_id: str) -> list[tuple[str, str, int]]:

@@ -135,7 +135,9 @@ _IN_BATCH = 500  # revision ids per query (SQLite's default limit on variables i
 def stale_count(conn: apsw.Connection, agent_id: str) -> int:
     """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
     return int(scalar(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
-                            " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'" + _STALE, (agent_id,)))
+                            " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
+                            " AND NOT EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id)"
+                            + _STALE, (agent_id,)))
 
 
 def index_again(home: Home, agent_id: str, revision_ids: Iterable[str]) -> int:

@@ -29,10 +29,10 @@ class Listed:
 
 
 def _virtual_children(access: Access, parts: tuple[str, ...]) -> list[Listed] | None:
-    """Children that come from the view's roots alone (``/``, ``roles/``)."""
+    """Children that come from the view's roots alone (``/``, ``roles/``, above a delegated session's caps)."""
     names: dict[str, bool] = {}
-    for mount in access.view.mounts:
-        root = tuple(mount.root.split("/"))
+    for top in access.view.roots():
+        root = tuple(top.split("/"))
         if len(root) > len(parts) and root[: len(parts)] == parts:
             names[root[len(parts)]] = True
     if not names:
@@ -49,7 +49,7 @@ def list_folder(home: Home, session_id: str, path: str = "", *, actor_id: str | 
     if virtual is not None:
         record(home.state(), access.event(Op.RETRIEVE, "allow", Reason.ALLOWED))
         return virtual
-    found = access.view.mount_for(parts)
+    found = access.view.folder_mount(parts)
     if found is None:
         raise access.refuse_outside(Op.RETRIEVE, parts)
     mount, inner = found
@@ -61,17 +61,19 @@ def list_folder(home: Home, session_id: str, path: str = "", *, actor_id: str | 
         prefix = "/".join(inner) + "/" if inner else ""
         for resource, revision in live_resources_under(catalog, access.agent_id, store.store_id, prefix):
             entries = policy_entries(catalog, access.agent_id, store.store_id, resource.resource_id)
-            state = ResourceState(resource.state == "live", revision.state)
+            state = ResourceState(resource.state == "live", revision.state, revision.held, revision.valid_until)
             # The same decision a read makes: retrieve alone lets a candidate
             # exist inside the broker, never its name or size outside it.
             if not evaluate(Op.READ, access.session.subject, mount, state, entries, access.now):
                 continue
+            if not access.view.permits((*mount.root.split("/"), *resource.path.split("/"))):
+                continue  # outside a delegated session's caps
             rest = resource.path[len(prefix):].split("/")
             if len(rest) == 1:
                 children[rest[0]] = Listed(rest[0], False, revision.size)
             else:
                 children.setdefault(rest[0], Listed(rest[0], True, 0))
-    if inner and not children:  # an empty or invisible folder is "not there"
+    if inner and not children and "/".join(parts) not in access.view.roots():  # empty or invisible: "not there"
         raise access.refuse(Op.RETRIEVE, Reason.OUTSIDE_VIEW, store_id=store.store_id if store else None)
     record(home.state(), access.event(Op.RETRIEVE, "allow", Reason.ALLOWED, store_id=store.store_id if store else None))
     return [children[name] for name in sorted(children)]

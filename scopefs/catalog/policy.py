@@ -57,6 +57,12 @@ WRITE_OPS = frozenset({Op.APPEND, Op.REPLACE, Op.DELETE, Op.DEPOSIT, Op.PROJECT,
 NEEDS_ACTIVE = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE, Op.REPLACE, Op.DELETE, Op.PROJECT, Op.EXPORT})
 
 
+# Operations that use a revision's content: a revision held by its lineage,
+# or past its validity, is denied for these and only these (it may still be
+# replaced by a fresh revision, or deleted, by whoever may write its store).
+CONTENT_OPS = frozenset({Op.RETRIEVE, Op.READ, Op.DERIVE, Op.PROJECT, Op.EXPORT})
+
+
 def required(op: Op) -> frozenset[Op]:
     """Every permission an operation needs: the op and all it implies."""
     out = {op}
@@ -137,6 +143,8 @@ class ResourceState:
 
     live: bool
     revision_state: str | None  # state of the revision being read; None if it has none
+    held: bool = False  # an ancestor it was derived from was retired (``catalog.lineage``)
+    valid_until: int | None = None  # its ``valid-until`` (or supersession) time, if it has one
 
     @property
     def readable(self) -> bool:
@@ -170,6 +178,11 @@ def evaluate(op: Op, subject: Subject, mount: Mount | None, resource: ResourceSt
     has_content = resource is not None and resource.live and resource.revision_state == "active"
     if (resource is not None and not resource.live) or (needs & NEEDS_ACTIVE and not has_content):
         return Decision(False, Reason.REVISION_STALE)  # gone, or nothing to read, replace or delete
+    if resource is not None and needs & CONTENT_OPS:  # what the revision's content may no longer be used for
+        if resource.held:
+            return Decision(False, Reason.LINEAGE_DENY)
+        if resource.valid_until is not None and now >= resource.valid_until:
+            return Decision(False, Reason.EXPIRED)
     applicable = [e for e in entries if e.live(now) and e.matches(subject)]
     if any(e.effect is Effect.DENY and e.capability in needs for e in applicable):
         return Decision(False, Reason.EXPLICIT_DENY)

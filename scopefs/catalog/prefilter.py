@@ -14,6 +14,11 @@ Each condition mirrors a step of ``catalog.policy.evaluate`` and can only be
 looser: a mount's ceiling is ignored (an allow it would not admit stays a
 candidate), and an allow of either half of ``read`` (read or retrieve)
 keeps a candidate.
+
+A delegated session's caps (``catalog.delegation``) narrow the candidates
+to the paths they let in, here already (so that notes outside them are
+never walked, and never take a place in an arm's pages) and again in the
+postfilter, which decides.
 """
 
 from __future__ import annotations
@@ -40,9 +45,32 @@ class Scope:
     stores: tuple[MountedStore, ...]
     now: int
     about: str | None = None  # a verified subject principal the results must carry
+    caps: tuple[tuple[str, ...], ...] | None = None  # a delegated session's (``View.caps``); None: no caps
 
     def store(self, store_id: str) -> MountedStore | None:
         return next((s for s in self.stores if s.store_id == store_id), None)
+
+    def permits(self, store_id: str, path: str) -> bool:
+        """Whether the caps let in the note at ``path`` of the store (``View.permits``)."""
+        store = self.store(store_id)
+        if store is None:
+            return False
+        parts = (*store.mount.root.split("/"), *path.split("/"))
+        return self.caps is None or any(len(parts) > len(cap) and parts[: len(cap)] == cap for cap in self.caps)
+
+    def _capped(self) -> str | None:
+        """The caps as (store, path prefix) pairs for ``predicate``; None without caps."""
+        if self.caps is None:
+            return None
+        pairs = []
+        for store in self.stores:
+            root = tuple(store.mount.root.split("/"))
+            for cap in self.caps:
+                if root[: len(cap)] == cap:
+                    pairs.append([store.store_id, ""])
+                elif len(cap) > len(root) and cap[: len(root)] == root:
+                    pairs.append([store.store_id, "/".join(cap[len(root):]) + "/"])
+        return json.dumps(pairs)
 
     def params(self) -> dict[str, object]:
         """Named parameters of ``predicate``."""
@@ -54,13 +82,14 @@ class Scope:
             "kind": self.subject.kind.value,
             "now": self.now,
             "about": self.about,
+            "capped": self._capped(),
         }
 
 
 def scope_for(conn: apsw.Connection, agent_id: str, subject: Subject, mounts: tuple[Mount, ...], now: int,
-              about: str | None = None) -> Scope:
-    """Where a search of a view with ``mounts`` may look, as of ``now``."""
-    return Scope(agent_id, subject, tuple(mounted_stores(conn, agent_id, mounts)), now, about)
+              about: str | None = None, caps: tuple[tuple[str, ...], ...] | None = None) -> Scope:
+    """Where a search of a view with ``mounts`` (and ``caps``, ``View.caps``) may look, as of ``now``."""
+    return Scope(agent_id, subject, tuple(mounted_stores(conn, agent_id, mounts)), now, about, caps)
 
 
 def _entries_matching(effect: str, store: str, resource: str) -> str:
@@ -80,7 +109,10 @@ def predicate(*, store: str, resource: str, revision: str) -> str:
         f"{store} IN (SELECT value FROM json_each(:stores))"
         f" AND EXISTS (SELECT 1 FROM revisions pv JOIN resources pr ON pr.resource_id = pv.resource_id"
         f"             WHERE pv.revision_id = {revision} AND pv.agent_id = :agent AND pv.state = 'active'"
-        f"               AND pr.state = 'live' AND pr.resource_id = {resource} AND pr.store_id = {store})"
+        f"               AND pr.state = 'live' AND pr.resource_id = {resource} AND pr.store_id = {store}"
+        f"               AND (:capped IS NULL OR EXISTS (SELECT 1 FROM json_each(:capped) k"
+        f"                    WHERE json_extract(k.value, '$[0]') = {store} AND substr(pr.path, 1,"
+        f"                    length(json_extract(k.value, '$[1]'))) = json_extract(k.value, '$[1]'))))"
         f" AND NOT EXISTS ({_entries_matching('deny', store, resource)})"
         f" AND ({store} IN (SELECT value FROM json_each(:placed))"
         f"      OR EXISTS ({_entries_matching('allow', store, resource)}))"

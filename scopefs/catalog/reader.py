@@ -49,7 +49,7 @@ def read_target(home: Home, session_id: str, path: str, *, actor_id: str | None 
 
 
 def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes], object], *,
-                actor_id: str | None = None) -> Exposed:
+                actor_id: str | None = None, expose: Callable[[Access, Exposed], object] | None = None) -> Exposed:
     """``read_note`` for a note of any size: its bytes go to ``write`` in chunks.
 
     The whole artifact is hashed (keeping nothing) before the first byte
@@ -58,13 +58,16 @@ def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes],
     chunk or two where ``read_note`` holds the note twice over. A file
     that changes during the copy stops it with IntegrityError; what
     ``write`` received by then was verified. Returns the revision read
-    (for an exposure receipt).
+    (for an exposure receipt). ``expose`` records that exposure once the
+    artifact verified and before its first byte reaches ``write``.
     """
     access, target = _readable(home, session_id, path, actor_id)
     assert target.store is not None and target.revision is not None
     try:
         with opened_verified(home, access.agent_id, target.store, target.revision) as artifact:
             _audit(home, access, target, "allow", Reason.ALLOWED)
+            if expose is not None:
+                expose(access, Exposed(target.revision.revision_id, target.revision.resource_id))
             copy_verified(artifact, write)
     except IntegrityError:
         _audit(home, access, target, "error", Reason.REVISION_STALE, quietly=True)

@@ -37,6 +37,10 @@ class Reason(StrEnum):
     HANDLE_INVALID = "handle-invalid"
     POSTBOX_OFF = "postbox-off"
     RATE_LIMITED = "rate-limited"
+    # The lifecycle of derived memory (issue 16).
+    EXPIRED = "expired"  # past its valid-until, or superseded
+    MIXED_AUDIENCE = "mixed-audience"  # a derivation whose sources have no common audience with its target
+    FORGOTTEN = "forgotten"  # the content holds a claim an owner forgot
 
 
 # Reasons that describe the caller's own session rather than a resource.
@@ -56,7 +60,8 @@ SESSION_REASONS = frozenset(
 
 # Reasons about the caller's own authority to share: they name nothing of
 # another scope, so the caller sees them as they are.
-SHARING_REASONS = frozenset({Reason.NOT_PUBLISHER, Reason.NOT_OWNER, Reason.NOT_IN_AUDIENCE})
+SHARING_REASONS = frozenset({Reason.NOT_PUBLISHER, Reason.NOT_OWNER, Reason.NOT_IN_AUDIENCE, Reason.MIXED_AUDIENCE,
+                             Reason.FORGOTTEN})
 
 
 def public_reason(reason: Reason, *, read_like: bool) -> Reason:

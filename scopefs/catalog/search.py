@@ -284,7 +284,7 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
     """
     conn = home.catalog(access.agent_id)
     searched = tuple(m for m in access.view.mounts if m.scope_kind not in UNSEARCHED)
-    scope = scope_for(conn, access.agent_id, access.session.subject, searched, access.now, about)
+    scope = scope_for(conn, access.agent_id, access.session.subject, searched, access.now, about, access.view.caps)
     arms = _arms(conn, scope, query, mode)
     postfilter = Postfilter(conn, scope)
     hits: list[Hit] = []
@@ -396,7 +396,7 @@ def _fill(conn: apsw.Connection, arm: _Arm, postfilter: Postfilter, quota: int) 
                 break
             arm.offset += 1
             arm.cursor = _arm_score(arm.name, score)
-            if postfilter.allows(resource_id, store_id, live == "live", state):
+            if postfilter.allows(resource_id, store_id, live == "live", state, revision_id):
                 found = _Candidate(chunk_id, resource_id, store_id, revision_id, path, start, end)
                 setattr(found, arm.name, _arm_score(arm.name, score))
                 arm.found[chunk_id] = found

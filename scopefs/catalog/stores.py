@@ -8,6 +8,7 @@ satisfy a lookup, whatever a locator or id says.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import apsw
 
@@ -40,6 +41,8 @@ class RevisionRow:
     size: int
     locator: str
     state: str
+    held: bool = False  # held by its lineage (``catalog.lineage``)
+    valid_until: int | None = None  # denied from then on (``catalog.validity``)
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,10 @@ class MountedStore:
 
 
 _STORE_COLS = "s.store_id, s.scope_kind, s.audience_id, r.path_key"
-_REV_COLS = "revision_id, resource_id, revision_no, content_sha256, size, locator, state"
+# A revision's columns, and the two lifecycle facts kept beside it (``v``: the revisions table).
+REVISION_COLS = ("v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
+                 " EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id),"
+                 " (SELECT x.valid_until FROM revision_validity x WHERE x.revision_id = v.revision_id)")
 
 
 def find_store(conn: apsw.Connection, agent_id: str, scope_kind: str, audience_id: str) -> StoreRow | None:
@@ -89,10 +95,20 @@ def find_resource(conn: apsw.Connection, agent_id: str, store_id: str, path: str
 def active_revision(conn: apsw.Connection, agent_id: str, resource_id: str) -> RevisionRow | None:
     row = one(
         conn,
-        f"SELECT {_REV_COLS} FROM revisions WHERE agent_id = ? AND resource_id = ? AND state = 'active'",
+        f"SELECT {REVISION_COLS} FROM revisions v WHERE v.agent_id = ? AND v.resource_id = ? AND v.state = 'active'",
         (agent_id, resource_id),
     )
-    return None if row is None else RevisionRow(*row)
+    return None if row is None else _revision(row)
+
+
+def _revision(row: tuple[Any, ...]) -> RevisionRow:
+    return RevisionRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]), row[8])
+
+
+def revision_by_id(conn: apsw.Connection, revision_id: str) -> RevisionRow | None:
+    """One revision in any state, with its lifecycle facts."""
+    row = one(conn, f"SELECT {REVISION_COLS} FROM revisions v WHERE v.revision_id = ?", (revision_id,))
+    return None if row is None else _revision(row)
 
 
 # Active revisions of live resources with their store, for readers that start from a revision id
@@ -103,6 +119,7 @@ ACTIVE_WITH_STORE = (
     " FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
     " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
     " WHERE v.agent_id = ? AND r.agent_id = ? AND s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
+    " AND NOT EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id)"
 )
 
 
@@ -110,6 +127,12 @@ def active_with_store(conn: apsw.Connection, agent_id: str, revision_id: str) ->
     """The revision and its store, if it is still the active revision of a live resource."""
     row = one(conn, ACTIVE_WITH_STORE + " AND v.revision_id = ?", (agent_id, agent_id, agent_id, revision_id))
     return None if row is None else (RevisionRow(*row[:7]), StoreRow(*row[7:]))
+
+
+def revision_lifecycle(conn: apsw.Connection, revision_id: str) -> tuple[bool, int | None]:
+    """(held by its lineage, valid until) of one revision."""
+    found = revision_by_id(conn, revision_id)
+    return (found.held, found.valid_until) if found else (False, None)
 
 
 def live_resources_under(conn: apsw.Connection, agent_id: str, store_id: str,
@@ -126,12 +149,12 @@ def live_resources_under(conn: apsw.Connection, agent_id: str, store_id: str,
         cond, params = " AND r.path >= ? AND r.path < ?", (prefix, upper)
     rows = conn.execute(
         "SELECT r.resource_id, r.store_id, r.path, r.state,"
-        " v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state"
+        f" {REVISION_COLS}"
         " FROM resources r JOIN revisions v ON v.resource_id = r.resource_id AND v.state = 'active'"
         f" WHERE r.agent_id = ? AND v.agent_id = ? AND r.store_id = ? AND r.state = 'live'{cond} ORDER BY r.path",
         (agent_id, agent_id, store_id, *params),
     )
-    return [(ResourceRow(*row[:4]), RevisionRow(*row[4:])) for row in rows]
+    return [(ResourceRow(*row[:4]), _revision(row[4:])) for row in rows]
 
 
 def policy_entries(conn: apsw.Connection, agent_id: str, store_id: str, resource_id: str | None) -> tuple[Entry, ...]:

@@ -71,12 +71,40 @@ class View:
     mounts: tuple[Mount, ...]
     excluded: tuple[tuple[str, Reason], ...] = ()  # roots withheld, with why (for audit only)
     capture: str | None = None  # the root this session's new memories go to (a gateway's flushes); None: nowhere
+    # A delegated session's capability folders (``catalog.delegation``): only what lies strictly below
+    # one of them is in the view. None: no capability narrows the view.
+    caps: tuple[tuple[str, ...], ...] | None = None
 
     def roots(self) -> tuple[str, ...]:
-        return tuple(m.root for m in self.mounts)
+        """The folders the view shows even while empty: every mount's root, or the caps that narrow it."""
+        if self.caps is None:
+            return tuple(m.root for m in self.mounts)
+        tops: list[str] = []
+        for mount in self.mounts:
+            root = tuple(mount.root.split("/"))
+            if any(root[: len(cap)] == cap for cap in self.caps):
+                tops.append(mount.root)
+            else:
+                tops.extend("/".join(cap) for cap in self.caps if len(cap) > len(root) and cap[: len(root)] == root)
+        return tuple(tops)
+
+    def permits(self, parts: tuple[str, ...]) -> bool:
+        """Whether the view's caps let ``parts`` in: always without caps, else strictly below one of them."""
+        return self.caps is None or any(len(parts) > len(cap) and parts[: len(cap)] == cap for cap in self.caps)
 
     def mount_for(self, parts: tuple[str, ...]) -> tuple[Mount, tuple[str, ...]] | None:
-        """The mount a path falls under and the path inside it, or None."""
+        """The mount a path falls under and the path inside it, or None (also for a path no cap lets in)."""
+        found = self._mount_of(parts)
+        return found if found is not None and self.permits(parts) else None
+
+    def folder_mount(self, parts: tuple[str, ...]) -> tuple[Mount, tuple[str, ...]] | None:
+        """Like ``mount_for``, for a folder to list: a cap's own folder counts (it is one of ``roots``)."""
+        found = self._mount_of(parts)
+        if found is None or not (self.permits(parts) or parts in (self.caps or ())):
+            return None
+        return found
+
+    def _mount_of(self, parts: tuple[str, ...]) -> tuple[Mount, tuple[str, ...]] | None:
         for mount in self.mounts:
             root = tuple(mount.root.split("/"))
             if parts[: len(root)] == root:

@@ -30,7 +30,9 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import MountedStore, find_store, mounted_stores, policy_entries
 
 _NOTE_COLS = ("r.resource_id, r.path, v.revision_id, v.content_sha256, v.size, v.locator,"
-              " coalesce(v.activated_at, v.created_at)")
+              " coalesce(v.activated_at, v.created_at),"
+              " EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id),"
+              " (SELECT x.valid_until FROM revision_validity x WHERE x.revision_id = v.revision_id)")
 _NOTES = (f"SELECT {_NOTE_COLS} FROM resources r"
           " JOIN revisions v ON v.resource_id = r.resource_id AND v.state = 'active' AND v.agent_id = r.agent_id"
           " WHERE r.agent_id = ? AND r.store_id = ? AND r.state = 'live'")
@@ -83,9 +85,20 @@ class VisibleView:
         return next((s for s in self.stores if s.store_id == store_id), None)
 
 
-def _decide(access: Access, mount: Mount, entries: tuple[Entry, ...]) -> bool:
-    return bool(evaluate(Op.READ, access.session.subject, mount, ResourceState(True, "active"), entries,
-                         access.now))
+def _decide(access: Access, mount: Mount, entries: tuple[Entry, ...], row: tuple[Any, ...]) -> bool:
+    """The read decision on one note row (``_NOTES``): its policy, its lineage hold, its validity.
+
+    A delegated session's caps come first: a note no cap lets in is not in the picture at all.
+    """
+    if not access.view.permits(_root_parts(mount) + tuple(row[1].split("/"))):
+        return False
+    state = ResourceState(True, "active", bool(row[7]), row[8])
+    return bool(evaluate(Op.READ, access.session.subject, mount, state, entries, access.now))
+
+
+def _validity_expiry(row: tuple[Any, ...], now: int) -> list[int]:
+    """When a note row's validity runs out, if that is still to come: the view must wake then."""
+    return [row[8]] if row[8] is not None and row[8] > now else []
 
 
 def _root_parts(mount: Mount) -> tuple[str, ...]:
@@ -93,7 +106,7 @@ def _root_parts(mount: Mount) -> tuple[str, ...]:
 
 
 def _note(access: Access, store: MountedStore, row: tuple[Any, ...]) -> VisibleNote:
-    resource_id, path, revision_id, sha, size, locator, mtime = row
+    resource_id, path, revision_id, sha, size, locator, mtime = row[:7]
     return VisibleNote(_root_parts(store.mount) + tuple(path.split("/")), store.mount.root, resource_id,
                        store.store_id, store.path_key, revision_id, sha, size, locator, mtime, access.agent_id)
 
@@ -114,18 +127,21 @@ def _store_notes(conn: apsw.Connection, access: Access, store: MountedStore) -> 
     expiries = _expiries(store_level, access.now)
     for row in conn.execute(_NOTES, (agent, store.store_id)):
         own = per_resource.get(row[0], [])
-        expiries += _expiries(own, access.now)
-        if _decide(access, store.mount, (*store_level, *own)):
+        expiries += _expiries(own, access.now) + _validity_expiry(row, access.now)
+        if _decide(access, store.mount, (*store_level, *own), row):
             notes.append(_note(access, store, row))
     return notes, expiries
 
 
-def _one_note(conn: apsw.Connection, access: Access, store: MountedStore, resource_id: str) -> VisibleNote | None:
+def _one_note(conn: apsw.Connection, access: Access, store: MountedStore,
+              resource_id: str) -> tuple[VisibleNote | None, list[int]]:
+    """One note decided again, and the times its decision can change by itself."""
     row = conn.execute(_NOTES + " AND r.resource_id = ?", (access.agent_id, store.store_id, resource_id)).fetchall()
     if not row:
-        return None
+        return None, []
     entries = policy_entries(conn, access.agent_id, store.store_id, resource_id)
-    return _note(access, store, row[0]) if _decide(access, store.mount, entries) else None
+    when = _expiries(list(entries), access.now) + _validity_expiry(row[0], access.now)
+    return (_note(access, store, row[0]) if _decide(access, store.mount, entries, row[0]) else None), when
 
 
 def build(home: Home, session_id: str) -> VisibleView:
@@ -213,13 +229,12 @@ def refresh(home: Home, old: VisibleView) -> VisibleView:
         home_store = old.store(store_id) if store_id else None
         if home_store is None:
             continue
-        changed = _one_note(conn, access, home_store, resource_id)
+        changed, when = _one_note(conn, access, home_store, resource_id)
+        expiries += when
         if changed is not None:
             if changed.parts in notes:  # another resource moved away from this path in the same batch
                 drop(changed.parts)
             put(changed)
-            expiries += _expiries(list(policy_entries(conn, access.agent_id, home_store.store_id, resource_id)),
-                                  access.now)
     return dataclasses.replace(old, access=access, notes=notes.done(), by_resource=by_resource.done(),
                                seq=changes.last_seq,
                                valid_until=min(expiries, default=None), base_seq=old.seq,

@@ -194,8 +194,10 @@ def cmd_session_open(args: argparse.Namespace) -> int:
     from scopefs.catalog.sessions import DirectMessage, Group, Service, SharedMain, open_session
 
     modes = [args.dm, args.group, args.service is not None, args.shared_main]
+    if args.child_of is not None or args.cap:
+        return _session_open_child(args, sum(modes))
     if sum(modes) != 1:
-        raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main")
+        raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main, --child-of")
     opening: DirectMessage | Group | Service | SharedMain
     if args.dm:
         if None in (args.channel, args.account, args.sender):
@@ -222,6 +224,29 @@ def cmd_session_open(args: argparse.Namespace) -> int:
     return 0
 
 
+def _session_open_child(args: argparse.Namespace, modes: int) -> int:
+    """``session open --child-of SESSION --cap PATTERN...``: a delegated child (``catalog.children``)."""
+    from scopefs.catalog.children import open_child
+
+    if args.child_of is None:
+        raise BadInput("--cap belongs to --child-of")
+    if modes or args.key is not None or any(v is not None for v in (args.channel, args.account, args.sender,
+                                                                     args.conversation)):
+        raise BadInput("--child-of takes only --agent and --cap: the child's subject is its parent's")
+    if not args.cap:
+        raise BadInput("--child-of needs at least one --cap PATTERN")
+    session, delegation = open_child(_home(args), validate_agent_name(args.agent), args.child_of, args.cap)
+    subject = session.subject
+    payload = {"session_id": session.session_id, "subject": subject.kind.value,
+               "subject_principal_id": subject.principal_id,
+               "subject_reason": subject.reason.value if subject.reason else None,
+               "parent_session_id": delegation.parent_session_id, "caps": list(delegation.caps)}
+    emit(args.json, payload, [session.session_id, f"subject: {subject.kind.value}"
+                              + (f" ({subject.reason.value})" if subject.reason else ""),
+                              f"child of {delegation.parent_session_id}, caps: {' '.join(delegation.caps)}"])
+    return 0
+
+
 def cmd_read(args: argparse.Namespace) -> int:
     """Raw bytes are streamed (hashed whole first, then copied in chunks), so a
     note of any size reads in bounded memory; ``--json`` needs it whole.
@@ -242,12 +267,18 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def _read(home: Home, args: argparse.Namespace) -> int:
-    from scopefs.catalog.reader import read_note, stream_note
+    from scopefs.catalog.exposures import Exposed
+    from scopefs.catalog.reader import read_target, stream_note
 
     if not args.json:
-        stream_note(home, args.session, args.path, write_bytes, actor_id=args.actor)
+        stream_note(home, args.session, args.path, write_bytes, actor_id=args.actor,
+                    expose=lambda access, exposed: _expose(home, args.session, "read", [exposed],
+                                                           agent_id=access.session.agent_id))
         return 0
-    data = read_note(home, args.session, args.path, actor_id=args.actor)
+    access, target, data = read_target(home, args.session, args.path, actor_id=args.actor)
+    assert target.revision is not None
+    _expose(home, args.session, "read", [Exposed(target.revision.revision_id, target.revision.resource_id)],
+            agent_id=access.session.agent_id)  # before the bytes leave
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -256,19 +287,54 @@ def _read(home: Home, args: argparse.Namespace) -> int:
     return 0
 
 
+def _expose(home: Home, session_id: str, operation: str, exposed: list[Any], *, agent_id: str | None = None) -> None:
+    """Record what a command showed (``catalog.exposures``): before the process exits, after the bytes left.
+
+    The command line has no run: its exposures are filed under run ``cli``.
+    A failure to record is reported, never silent (exit 1 after the output).
+    """
+    from scopefs.catalog.exposures import record_batch
+    from scopefs.catalog.sessions import load_session
+
+    agent = agent_id or load_session(home, session_id).agent_id
+    record_batch(home.state(), session_id=session_id, agent_id=agent, run_id="cli", operation=operation,
+                 exposed=exposed)
+
+
 def cmd_write(args: argparse.Namespace) -> int:
     from scopefs.writer.transaction import write_note
 
     if sys.stdin is None:
         raise BadInput("write reads the note from stdin, which is closed")
     home = _home(args)
-    result = write_note(home, args.session, args.path, cast(BinaryIO, _Input(sys.stdin.buffer)),
-                        actor_id=args.actor)
+    if args.origin == "capture" or args.valid_until is not None:
+        result = _write_whole(home, args)
+    else:
+        result = write_note(home, args.session, args.path, cast(BinaryIO, _Input(sys.stdin.buffer)),
+                            actor_id=args.actor)
     emit(args.json, {"resource_id": result.resource_id, "revision_id": result.revision_id,
                      "revision": result.revision_no, "sha256": result.sha256, "size": result.size,
                      "created": result.created},
          [f"{args.path}: revision {result.revision_no} ({result.size} bytes)"])
     return 0
+
+
+def _write_whole(home: Home, args: argparse.Namespace) -> Any:
+    """``write`` that must see the whole text first: a capture (sanitised, keeping the human block), or a
+    ``--valid-until`` (set in the note's front matter, where the mount and editors show it too)."""
+    from scopefs.catalog.clock import now_us
+    from scopefs.catalog.validity import parse_until, with_valid_until
+    from scopefs.cli.lifecycle import read_stdin
+    from scopefs.writer.capture import capture
+
+    data = read_stdin()
+    until = parse_until(args.valid_until, now_us()) if args.valid_until is not None else None
+    if args.origin == "capture":
+        return capture(home, args.session, args.path, data, actor_id=args.actor, valid_until=until)
+    from scopefs.writer.transaction import write_note
+
+    return write_note(home, args.session, args.path, with_valid_until(data, until) if until else data,
+                      actor_id=args.actor)
 
 
 class _Input:
@@ -296,8 +362,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     from scopefs.catalog.search import search
 
     home = _home(args)
+    from scopefs.catalog.exposures import Exposed
+
     outcome = search(home, args.session, args.query, limit=args.limit, about=args.about, actor_id=args.actor,
                      mode=args.mode)
+    _expose(home, args.session, "search", [Exposed(hit.revision_id, hit.resource_id) for hit in outcome.hits])
     emit(args.json, outcome.payload(), outcome.lines())
     return 0
 
@@ -335,6 +404,15 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return 4 if failed else 0
 
 
+def cmd_rm(args: argparse.Namespace) -> int:
+    """What ``rm`` in a mount does: a tombstone (what was derived from it is held with it)."""
+    from scopefs.writer.tombstone import delete_note
+
+    resource_id = delete_note(_home(args), args.session, args.path, actor_id=args.actor)
+    emit(args.json, {"resource_id": resource_id, "path": args.path}, [f"{args.path}: removed"])
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from scopefs.catalog.listing import list_folder
 
@@ -359,7 +437,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines = [f"{f.agent_id}: {f.kind}" + (f" {f.ref}" if f.ref else "") + (f": {f.action}" if f.action else "")
              + (f" ({f.hint})" if f.hint else "") for f in findings] or ["ok: the artifact area matches the catalog"]
     emit(args.json, {"findings": [{"kind": f.kind, "agent_id": f.agent_id, "ref_id": f.ref, "action": f.action,
-                                   "integrity": f.integrity, "hint": f.hint} for f in findings],
+                                   "notice": f.notice, "integrity": f.integrity, "hint": f.hint} for f in findings],
                      "exit_code": code}, lines)
     return code
 
@@ -587,6 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", metavar="SESSION_KEY",
                    help="the gateway's key for this logical session: reused while its subject holds;"
                         " a changed subject binds the key to a new session and refuses the old one")
+    p.add_argument("--child-of", metavar="SESSION",
+                   help="open a delegated child of SESSION: its subject, and at most its current view")
+    p.add_argument("--cap", metavar="PATTERN", action="append", default=[],
+                   help="with --child-of (1 to 32): a folder of the view the child may use, e.g."
+                        " private/projects or agent-shared/**")
     p = command("close", cmd_session_close, "end a session for good: every later operation and mount is refused",
                 session)
     p.add_argument("session")
@@ -603,6 +686,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("session")
         p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
         p.add_argument("--actor", metavar="PRINCIPAL", help="the principal causing this operation")
+        if name == "write":
+            p.add_argument("--origin", choices=("human", "capture"), default="human",
+                           help="capture: machine-made from chat (envelope stripped, the human block kept)")
+            p.add_argument("--valid-until", metavar="DATE|DURATION",
+                           help="deny the note after this (YYYY-MM-DD, an ISO time, or e.g. 30d); front matter")
+    p = command("rm", cmd_rm, "remove a note (a tombstone, as rm in a mount); notes derived from it are held")
+    p.add_argument("session")
+    p.add_argument("path")
+    p.add_argument("--actor", metavar="PRINCIPAL")
     p = command("ls", cmd_ls, "list a folder of the session's view")
     p.add_argument("session")
     p.add_argument("path", nargs="?", default="")
@@ -662,10 +754,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                       " in folders under DIR (with --mount-uids)")
     p.add_argument("--mount-uids", metavar="LO-HI", help="the uids such mounts may be served to")
 
-    from scopefs.cli import postbox, sharing
+    from scopefs.cli import lifecycle, postbox, sharing
 
     sharing.register(sub, command, _Parser)
     postbox.register(sub, command, _Parser)
+    lifecycle.register(sub, command, _Parser)
+
+    from scopefs.cli import history
+
+    history.register(sub, command, _Parser)
 
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")

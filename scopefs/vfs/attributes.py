@@ -16,7 +16,7 @@ import stat
 
 import pyfuse3
 
-from scopefs.vfs import queries
+from scopefs.vfs import historytree, queries
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState
 
@@ -36,6 +36,8 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
     layers = mount.layers
     if node.kind in (Kind.QUERIES, Kind.RESULTS):
         mtime = queries.attributes(node, attr, mtime)
+    elif node.kind in (Kind.HISTORY, Kind.REVISION):
+        mtime = historytree.attributes(node, attr, mtime)
     elif node.kind is Kind.DIR:
         writable = layers.takes_new(node.parts + ("x",))
         attr.st_mode = stat.S_IFDIR | (0o700 if writable else 0o500)

@@ -31,6 +31,7 @@ import trio
 
 from scopefs.catalog.audit import record_many
 from scopefs.catalog.clock import now_us
+from scopefs.catalog.exposures import record_batch
 from scopefs.catalog.index import index_again
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
@@ -165,10 +166,14 @@ class Follow:
             await self._commits.drain()
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
             log.warning("save audit not drained (%s)", type(exc).__name__)
-        batch = self._reads.take_exposures()
+        batch, exposed = self._reads.take_exposures()
         if batch:
             try:
                 await self._mount.catalog(record_many, self._mount.home.state(), batch)
+                access = self._mount.view.access
+                await self._mount.catalog(functools.partial(
+                    record_batch, self._mount.home.state(), session_id=access.session.session_id,
+                    agent_id=access.session.agent_id, run_id="mount", operation="read", exposed=exposed))
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
 

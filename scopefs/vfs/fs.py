@@ -14,6 +14,7 @@ its admitted sandboxes), and hands the request to the room that owns it:
     removals.py   unlink, and the tombstones it becomes after a grace period
     folders.py    mkdir, rmdir, readdir
     queries.py    the hidden, read-only ``.search`` folder
+    history.py    the hidden, read-only ``.history`` folder: earlier revisions of the view's notes
     follow.py     between requests: following the catalog and other sessions
 
 Requests are answered from memory (``vfs.layers``) wherever possible; the
@@ -91,6 +92,7 @@ from scopefs.vfs.folders import Folders
 from scopefs.vfs.follow import Follow
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import HandleTable
+from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.names import BadName, decode
@@ -115,7 +117,9 @@ class ScopeFS(pyfuse3.Operations):
         self.mount = mount = MountState(home, session_id, view, gate=gate, owner=owner)
         self.queries = Queries(mount.layers.inodes, functools.partial(mount.catalog, search, home, session_id),
                                lambda: mount.view, mount.sync)
-        self.reads = Reads(mount, self.queries)
+        self.history = History(mount)
+        self.reads = Reads(mount, self.queries, self.history)
+        self.queries.expose = self.reads.expose
         self.commits = Commits(mount, self.reads)
         self.flush_wanted = self.commits.writing  # a close of any other inode needs no answer from Python
         self.renames = Renames(mount, self.commits)
@@ -140,6 +144,7 @@ class ScopeFS(pyfuse3.Operations):
 
     async def background(self, nursery: trio.Nursery) -> None:
         await self.follow.start(nursery)
+        nursery.start_soon(self.history.expire)
 
     async def shutdown(self) -> None:
         await self.follow.shutdown()
@@ -191,6 +196,8 @@ class ScopeFS(pyfuse3.Operations):
             node = await self.queries.lookup(parent, name)
             if node.kind is Kind.RESULTS:  # new results: the kernel keeps no page of the last ones
                 await self.mount.drop_pages_now([node])
+        elif self.history.covers(parent, name):
+            node = await self.history.lookup(parent, name)
         else:
             try:
                 text = decode(name)
@@ -207,6 +214,7 @@ class ScopeFS(pyfuse3.Operations):
         for inode, count in inode_list:
             self.mount.layers.inodes.forget(inode, count)
             self.queries.forget(inode)
+            self.history.forget(inode)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         raise fail(errno.ENOSYS)  # the kernel lists by inode from now on, and keeps what it was given
@@ -215,7 +223,11 @@ class ScopeFS(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken, inode: int = 0,
                       ctx: pyfuse3.RequestContext | None = None) -> None:
         self.mount.admit(ctx)
-        self.folders.readdir(inode, start_id, token)
+        folder = self.mount.folder(inode)
+        if folder.kind is Kind.HISTORY:
+            await self.history.readdir(folder, start_id, token)
+        else:
+            self.folders.readdir(inode, start_id, token)
 
     async def releasedir(self, fh: int, inode: int = 0) -> None:
         pass  # never sent once opendir answered ENOSYS

@@ -31,11 +31,13 @@ class Kind(enum.Enum):
     SCRATCH = "scratch"
     QUERIES = "queries"  # a folder of the hidden query tree (``.search`` and below)
     RESULTS = "results"  # one query's results, computed when its name was looked up
+    HISTORY = "history"  # a folder of the hidden history tree (``.history`` and below: ``vfs.history``)
+    REVISION = "revision"  # one revision of a note, read-only, under its note's history folder
 
 
 @dataclass(eq=False)
 class Node:
-    """One inode: a note, a folder, a scratch file or a node of the query tree.
+    """One inode: a note, a folder, a scratch file, or a node of the query or history tree.
 
     The fields change only on the trio thread, and these hold between two
     awaits (``vfs.mount`` says how the code keeps them):
@@ -55,6 +57,10 @@ class Node:
       holds since the note was renamed away to it (vim's backup). A draft
       made for it later starts from that revision and clears it; a draft
       it already had (a writer still held the note open) is what it serves.
+      It is also set, always and for good, on a REVISION: the revision it
+      shows (``vfs.history``).
+    * HISTORY and REVISION nodes, like query nodes, are never ``attached``
+      and go when the kernel forgets them.
     * ``query`` is set exactly on QUERIES (a ``Folder``) and RESULTS (a
       ``Results``) nodes, which are never ``attached``: they have no name
       to lose, and go when the kernel forgets them.

@@ -60,7 +60,7 @@ class Layers:
     def _tree(view: VisibleView) -> Tree:
         if not view.usable:
             return Tree()
-        tree = Tree(tuple(m.root.split("/")) for m in view.access.view.mounts)
+        tree = Tree(tuple(root.split("/")) for root in view.access.view.roots())  # a delegated view: its caps
         for parts in view.notes:
             tree.add(parts)
         return tree

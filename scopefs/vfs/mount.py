@@ -41,6 +41,7 @@ from scopefs.vfs.abort import abort, connection_of
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
+from scopefs.vfs.historytree import is_history_path
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
@@ -78,6 +79,9 @@ class MountState:
         self._last_sync_ok = time.monotonic()
         self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
         self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
+        # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
+        # on this thread, before any request sees the new view.
+        self.view_followers: list[Callable[[VisibleView], None]] = []
 
     # -- the catalog thread and the view -------------------------------------
 
@@ -151,6 +155,8 @@ class MountState:
                 if isinstance(node.query, Results) and not (
                         self.view.usable and node.query.quoted <= self.view.by_resource.keys()):
                     self.forget_pages(node)
+            for follower in self.view_followers:
+                follower(old)
 
     def forget_pages(self, node: Node) -> None:
         """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker)."""
@@ -286,8 +292,8 @@ class MountState:
     def folder(self, ino: int) -> Node:
         """The folder ``ino`` (ENOENT if it lost its name, ENOTDIR if it is a file)."""
         found = self.node(ino)
-        if found.kind is Kind.QUERIES:
-            return found  # a folder of the query tree (see vfs.queries): it has no name to lose
+        if found.kind in (Kind.QUERIES, Kind.HISTORY):
+            return found  # a folder of the query or history tree (vfs.queries, vfs.history): no name to lose
         if found.kind is not Kind.DIR or not found.attached:
             raise fail(errno.ENOENT if not found.attached else errno.ENOTDIR)
         return found
@@ -312,8 +318,8 @@ class MountState:
     def existing(self, parent_ino: int, name: bytes) -> tuple[Parts, Node]:
         """The path and node of an existing child (ENOENT otherwise), for changes to it."""
         parts = self.folder(parent_ino).parts + (child_name(name),)
-        if is_query_path(parts):
-            self.check_writable(parts)  # the query tree is read-only: refused like a read-only root
+        if is_query_path(parts) or is_history_path(parts):
+            self.check_writable(parts)  # the query and history trees are read-only: refused like a read-only root
         found = self.layers.lookup(parts)
         if found is None:
             raise fail(errno.ENOENT)
@@ -370,12 +376,14 @@ def inconsistencies(mount: MountState) -> list[str]:
             found.append(f"{where}: an attached note the resource map does not name")
         if node.draft is not None and node.kind not in (Kind.NOTE, Kind.SCRATCH):
             found.append(f"{where}: a draft on a folder or query node")
-        if node.frozen is not None and node.kind is not Kind.SCRATCH:
-            found.append(f"{where}: a frozen revision on something other than a scratch file")
+        if node.frozen is not None and node.kind not in (Kind.SCRATCH, Kind.REVISION):
+            found.append(f"{where}: a frozen revision on something other than a scratch file or a revision")
+        if node.kind is Kind.REVISION and node.frozen is None:
+            found.append(f"{where}: a revision node without its revision")
         if (node.query is not None) != (node.kind in (Kind.QUERIES, Kind.RESULTS)):
             found.append(f"{where}: a query where there should be none, or none where there should be one")
-        if node.kind in (Kind.QUERIES, Kind.RESULTS) and node.attached:
-            found.append(f"{where}: an attached query node")
+        if node.kind in (Kind.QUERIES, Kind.RESULTS, Kind.HISTORY, Kind.REVISION) and node.attached:
+            found.append(f"{where}: an attached query or history node")
         if node.opens != opens.get(node.ino, 0):
             found.append(f"{where}: {node.opens} opens counted, {opens.get(node.ino, 0)} handles")
         if node.opens < 0 or node.lookups < 0:

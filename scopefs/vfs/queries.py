@@ -62,7 +62,7 @@ import pyfuse3
 from scopefs.catalog.errors import BadInput, Denied, ScopefsError
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.search import Outcome
-from scopefs.catalog.visible import VisibleView
+from scopefs.catalog.visible import VisibleNote, VisibleView
 from scopefs.vfs.errors import errno_for
 from scopefs.vfs.inodes import Inodes, Kind, Node
 from scopefs.vfs.querytree import SEARCH, Folder, Results
@@ -124,6 +124,9 @@ class Queries:
         self._sync = sync
         self._known: dict[Parts, Node] = {}
         self._paths: dict[int, Parts] = {}  # inode -> its path in _known
+        # Called with each note a results file quotes (``Reads.expose``: a snippet is content, so it is
+        # an exposure); set once the mount's reads exist.
+        self.expose: Callable[[VisibleNote], None] = lambda _note: None
 
     @staticmethod
     def covers(parent: Node, name: bytes) -> bool:
@@ -152,6 +155,9 @@ class Queries:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an errno, logged by type at most
             raise pyfuse3.FUSEError(_search_errno(exc)) from None
         outcome = await self._shown(outcome)
+        view = self._view()
+        for hit in outcome.hits:
+            self.expose(view.notes[view.by_resource[hit.resource_id]])
         data = render_json(outcome) if folder.as_json else render_text(outcome)
         quoted = frozenset(hit.resource_id for hit in outcome.hits)
         return self._node(parts, Kind.RESULTS, Results(data, quoted, time.time_ns()))

@@ -36,11 +36,13 @@ import trio
 
 from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.exposures import Exposed
 from scopefs.catalog.policy import Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs.content import Stamp, stamps_now
 from scopefs.vfs.handles import Handle
+from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.queries import Queries
@@ -69,10 +71,12 @@ class Reader:
 class Reads:
     """Serving verified bytes by inode, and the read audit of one mount."""
 
-    def __init__(self, mount: MountState, queries: Queries) -> None:
+    def __init__(self, mount: MountState, queries: Queries, history: History) -> None:
         self._mount = mount
         self._queries = queries
+        self._history = history
         self._exposures: list[AuditEvent] = []
+        self._exposed_rows: list[Exposed] = []
         self._exposed: set[str] = set()
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
@@ -84,12 +88,15 @@ class Reads:
         self._stores: set[int] = set()  # the store directories (descriptors) of the cached artifacts
 
     async def read_inode(self, node: Node, off: int, size: int) -> bytes:
-        """A ``READ`` that came without a handle: a note, a scratch file, a draft or a query's results."""
+        """A ``READ`` that came without a handle: a note, a scratch file, a draft, a query's results or an
+        earlier revision of a note (served like a note, once ``History.check`` let it)."""
         mount = self._mount
         if node.kind is Kind.RESULTS:
             return self._queries.read(self._queries.opened(node), off, size)
-        if node.kind in (Kind.DIR, Kind.QUERIES):
+        if node.kind in (Kind.DIR, Kind.QUERIES, Kind.HISTORY):
             raise fail(errno.EISDIR)
+        if node.kind is Kind.REVISION:  # an earlier revision (``vfs.history``): still one it may show?
+            await self._history.check(node)
         if node.draft is not None:
             mount.check_copy(node)
             return node.draft.read(off, size)
@@ -106,7 +113,7 @@ class Reads:
         """``node``'s reader for the revision the view shows now, verified first if it is new."""
         mount = self._mount
         while True:
-            note = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
+            note = node.frozen if node.kind in (Kind.SCRATCH, Kind.REVISION) else mount.layers.note_of(node)
             if not mount.view.usable or (note is None and node.left_view):
                 raise fail(errno.EACCES)  # revoked, or the note left the view under a held descriptor
             if note is None:
@@ -296,8 +303,11 @@ class Reads:
         if note.revision_id not in self._exposed:
             self._exposed.add(note.revision_id)
             self._exposures.append(self._mount.event(Op.READ, "allow", Reason.ALLOWED, note))
+            self._exposed_rows.append(Exposed(note.revision_id, note.resource_id))
 
-    def take_exposures(self) -> list[AuditEvent]:
-        """The exposures not yet recorded; the caller records them (``vfs.follow``)."""
+    def take_exposures(self) -> tuple[list[AuditEvent], list[Exposed]]:
+        """The exposures not yet recorded, as audit rows and as exposure rows; the caller records
+        them (``vfs.follow``)."""
         batch, self._exposures = self._exposures, []
-        return batch
+        rows, self._exposed_rows = self._exposed_rows, []
+        return batch, rows

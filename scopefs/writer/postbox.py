@@ -33,9 +33,11 @@ from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
+from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.groups import membership_expiry
 from scopefs.catalog.home import Home
+from scopefs.catalog.humanblock import keep_human_block
 from scopefs.catalog.identity import resolve_binding
 from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.policy import Decision, Op
@@ -57,6 +59,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import active_with_store
 from scopefs.catalog.subject import SubjectKind
 from scopefs.writer import lock
+from scopefs.writer.capture import previous_bytes
 from scopefs.writer.copies import add_lineage
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
@@ -70,6 +73,8 @@ def _group(home: Home, session_id: str, actor_id: str | None = None) -> Access:
     access = authorize_session(home, session_id, Op.DEPOSIT, actor_id=actor_id)
     if access.session.subject.kind is not SubjectKind.CONVERSATION:
         raise BadInput("a message handle belongs to a group session")
+    if access.delegated and not any(Op.DEPOSIT in m.placement for m in access.view.mounts):
+        raise access.refuse(Op.DEPOSIT, Reason.OUTSIDE_VIEW, hide=True)  # a child whose caps leave out postbox/
     return access
 
 
@@ -123,6 +128,11 @@ def deposit(home: Home, session_id: str, handle: str, data: bytes, *, actor_id: 
     if not data or len(data) > DEPOSIT_MAX_BYTES:
         access.refuse(Op.DEPOSIT, Reason.DEFAULT_DENY)
         raise refused()
+    try:
+        data = sanitise_capture_bytes(data)  # a deposit is a capture: chat scaffolding never reaches the owner
+    except BadInput:
+        access.refuse(Op.DEPOSIT, Reason.DEFAULT_DENY)
+        raise refused() from None
     item_id = ids.new_id("item")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     # Its provenance shows in the owner's listing: conversation (the folder), time, actor (a principal id), item.
@@ -193,6 +203,8 @@ def _owner(home: Home, session_id: str, op: Op) -> tuple[Access, str]:
     subject = access.session.subject
     if subject.kind is not SubjectKind.USER or subject.principal_id is None:
         raise BadInput("the postbox is reviewed from its owner's own DM session")
+    if access.delegated and (op is not Op.READ or not any(m.scope_kind == "quarantine" for m in access.view.mounts)):
+        raise access.refuse(op, Reason.DEFAULT_DENY)  # a delegated child reads its postbox/ cap, decides nothing
     return access, subject.principal_id
 
 
@@ -226,7 +238,8 @@ def approve(home: Home, session_id: str, item_id: str, to: str | None = None) ->
     held = active_with_store(catalog, access.agent_id, found.revision_id)
     if held is None:
         raise BadInput("unknown postbox item")
-    data = read_verified(home, access.agent_id, held[1], held[0])
+    data = keep_human_block(previous_bytes(home, session_id, "/".join(parts))[0],
+                            read_verified(home, access.agent_id, held[1], held[0]))
 
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         row = conn.execute("SELECT state FROM postbox_items WHERE item_id = ?", (item_id,)).fetchall()

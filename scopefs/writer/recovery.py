@@ -40,6 +40,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import apsw
+
 from scopefs.catalog import ids
 from scopefs.catalog.artifacts import (
     check_locator,
@@ -49,6 +51,7 @@ from scopefs.catalog.artifacts import (
     verify,
 )
 from scopefs.catalog.audit import drain, drain_quietly
+from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import one, scalar
 from scopefs.catalog.errors import IntegrityError, StorageError
 from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
@@ -61,6 +64,8 @@ from scopefs.writer.commit import roll_back
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
 # What a finding left unfixed means for people, and what brings it back (doctor prints it).
 HINTS = {
+    "expired-note": "a note past its valid-until (or superseded): denied to every reader; write it again to "
+                    "renew it, or forget or remove it",
     "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
                            "tampered and retired their rows); 'scopefs doctor --fix', or a read that verifies "
                            "each one, indexes them again",
@@ -78,6 +83,7 @@ class Finding:
     agent_id: str
     ref: str | None  # one of our ids (revision, store) or None
     action: str | None = None  # what --fix did; None when nothing was done
+    notice: bool = False  # a fact to know, not a fault: it needs no fix and fails nothing
 
     @property
     def integrity(self) -> bool:
@@ -246,9 +252,22 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                 os.close(scopes_fd)
             action = "recreated"
         return [Finding("empty-store-dir-missing", agent_id, store_id, action)]
+    forgotten = {str(r[0]) for r in catalog.execute(
+        "SELECT f.revision_id FROM forgotten_revisions f JOIN revisions v USING (revision_id)"
+        " JOIN resources r ON r.resource_id = v.resource_id WHERE f.agent_id = ? AND r.store_id = ?",
+        (agent_id, store_id))}
     try:
         for entry in _names(store_fd):
             known = revisions.get(entry.name)
+            if known is not None and known[0] in forgotten:  # a forget died before its files went
+                removed = None
+                if fix:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.name, dir_fd=store_fd)
+                    os.fsync(store_fd)
+                    removed = "removed"
+                findings.append(Finding("forgotten-artifact", agent_id, known[0], removed))
+                continue
             if known is None:
                 moved = None
                 if fix:
@@ -357,6 +376,8 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             failed = reindex(home, agent_id, only_stale=True).failed
             action = "reindexed" + (f" ({len(failed)} failed verification and stay unsearchable)" if failed else "")
         findings.append(Finding("unindexed-revisions", agent_id, None, action))
+    findings += [Finding("expired-note", agent_id, revision_id, notice=True)
+                 for revision_id in expired_revisions(catalog, agent_id, now_us())]
     ready = scalar(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))
     if ready:
         action = None
@@ -375,11 +396,20 @@ def _names_of(dirfd: int, name: str) -> list[str]:
         os.close(fd)
 
 
+def expired_revisions(catalog: apsw.Connection, agent_id: str, now: int) -> list[str]:
+    """Active revisions of live notes past their validity (``writer.facts``): denied already, reported here."""
+    return [str(r[0]) for r in catalog.execute(
+        "SELECT v.revision_id FROM revision_validity x JOIN revisions v USING (revision_id)"
+        " JOIN resources r ON r.resource_id = v.resource_id"
+        " WHERE x.agent_id = ? AND x.valid_until <= ? AND v.state = 'active' AND r.state = 'live'"
+        " ORDER BY x.valid_until", (agent_id, now))]
+
+
 def exit_code(findings: list[Finding]) -> int:
     """0 clean; 4 an integrity failure remains; 1 other findings left unfixed."""
     if any(f.integrity for f in findings):
         return IntegrityError.exit_code
-    if any(f.action is None for f in findings):
+    if any(f.action is None and not f.notice for f in findings):
         return StorageError.exit_code
     return 0
 

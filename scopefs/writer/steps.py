@@ -22,6 +22,9 @@ class Step(StrEnum):
     FINALIZED = "finalized"  # 3b: file and directory fsynced, final hash computed
     ACTIVATED = "activated"  # 4: revision active, resource repointed
     AUDITED = "audited"  # after: outbox drained to the shared audit
+    # A forget (``writer.forget``): one transaction, then the bytes leave the disk.
+    FORGETTING = "forgetting"  # inside the forget's transaction, before its commit
+    FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
 
 
 _hook: Callable[[Step], None] | None = None

@@ -12,20 +12,31 @@ import apsw
 
 from scopefs.catalog.access import Expected, authorize_session, existing_target
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
-from scopefs.catalog.db import immediate
+from scopefs.catalog.db import immediate, scalar
 from scopefs.catalog.home import Home
+from scopefs.catalog.lineage import hold_descendants
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Op
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock
 
 
-def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str) -> None:
-    """Inside the caller's transaction: the resource and its active revision."""
+def tombstone_rows(catalog: apsw.Connection, resource_id: str, revision_id: str, *, cause: str = "tombstone") -> None:
+    """Inside the caller's transaction: the resource, its active revision, and every revision derived from it.
+
+    Deletion is symmetric (the specification's "Deletion is symmetric"):
+    whatever was made from any revision of the note (a summary, a published
+    or projected copy, and what was made from those) is held in the same
+    transaction (``catalog.lineage``), so no reader ever sees a descendant
+    outlive its source.
+    """
     catalog.execute("UPDATE revisions SET state = 'tombstoned' WHERE revision_id = ? AND state = 'active'",
                     (revision_id,))
     catalog.execute("UPDATE resources SET state = 'tombstoned' WHERE resource_id = ? AND state = 'live'",
                     (resource_id,))
+    agent_id = scalar(catalog, "SELECT agent_id FROM resources WHERE resource_id = ?", (resource_id,))
+    if agent_id is not None:
+        hold_descendants(catalog, str(agent_id), resource_id, cause)
 
 
 def delete_note(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> str:

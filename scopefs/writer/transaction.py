@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -77,11 +76,18 @@ from scopefs.catalog.subject import SubjectKind
 from scopefs.catalog.view import READ_WRITE, View
 from scopefs.writer import lock
 from scopefs.writer.commit import PolicyChanged, activate, roll_back
+from scopefs.writer.facts import content_facts, read_head
 from scopefs.writer.recovery import recover_pending_if_idle
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.stores import ensure_store
 
 CHUNK = 1 << 20
+
+# A note whose current revision may no longer be read only because of its
+# lifecycle (held by its lineage, past its validity) may still be written
+# anew by whoever writes its store: that is how an owner re-derives it, or
+# renews it. Its old content is never shown to the writer.
+RENEWABLE = frozenset({Reason.LINEAGE_DENY, Reason.EXPIRED})
 
 _TRUST_ORIGIN = {
     SubjectKind.USER: "verified-user",
@@ -223,7 +229,7 @@ def _plan(access: Access, parts: Parts, expected_resource_id: Expected) -> tuple
     op = Op.REPLACE if target.revision is not None else Op.APPEND
     if op is Op.REPLACE:
         visible = decide(access, target, Op.READ)
-        if not visible:
+        if not visible and visible.reason not in RENEWABLE:
             raise refuse_unseen(access, op, visible.reason, store_id=store_id, revision_id=revision_id,
                                 expected=expected_resource_id)
     decision = decide(access, target, op)
@@ -252,7 +258,7 @@ def _recheck(access: Access, target: Target, op: Op) -> Decision:
     current = dataclasses.replace(target, entries=entries)
     if op is Op.REPLACE:
         visible = decide(fresh, current, Op.READ)
-        if not visible:
+        if not visible and visible.reason not in RENEWABLE:
             return visible
     return decide(fresh, current, op)
 
@@ -385,6 +391,11 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     catalog = home.catalog(agent_id)
     shown_op = provenance.operation if provenance else op
     locator = ids.random_token()
+    facts = content_facts(home, read_head(staged.fd, staged.size))  # bad front matter: nothing was written
+    if facts.check(catalog, agent_id).allowed and access.cell:  # a pool write: the session's own cell forgot too
+        own_catalog = home.catalog(access.session.agent_id)
+        if not facts.check(own_catalog, access.session.agent_id):
+            raise access.refuse(shown_op, Reason.FORGOTTEN, store_id=store.store_id)
     store_fd = open_store_dir(home, agent_id, store.path_key)
     try:
         revalidate(access, shown_op)
@@ -400,7 +411,14 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
 
         def recheck() -> Decision:
             decision = _recheck(access, planned, op)
-            return provenance.authority(catalog, True) if decision and provenance is not None else decision
+            if decision and provenance is not None:
+                decision = provenance.authority(catalog, True)
+            return facts.check(catalog, agent_id) if decision else decision
+
+        def record() -> None:
+            facts.record(catalog, agent_id, pending.revision_id)
+            if provenance is not None:
+                provenance.record(catalog, pending.resource_id, pending.revision_id)
 
         renamed = placed = False
         try:
@@ -419,9 +437,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
                      revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
                      intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
                      final_sha256=final_sha256, recheck=recheck,
-                     unsynced=None if durable else home.page_cache(),
-                     record=None if provenance is None else functools.partial(
-                         provenance.record, catalog, pending.resource_id, pending.revision_id))
+                     unsynced=None if durable else home.page_cache(), record=record)
         except BaseException as exc:
             refusal = exc.decision if isinstance(exc, PolicyChanged) else None
             _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
@@ -451,7 +467,7 @@ def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO,
 
 def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | BinaryIO, *,
                 actor_id: str | None = None, expected_resource_id: Expected = None,
-                durable: bool = True) -> WriteResult:
+                durable: bool = True, provenance: Provenance | None = None) -> WriteResult:
     """Write ``source`` as the next revision of the note at ``parts``.
 
     Validation, authorization and the policy decision happen before any
@@ -471,6 +487,10 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
     and visible at once, survives any process's death, may be rolled back
     after a power loss (module docstring), and its audit row waits in the
     outbox for the caller's next drain.
+
+    ``provenance``: a write the session makes by placement but that is more
+    than its own words (a derivation): its trust origin, an authority
+    re-decided in both commits, and rows written with the activation.
     """
     check_parts(parts)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id, parts=parts)
@@ -484,7 +504,8 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
                 target, op = _plan(access, parts, expected_resource_id)
                 assert target.mount is not None  # _plan refused a path outside every mount
                 store = target.store or ensure_store(access, target.mount)
-                return _commit(access, store, target, op, staging_fd, staged, expected_resource_id, durable=durable)
+                return _commit(access, store, target, op, staging_fd, staged, expected_resource_id, durable=durable,
+                               provenance=provenance)
     finally:
         os.close(staging_fd)
 
@@ -499,7 +520,13 @@ def write_copy(access: Access, scope_kind: str, audience_id: str, inner: Parts, 
     one store and nothing else, so the plan, the conflict checks and the
     recovery are the ones every note has. Always durable: it is a command's
     answer.
+
+    A delegated session writes only inside its caps, where its parent
+    writes (``catalog.delegation``): it makes no copy outside its view but
+    a deposit (its caps let ``postbox/`` in, ``writer.postbox`` checks).
     """
+    if access.delegated and provenance.operation is not Op.DEPOSIT:
+        raise access.refuse(provenance.operation, Reason.DEFAULT_DENY)
     check_parts(inner)
     mount = Mount("copy", scope_kind, audience_id, READ_WRITE, READ_WRITE)
     broker = dataclasses.replace(access, view=View(access.view.subject, (mount,)))

@@ -560,5 +560,138 @@ CREATE TABLE postbox_sources (
 ) STRICT;
 """
 
+# V7: the lifecycle of derived memory (issue 16).
+# ``lineage_holds``: a revision denied because an ancestor it was derived
+# from (through ``lineage_edges``) was tombstoned, forgotten or revoked.
+# Holds are written in the transaction that retires the ancestor, for every
+# descendant at once (no lineage walk at read time), and are never lifted:
+# ``lineage release`` writes a new, reviewed revision with fresh policy and
+# records it in ``lineage_releases``, so the held revision stays denied and
+# the lineage and audit trail stay whole. A held revision leaves the search
+# index in the same transaction (trigger), and the change log names its
+# resource so every mounted view drops it and its kernel cache at once.
+# ``derivations`` labels a derived revision with its kind.
+# ``forgets``, ``forgotten_revisions`` and ``rejected_claims``: an explicit
+# forget and what it removed; a rejected claim is a keyed hash (never the
+# text) of a normalised claim, refused on every later write of this cell.
+# ``revision_validity``: the time after which a revision is denied (its
+# ``valid-until``, or its activation for a ``superseded-by``), written with
+# the revision and never changed.
+V7 = """
+CREATE TABLE lineage_holds (
+    revision_id       TEXT NOT NULL REFERENCES revisions (revision_id),
+    cause_revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    agent_id          TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    cause             TEXT NOT NULL CHECK (cause IN ('tombstone', 'forget')),
+    held_at           INTEGER NOT NULL,
+    PRIMARY KEY (revision_id, cause_revision_id)
+) STRICT;
+CREATE TRIGGER lineage_holds_fixed BEFORE UPDATE ON lineage_holds
+BEGIN SELECT RAISE(ABORT, 'a lineage hold is never edited'); END;
+CREATE TRIGGER lineage_holds_no_delete BEFORE DELETE ON lineage_holds
+BEGIN SELECT RAISE(ABORT, 'a lineage hold is never lifted; release writes a new revision'); END;
+CREATE TRIGGER lineage_holds_apply AFTER INSERT ON lineage_holds
+BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id;
+      DELETE FROM search_indexed WHERE revision_id = NEW.revision_id;
+      INSERT INTO change_log (store_id, resource_id)
+      SELECT r.store_id, r.resource_id FROM revisions v JOIN resources r ON r.resource_id = v.resource_id
+      WHERE v.revision_id = NEW.revision_id; END;
+DROP TRIGGER search_indexed_of_active;
+CREATE TRIGGER search_indexed_of_active BEFORE INSERT ON search_indexed
+WHEN NOT EXISTS (SELECT 1 FROM revisions WHERE revision_id = NEW.revision_id AND state = 'active'
+                 AND agent_id = NEW.agent_id)
+  OR EXISTS (SELECT 1 FROM lineage_holds WHERE revision_id = NEW.revision_id)
+BEGIN SELECT RAISE(ABORT, 'only an active revision without a lineage hold is indexed'); END;
+
+CREATE TABLE lineage_releases (
+    revision_id      TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    held_revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
+    agent_id         TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    session_id       TEXT NOT NULL,
+    actor_id         TEXT,
+    released_at      INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER lineage_releases_fixed BEFORE UPDATE ON lineage_releases
+BEGIN SELECT RAISE(ABORT, 'a release is never edited'); END;
+CREATE TRIGGER lineage_releases_no_delete BEFORE DELETE ON lineage_releases
+BEGIN SELECT RAISE(ABORT, 'a release is never deleted'); END;
+
+CREATE TABLE derivations (
+    revision_id TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    kind        TEXT NOT NULL CHECK (kind IN ('summary', 'compaction', 'digest')),
+    state       TEXT NOT NULL CHECK (state IN ('written', 'quarantined')),
+    created_at  INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER derivations_fixed BEFORE UPDATE ON derivations
+BEGIN SELECT RAISE(ABORT, 'a derivation is never edited'); END;
+
+CREATE TABLE forgets (
+    forget_id  TEXT PRIMARY KEY,
+    agent_id   TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    session_id TEXT NOT NULL,
+    actor_id   TEXT,
+    notes      INTEGER NOT NULL CHECK (notes >= 0),
+    claims     INTEGER NOT NULL CHECK (claims >= 0),
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE TABLE forgotten_revisions (
+    revision_id  TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id     TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    forget_id    TEXT NOT NULL REFERENCES forgets (forget_id),
+    forgotten_at INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER forgotten_revisions_fixed BEFORE UPDATE ON forgotten_revisions
+BEGIN SELECT RAISE(ABORT, 'forgetting is never undone'); END;
+CREATE TRIGGER forgotten_revisions_no_delete BEFORE DELETE ON forgotten_revisions
+BEGIN SELECT RAISE(ABORT, 'forgetting is never undone'); END;
+CREATE TABLE rejected_claims (
+    agent_id   TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    claim_key  TEXT NOT NULL CHECK (length(claim_key) = 64),
+    forget_id  TEXT NOT NULL REFERENCES forgets (forget_id),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, claim_key)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE revision_validity (
+    revision_id   TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id      TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    valid_until   INTEGER NOT NULL,
+    superseded_by TEXT
+) STRICT;
+CREATE INDEX revision_validity_by_time ON revision_validity (valid_until);
+CREATE TRIGGER revision_validity_fixed BEFORE UPDATE ON revision_validity
+BEGIN SELECT RAISE(ABORT, 'a revision keeps its validity'); END;
+
+-- Delegation (issue 16): a child session opened under a parent session of
+-- the same cell with capability patterns (virtual folders, a JSON list of
+-- text). Written once with the child, never edited or deleted. The child
+-- carries its parent's subject unchanged (checked here), and a session that
+-- already has children never becomes a child, so no chain is a cycle.
+CREATE TABLE session_delegations (
+    session_id        TEXT PRIMARY KEY REFERENCES sessions (session_id),
+    agent_id          TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    parent_session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    caps              TEXT NOT NULL CHECK (json_valid(caps) AND json_type(caps) = 'array'
+                                           AND json_array_length(caps) BETWEEN 1 AND 32),
+    created_at        INTEGER NOT NULL,
+    CHECK (parent_session_id != session_id)
+) STRICT;
+CREATE INDEX session_delegations_by_parent ON session_delegations (parent_session_id);
+CREATE TRIGGER session_delegations_checked BEFORE INSERT ON session_delegations
+WHEN EXISTS (SELECT 1 FROM session_delegations WHERE session_id = NEW.session_id
+             OR parent_session_id = NEW.session_id)
+  OR NOT EXISTS (SELECT 1 FROM sessions c JOIN sessions p ON p.session_id = NEW.parent_session_id
+                 WHERE c.session_id = NEW.session_id AND c.agent_id = NEW.agent_id AND p.agent_id = NEW.agent_id
+                   AND c.subject_kind = p.subject_kind AND c.subject_principal_id IS p.subject_principal_id
+                   AND c.subject_reason IS p.subject_reason AND c.binding_id IS p.binding_id
+                   AND c.closed_at IS NULL)
+BEGIN SELECT RAISE(ABORT, 'a delegation is written once, for a new child carrying its parent''s subject'); END;
+CREATE TRIGGER session_delegations_fixed BEFORE UPDATE ON session_delegations
+BEGIN SELECT RAISE(ABORT, 'a delegation is never edited'); END;
+CREATE TRIGGER session_delegations_no_delete BEFORE DELETE ON session_delegations
+BEGIN SELECT RAISE(ABORT, 'a delegation is never deleted'); END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4, V5, V6))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5, V6, V7))  # 'SCAG'

@@ -1,0 +1,85 @@
+"""Claims: the value a forget rejects, so a forgotten fact cannot come back by another door.
+
+OpenClaw's own tombstones are keyed on the session a fact came from:
+forget the conversation and the same sentence, said again elsewhere, is
+learned again. A forget here also rejects the *value*: every claim of the
+forgotten note, normalised and keyed, is refused on every later write of
+the cell (any session, a derivation, a deposit, an import).
+
+A claim is a paragraph (text between blank lines) and, inside a paragraph
+of several lines, each line on its own (a list item is a claim of its
+own). Normalising: Unicode NFKC, case folded, Markdown markup and
+punctuation dropped, whitespace collapsed; so re-wrapping, re-bulleting or
+re-casing a sentence does not make it new. Claims shorter than
+``MIN_WORDS`` words or ``MIN_CHARS`` characters (a heading, "ok", a
+date) are not keyed: forgetting them would refuse ordinary writing.
+Front matter and the human-notes markers are not claims.
+
+Only a keyed hash (HMAC-SHA256 under the home's key, ``identity.lookup_key``)
+is stored: the rejection list holds no text, and without the key it cannot
+be tested against guesses offline. Only the first ``MAX_SCAN_BYTES`` of a
+note are read for claims: notes are far smaller, and the bound keeps a
+giant write from costing a giant scan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+
+import apsw
+
+from scopefs.catalog.identity import lookup_key
+
+MAX_SCAN_BYTES = 16 << 20
+MAX_CLAIM_CHARS = 64 << 10  # a longer paragraph is keyed by its first 64 KiB of normalised text
+MIN_WORDS = 3
+MIN_CHARS = 12
+_MARKUP = re.compile(r"[^\w\s]", re.UNICODE)  # one character at a time: linear
+_SPACE = re.compile(r"\s+", re.UNICODE)
+_MARKERS = (b"<!-- scopefs:human:start -->", b"<!-- scopefs:human:end -->")
+
+
+def normalise(text: str) -> str:
+    """The form two spellings of one claim share (module docstring)."""
+    folded = unicodedata.normalize("NFKC", text[: MAX_CLAIM_CHARS * 2]).casefold()
+    return _SPACE.sub(" ", _MARKUP.sub(" ", folded)).strip()[:MAX_CLAIM_CHARS]
+
+
+def _body(data: bytes) -> bytes:
+    """``data`` without its front matter (``catalog.validity``'s block) and human-block markers."""
+    if data.startswith(b"---\n"):
+        end = data.find(b"\n---\n", 4, 4096 + 8)
+        if end != -1:
+            data = data[end + 5:]
+    for marker in _MARKERS:
+        data = data.replace(marker, b"\n\n")
+    return data
+
+
+def units(data: bytes) -> list[str]:
+    """Every normalised claim of ``data`` long enough to key, each once."""
+    text = _body(data[:MAX_SCAN_BYTES]).decode("utf-8", errors="replace")
+    found: dict[str, None] = {}
+    for paragraph in re.split(r"\n[ \t\r\f\v]*\n", text):
+        lines = [line for line in paragraph.split("\n") if line.strip()]
+        for piece in ([paragraph] if len(lines) > 1 else []) + lines:
+            claim = normalise(piece)
+            if len(claim) >= MIN_CHARS and claim.count(" ") + 1 >= MIN_WORDS:
+                found[claim] = None
+    return list(found)
+
+
+def keys(home_key: bytes, data: bytes) -> list[str]:
+    """The keyed hashes of ``data``'s claims (what a forget stores, and what every write is checked against)."""
+    return [lookup_key(home_key, "forgotten-claim", claim).hex() for claim in units(data)]
+
+
+def any_rejected(conn: apsw.Connection, agent_id: str, claim_keys: list[str]) -> bool:
+    """Whether any of ``claim_keys`` was forgotten in this cell (one indexed query)."""
+    if not claim_keys:
+        return False
+    return bool(conn.execute(
+        "SELECT 1 FROM rejected_claims WHERE agent_id = ? AND claim_key IN (SELECT value FROM json_each(?)) LIMIT 1",
+        (agent_id, json.dumps(claim_keys))).fetchall())

@@ -1,0 +1,373 @@
+"""The hidden history folder: earlier revisions of the view's notes, read-only.
+
+Every note the view shows has a folder of its revisions under ``.history``
+at the root of the mount, at the note's own path:
+
+    .history/private/notes/allergy.md/r1.md    revision 1 of private/notes/allergy.md
+    .history/private/notes/allergy.md/r2.md    revision 2 (the note's current one, say)
+
+A revision file is named ``r<N>`` with the note's extension
+(``vfs.historytree.revision_name``), so tools that go by it treat it like
+the note. ``scopefs history SESSION PATH`` lists the same revisions, with
+their time, actor and origin.
+
+Why it is built this way:
+
+* One tree under the root, not ``name@rN`` lookups beside each note: any
+  name can be a note's (``x.md@r2`` included), so such lookups would shadow
+  notes or be shadowed by them, and a shell or ``ls`` could not discover
+  them. ``.history`` cannot hide a note: the root holds only the view's
+  roots, none named ``.history``, and nothing can be made at the root.
+  Inside a root, ``.history`` is an ordinary name (a hidden one, so a
+  scratch file unless a note has it: ``vfs.scratch``), and editors' scratch
+  files are untouched: the history tree shows committed revisions only.
+* ``.history`` is never listed (as ``.search``): ``ls -R``, ``find`` and
+  ``grep -r`` over the mount never descend into it and cost what they did.
+  Inside it, folders list what they hold, so it can be browsed.
+* It shows exactly what ``catalog.history`` allows: only notes the view
+  shows now (decided like a read of their current revision, by the view's
+  own picture), so a note the view cannot read has no history folder and
+  its name gives ``ENOENT`` like any missing name; and of those, only the
+  revisions ``catalog.history.shown_revisions`` lets through (committed,
+  not forgotten, not held by their lineage, not past their validity, not a
+  revoked projection's copy). The folders mirror the view's folders from
+  the catalog, not this mount's overlay: a note made here has a history
+  once its first revision is committed.
+* A revision's bytes are served like a note's (``vfs.reads``): verified
+  against the catalog's SHA-256 before the first byte, re-checked on every
+  ``READ``, swept for tampering while the kernel holds them, ``EIO`` and an
+  audit row on a mismatch, and audited as a read of that revision once per
+  mount. Every ``READ`` that reaches the server checks again that the view
+  shows the note and that the revision may still be shown (``check``).
+* Names and attributes are never cached by the kernel (timeouts of 0,
+  ``vfs.historytree``): the facts that decide them change without the note
+  changing, so each lookup asks the catalog again (one indexed query for a
+  note's revisions). The bytes of a revision never change, so the kernel
+  keeps its pages, and they are dropped when they may no longer be shown:
+  when the view's picture of the note changes (a new revision, a
+  tombstone, a hold, a policy change: the change log, through
+  ``MountState.view_followers``), when a lookup finds the note's revisions
+  changed, and when a listed revision's validity runs out (``expire``).
+  Listings are dropped then too.
+* Everything here is read-only, refused like a read-only root (``EROFS``;
+  in a sandbox the kernel refuses first, from the modes, with ``EACCES``):
+  nothing under ``.history`` lies in any root of the view, so
+  ``MountState.check_writable`` refuses it.
+* A view without evidence has no ``.history`` at all (``ENOENT``); a
+  revision file held open stops serving (``EACCES``) once the view goes or
+  its revision may no longer be shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pyfuse3
+import trio
+
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.history import Revision, revisions_shown
+from scopefs.catalog.paths import Parts
+from scopefs.catalog.visible import VisibleNote, VisibleView
+from scopefs.vfs.attributes import attributes
+from scopefs.vfs.historytree import HISTORY, revision_name, view_parts
+from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.names import BadName, decode
+from scopefs.vfs.pages import drop_pages
+
+log = logging.getLogger("scopefs.vfs")
+
+KEEP_LISTINGS = 64  # listings being read in pieces, the oldest forgotten first
+IDLE_EXPIRY_S = 60.0  # how long ``expire`` sleeps when no listed revision runs out: a net
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A note's revisions that may be shown, as the catalog last said."""
+
+    current: str  # the note's revision the view showed when they were read
+    revisions: tuple[Revision, ...]
+    by_name: Mapping[str, Revision]
+    by_id: Mapping[str, Revision]
+
+    @classmethod
+    def of(cls, note: VisibleNote, revisions: list[Revision]) -> Listed:
+        return cls(note.revision_id, tuple(revisions),
+                   {revision_name(r.revision_no, note.parts[-1]): r for r in revisions},
+                   {r.revision_id: r for r in revisions})
+
+    def expires(self, now: int) -> int | None:
+        """When the first of them runs out, if one does."""
+        return min((r.valid_until for r in self.revisions if r.valid_until is not None and r.valid_until > now),
+                   default=None)
+
+
+class History:
+    """The history tree of one mount: a node per path the kernel knows, no more."""
+
+    def __init__(self, mount: MountState) -> None:
+        self._mount = mount
+        self._known: dict[Parts, Node] = {}  # history path -> the node the kernel knows it by
+        self._paths: dict[int, Parts] = {}  # inode -> its path in _known
+        self._lists: dict[str, Listed] = {}  # resource id -> its revisions, as last read
+        self._revision_nodes: dict[str, dict[int, Node]] = {}  # resource id -> its REVISION nodes
+        self._resource_of: dict[int, str] = {}  # a REVISION node's inode -> its resource id
+        self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
+        self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
+        self._woken = trio.Event()  # an earlier expiry was added
+        mount.view_followers.append(self.view_moved)
+
+    # -- names ---------------------------------------------------------------
+
+    @staticmethod
+    def covers(parent: Node, name: bytes) -> bool:
+        """Whether looking up ``name`` in ``parent`` is answered here."""
+        return parent.kind is Kind.HISTORY or (parent.kind is Kind.DIR and not parent.parts
+                                               and name == HISTORY.encode())
+
+    async def lookup(self, parent: Node, name: bytes) -> Node:
+        """The folder or revision ``name`` is in ``parent`` now (ENOENT if it is none)."""
+        if not self._mount.view.usable:
+            raise fail(errno.ENOENT)  # no evidence, no view: no history either
+        if parent.kind is not Kind.HISTORY:
+            return self._folder((HISTORY,))
+        try:
+            text = decode(name)
+        except BadName:
+            raise fail(errno.ENOENT) from None  # a name that cannot exist is simply not there
+        note = self._note_at(parent.parts)
+        listed = None
+        if note is not None:  # a note's folder: the name is one of its revisions, read afresh
+            listed = await self._read(note)
+        else:
+            inner = view_parts(parent.parts + (text,))
+            shown = self._mount.view.notes.get(inner) if self._is_folder(parent.parts) else None
+            if shown is not None:  # a note's folder: its listing as it is now, for the kernel's listing
+                await self._read(shown)
+        child = self._child(parent, text, listed)
+        if child is None:
+            raise fail(errno.ENOENT)
+        return child
+
+    def _note_at(self, parts: Parts) -> VisibleNote | None:
+        """The note whose history folder ``parts`` is, if the view shows one there."""
+        view = self._mount.view
+        inner = view_parts(parts)
+        return view.notes.get(inner) if inner and view.usable else None
+
+    def _is_folder(self, parts: Parts) -> bool:
+        """Whether ``parts`` stands for a folder of the view (``.history`` itself for its root)."""
+        return self._mount.view.usable and self._mount.layers.tree.is_dir(view_parts(parts))
+
+    def _child(self, parent: Node, name: str, listed: Listed | None = None) -> Node | None:
+        """The node of ``name`` in ``parent`` as the view and the last read revisions say, or None."""
+        if not self._mount.view.usable:
+            return None
+        parts = parent.parts + (name,)
+        note = self._note_at(parent.parts)
+        if note is not None:
+            listed = listed or self._lists.get(note.resource_id)
+            revision = listed.by_name.get(name) if listed is not None else None
+            if revision is None or _expired(revision, now_us()):
+                return None
+            return self._revision(parts, note, revision)
+        if not self._is_folder(parent.parts):
+            return None  # the folder left the view
+        inner = view_parts(parts)
+        if inner in self._mount.view.notes or self._mount.layers.tree.is_dir(inner):
+            return self._folder(parts)
+        return None
+
+    def _folder(self, parts: Parts) -> Node:
+        node = self._known.get(parts)
+        if node is None or node.kind is not Kind.HISTORY or self._mount.layers.inodes.get(node.ino) is not node:
+            node = self._new(parts, Kind.HISTORY)
+        return node
+
+    def _revision(self, parts: Parts, note: VisibleNote, revision: Revision) -> Node:
+        """The node of one revision of ``note``: the one the kernel knows for this path and revision, if any."""
+        node = self._known.get(parts)
+        if (node is None or node.kind is not Kind.REVISION or node.frozen is None
+                or node.frozen.revision_id != revision.revision_id
+                or self._mount.layers.inodes.get(node.ino) is not node):
+            node = self._new(parts, Kind.REVISION)
+            node.frozen = dataclasses.replace(note, revision_id=revision.revision_id, sha256=revision.sha256,
+                                              size=revision.size, locator=revision.locator,
+                                              mtime_us=revision.time_us)
+            self._revision_nodes.setdefault(note.resource_id, {})[node.ino] = node
+            self._resource_of[node.ino] = note.resource_id
+        return node
+
+    def _new(self, parts: Parts, kind: Kind) -> Node:
+        """A node for ``parts``, never attached: ``Inodes.forget`` drops it once the kernel has forgotten it."""
+        node = self._mount.layers.inodes.new(kind, parts, attached=False)
+        self._known[parts] = node
+        self._paths[node.ino] = parts
+        return node
+
+    def forget(self, ino: int) -> None:
+        """After the kernel forgot ``ino``: let go of the node if the inode table did."""
+        parts = self._paths.get(ino)
+        if parts is None or self._mount.layers.inodes.get(ino) is not None:
+            return
+        del self._paths[ino]
+        self._listings.pop(ino, None)
+        node = self._known.get(parts)
+        if node is not None and node.ino == ino:
+            del self._known[parts]
+        resource_id = self._resource_of.pop(ino, None)
+        if resource_id is not None:
+            nodes = self._revision_nodes.get(resource_id, {})
+            gone = nodes.pop(ino, None)
+            if gone is not None:
+                gone.forget_pages()  # the kernel has none left; ``vfs.reads`` stops sweeping its artifact
+            if not nodes:
+                self._revision_nodes.pop(resource_id, None)
+
+    # -- listings --------------------------------------------------------------
+
+    async def readdir(self, node: Node, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        """List a folder of the tree; a listing is taken whole when it starts (``vfs.folders``)."""
+        names = self._listings.get(node.ino)
+        if start_id == 0 or names is None:
+            names = self._listings[node.ino] = await self._names(node)
+            while len(self._listings) > KEEP_LISTINGS:
+                self._listings.popitem(last=False)
+        self._listings.move_to_end(node.ino)
+        for index in range(start_id, len(names)):
+            child = self._child(node, names[index])
+            if child is None:
+                continue
+            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(self._mount, child), index + 1):
+                return
+            child.lookups += 1
+
+    async def _names(self, node: Node) -> list[str]:
+        if not self._mount.view.usable:
+            return []
+        note = self._note_at(node.parts)
+        if note is not None:
+            listed = await self._read(note)
+            return list(listed.by_name)  # oldest first
+        if not self._is_folder(node.parts):
+            return []
+        return sorted(self._mount.layers.tree.names(view_parts(node.parts)))
+
+    # -- reads -------------------------------------------------------------------
+
+    async def check(self, node: Node) -> None:
+        """EACCES unless the revision ``node`` shows may still be shown (before every ``READ`` of it)."""
+        revision = node.frozen
+        assert node.kind is Kind.REVISION and revision is not None
+        note = self._mount.layers.note_for(revision.resource_id)
+        if not self._mount.view.usable or note is None:
+            raise fail(errno.EACCES)  # revoked, or the note left the view, since it was looked up
+        listed = self._lists.get(note.resource_id)
+        if listed is None or listed.current != note.revision_id:
+            listed = await self._read(note)
+        shown = listed.by_id.get(revision.revision_id)
+        if shown is None or _expired(shown, now_us()):
+            raise fail(errno.EACCES)
+
+    async def _read(self, note: VisibleNote) -> Listed:
+        """``note``'s revisions that may be shown, read from the catalog now; what changed is dropped."""
+        mount = self._mount
+        found = await mount.catalog(revisions_shown, mount.home, note.cell, note.resource_id)
+        listed = Listed.of(note, found)
+        old = self._lists.get(note.resource_id)
+        self._lists[note.resource_id] = listed
+        if old is not None and old.revisions != listed.revisions:
+            self._drop(note.resource_id, note.parts)  # forgotten, held or run out since: a lookup found it first
+            self._lists[note.resource_id] = listed
+        until = listed.expires(now_us())
+        if until is None:
+            self._expiry.pop(note.resource_id, None)
+        else:
+            if until < min(self._expiry.values(), default=until + 1):
+                self._woken.set()
+            self._expiry[note.resource_id] = until
+        return listed
+
+    # -- following the view --------------------------------------------------------
+
+    def view_moved(self, old: VisibleView) -> None:
+        """The view moved on from ``old`` (``MountState._apply``): drop what may have changed with it.
+
+        Only notes whose entry may differ between the two pictures are
+        looked at (every one when the picture was built again): their
+        revisions are read again at the next lookup or ``READ``, the
+        kernel's pages of those revisions go, and so do the listings of
+        their history folders and of every folder above.
+        """
+        new = self._mount.view
+        if new.base_seq == old.seq and new.usable == old.usable and new.access.view == old.access.view:
+            paths: frozenset[Parts] | None = new.delta
+            resources = {n.resource_id for p in new.delta for n in (old.notes.get(p), new.notes.get(p))
+                         if n is not None}
+        else:
+            paths, resources = None, {*self._lists, *self._revision_nodes}
+        for resource_id in resources:
+            self._drop(resource_id, None)
+        if paths is None:
+            folders = [node for node in self._known.values() if node.kind is Kind.HISTORY]
+        else:
+            wanted: set[Parts] = set()
+            for parts in paths:
+                for depth in range(len(parts), -1, -1):
+                    above = (HISTORY, *parts[:depth])
+                    if above in wanted:
+                        break
+                    wanted.add(above)
+            folders = [node for parts in wanted if (node := self._known.get(parts)) is not None
+                       and node.kind is Kind.HISTORY]
+        self._drop_listings(folders)
+
+    def _drop(self, resource_id: str, parts: Parts | None) -> None:
+        """Forget what was read of a note's revisions and drop the kernel's pages of them (and, given the
+        note's ``parts``, the listing of its history folder)."""
+        self._lists.pop(resource_id, None)
+        self._expiry.pop(resource_id, None)
+        for node in self._revision_nodes.get(resource_id, {}).values():
+            self._mount.forget_pages(node)
+        if parts is not None:
+            folder = self._known.get((HISTORY, *parts))
+            if folder is not None and folder.kind is Kind.HISTORY:
+                self._drop_listings([folder])
+
+    def _drop_listings(self, folders: list[Node]) -> None:
+        """The kernel lists these again: their times move and their cached listings go (``MountState._apply``
+        says why that may happen on this thread)."""
+        for folder in folders:
+            folder.listing_version += 1
+            self._listings.pop(folder.ino, None)
+            drop_pages(folder.ino)
+
+    async def expire(self) -> None:
+        """Forever: when a listed revision's validity runs out, its pages and its name go at once.
+
+        The view wakes for the validity of the revisions it shows
+        (``catalog.visible``); earlier revisions are this tree's own, so it
+        keeps their times and wakes for them itself.
+        """
+        while True:
+            soonest = min(self._expiry.values(), default=None)
+            wait = IDLE_EXPIRY_S if soonest is None else max(0.0, (soonest - now_us()) / 1e6) + 0.001
+            with trio.move_on_after(wait):
+                await self._woken.wait()
+            self._woken = trio.Event()
+            try:
+                now = now_us()
+                for resource_id in [r for r, at in self._expiry.items() if at <= now]:
+                    self._drop(resource_id, self._mount.view.by_resource.get(resource_id))
+            except Exception as exc:  # noqa: BLE001 - a background failure must not end the mount
+                log.warning("history expiry failed (%s)", type(exc).__name__)
+
+
+def _expired(revision: Revision, now: int) -> bool:
+    return revision.valid_until is not None and now >= revision.valid_until

@@ -1,0 +1,248 @@
+"""Forgetting: the explicit, stronger act than ``rm``.
+
+``rm`` in a mount tombstones a note (its revisions stay, for audit and
+repair). ``forget`` removes the note with every revision of it, and every
+note derived from it that the caller may delete, and rejects the claims it
+held (``catalog.claims``) so the same fact cannot be written again through
+any session, derivation, deposit or import of the cell.
+
+One report shape serves the preview (``dry_run``) and the act, as in
+OpenClaw's ``forgetMemoryEntries``: what will be (was) forgotten, and
+``refusals`` for what it will not touch instead of a partial delete: a
+path the caller may not delete, a descendant outside the caller's writable
+roots, a descendant that also derives from notes not being forgotten
+(mixed lineage). Those are still held by their lineage (denied to every
+reader) once their source is gone; forgetting them is their owner's act.
+
+Everything is decided and applied in one transaction under the writer
+lock, after the contents were read (no file I/O inside a transaction); if
+anything moved in between, nothing changes and the caller is asked to try
+again. The artifacts are unlinked after the commit; a crash before that
+leaves files no revision serves, which ``doctor`` reports and
+``doctor --fix`` removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+
+from scopefs.catalog import claims, ids
+from scopefs.catalog.access import Access, Target, authorize_session, decide, resolve
+from scopefs.catalog.artifacts import open_store_dir, read_verified
+from scopefs.catalog.audit import drain_quietly, enqueue, settle
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate
+from scopefs.catalog.errors import BadInput, Conflict, IntegrityError
+from scopefs.catalog.home import Home
+from scopefs.catalog.lineage import descendants, parents, resource_revisions
+from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
+from scopefs.catalog.policy import Op
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.stores import RevisionRow, StoreRow, revision_by_id
+from scopefs.writer import lock
+from scopefs.writer.steps import Step, checkpoint
+from scopefs.writer.tombstone import tombstone_rows
+
+MAX_PATHS = 256
+log = logging.getLogger("scopefs.forget")
+
+
+@dataclass(frozen=True)
+class _Note:
+    """One resource to forget, as the caller's view names it."""
+
+    path: str
+    resource_id: str
+    store: StoreRow
+    relation: str  # 'named' or 'descendant'
+    revisions: tuple[str, ...]  # every committed revision of it
+
+
+@dataclass
+class Plan:
+    notes: list[_Note] = field(default_factory=list)
+    refusals: list[dict[str, str]] = field(default_factory=list)
+
+    def key(self) -> tuple[Any, ...]:
+        return (tuple((n.resource_id, n.revisions) for n in self.notes),
+                tuple(sorted(tuple(sorted(r.items())) for r in self.refusals)))
+
+
+@dataclass(frozen=True)
+class Report:
+    dry_run: bool
+    forget_id: str | None
+    plan: Plan
+    claims: int
+    unreadable: int  # revisions whose artifact did not verify: forgotten, their claims not keyed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "forget_id": self.forget_id,
+                "forgotten": [{"path": n.path, "resource_id": n.resource_id, "relation": n.relation,
+                               "revisions": len(n.revisions)} for n in self.plan.notes],
+                "refusals": self.plan.refusals, "claims": self.claims, "unreadable_revisions": self.unreadable}
+
+
+def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = False,
+           actor_id: str | None = None) -> Report:
+    """Preview (``dry_run``) or forget the notes at ``paths`` and what was derived from them."""
+    if not paths or len(paths) > MAX_PATHS:
+        raise BadInput(f"name 1 to {MAX_PATHS} notes to forget")
+    named = [check_parts(split_virtual_path(p)) for p in paths]
+    access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
+    catalog = home.catalog(access.agent_id)
+    plan = _plan(access, catalog, named)
+    keys, unreadable = _claim_keys(home, access, catalog, plan)
+    if dry_run or not plan.notes:
+        return Report(dry_run, None, plan, len(keys), unreadable)
+    forget_id = ids.random_token()
+    with lock.shared(home.lock_path(access.agent_id)), _secure_delete(catalog):
+        with immediate(catalog):
+            if _plan(access, catalog, named).key() != plan.key():
+                raise Conflict("the notes changed while the forget was prepared; nothing was forgotten, try again")
+            _apply(access, catalog, forget_id, plan, keys)
+            checkpoint(Step.FORGETTING)
+    checkpoint(Step.FORGOTTEN)
+    drain_quietly(home.state(), catalog, access.agent_id)
+    _unlink_artifacts(home, access.agent_id, catalog, plan)
+    _scrub(catalog)
+    return Report(False, forget_id, plan, len(keys), unreadable)
+
+
+def _deletable(access: Access, target: Target) -> bool:
+    return target.resource is not None and target.revision is not None and bool(decide(access, target, Op.DELETE))
+
+
+def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
+    plan = Plan()
+    chosen: dict[str, _Note] = {}
+    for parts in named:
+        target = resolve(access, parts)
+        path = "/".join(parts)
+        # A held or expired note is still its owner's to forget: DELETE needs no readable content.
+        if target.mount is None or target.mount.cell or not _deletable(access, target):
+            plan.refusals.append({"path": path, "reason": Reason.OUTSIDE_VIEW.value})  # as for a missing note
+            continue
+        assert target.resource is not None and target.store is not None
+        rid = target.resource.resource_id
+        chosen.setdefault(rid, _Note(path, rid, target.store, "named",
+                                     tuple(resource_revisions(catalog, access.agent_id, rid))))
+    roots = [rev for note in chosen.values() for rev in note.revisions]
+    below = descendants(catalog, access.agent_id, roots)
+    family = set(roots) | set(below)  # a parent in here is itself being forgotten (or refused, and held)
+    for child in below:
+        _plan_descendant(access, catalog, child, chosen, family, plan)
+    plan.notes = list(chosen.values())
+    return plan
+
+
+def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chosen: dict[str, _Note],
+                     family: set[str], plan: Plan) -> None:
+    row = catalog.execute("SELECT r.resource_id, r.path, r.store_id, s.scope_kind, s.audience_id FROM revisions v"
+                          " JOIN resources r ON r.resource_id = v.resource_id JOIN stores s ON s.store_id = r.store_id"
+                          " WHERE v.revision_id = ? AND v.agent_id = ?", (child, access.agent_id)).fetchall()
+    if not row:
+        return
+    resource_id, inner, scope_kind, audience_id = (str(v) for v in (row[0][0], row[0][1], row[0][3], row[0][4]))
+    if resource_id in chosen:
+        return
+    mount = next((m for m in access.view.mounts if not m.cell and m.scope_kind == scope_kind
+                  and m.audience_id == audience_id), None)
+    target = resolve(access, (*mount.root.split("/"), *inner.split("/"))) if mount is not None else None
+    if target is None or target.resource is None or target.resource.resource_id != resource_id \
+            or not _deletable(access, target):
+        plan.refusals.append({"revision_id": child, "reason": "outside-writable-roots"})
+        return
+    if not {parent for parent, _relation in parents(catalog, access.agent_id, child)} <= family:
+        plan.refusals.append({"path": f"{mount.root}/{inner}" if mount else child, "reason": "mixed-lineage"})
+        return
+    assert target.store is not None and mount is not None
+    chosen[resource_id] = _Note(f"{mount.root}/{inner}", resource_id, target.store, "descendant",
+                                tuple(resource_revisions(catalog, access.agent_id, resource_id)))
+
+
+def _revision_rows(catalog: apsw.Connection, revision_ids: tuple[str, ...]) -> list[RevisionRow]:
+    return [row for row in (revision_by_id(catalog, r) for r in revision_ids) if row is not None]
+
+
+def _claim_keys(home: Home, access: Access, catalog: apsw.Connection, plan: Plan) -> tuple[list[str], int]:
+    """The claims of every revision to forget, read and verified before the transaction."""
+    keys: dict[str, None] = {}
+    unreadable = 0
+    secret = home.hmac_key()
+    for note in plan.notes:
+        for revision in _revision_rows(catalog, note.revisions):
+            try:
+                data = read_verified(home, access.agent_id, note.store, revision, keep=claims.MAX_SCAN_BYTES)
+            except IntegrityError:
+                unreadable += 1
+                continue
+            keys.update(dict.fromkeys(claims.keys(secret, data)))
+    return list(keys), unreadable
+
+
+def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan, keys: list[str]) -> None:
+    now = now_us()
+    agent = access.agent_id
+    event_id = enqueue(catalog, agent, access.event("forget", "allow", Reason.ALLOWED))
+    catalog.execute("INSERT INTO forgets (forget_id, agent_id, session_id, actor_id, notes, claims, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)", (forget_id, agent, access.session.session_id, access.actor_id,
+                                                      len(plan.notes), len(keys), now))
+    for note in plan.notes:
+        active = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
+                                 (note.resource_id,)).fetchall()
+        tombstone_rows(catalog, note.resource_id, str(active[0][0]) if active else "", cause="forget")
+        catalog.execute("UPDATE revisions SET state = 'tombstoned' WHERE resource_id = ? AND state = 'superseded'",
+                        (note.resource_id,))
+        catalog.executemany("INSERT OR IGNORE INTO forgotten_revisions (revision_id, agent_id, forget_id, forgotten_at)"
+                            " VALUES (?, ?, ?, ?)", [(r, agent, forget_id, now) for r in note.revisions])
+    catalog.executemany("INSERT OR IGNORE INTO rejected_claims (agent_id, claim_key, forget_id, created_at)"
+                        " VALUES (?, ?, ?, ?)", [(agent, key, forget_id, now) for key in keys])
+    settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
+
+
+@contextlib.contextmanager
+def _secure_delete(catalog: apsw.Connection) -> Iterator[None]:
+    """Deleted index rows are overwritten with zeros, not left in free pages (this connection, this forget)."""
+    catalog.execute("PRAGMA secure_delete = ON")
+    try:
+        yield
+    finally:
+        catalog.execute("PRAGMA secure_delete = OFF")
+
+
+def _scrub(catalog: apsw.Connection) -> None:
+    """Leave no copy of the forgotten text in the catalog's files: the full-text index merges away the
+    deleted tokens it still carries in older segments, and the write-ahead log is checkpointed and
+    truncated. Best effort: a reader holding an old snapshot can delay the truncation to a later forget
+    or checkpoint; the rows themselves are gone either way."""
+    try:
+        with _secure_delete(catalog), immediate(catalog):
+            catalog.execute("INSERT INTO search_fts (search_fts) VALUES ('optimize')")
+        catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except apsw.Error as exc:
+        log.warning("the catalog was not scrubbed after a forget (%s)", type(exc).__name__)
+
+
+def _unlink_artifacts(home: Home, agent_id: str, catalog: apsw.Connection, plan: Plan) -> None:
+    """The forgotten bytes leave the disk (after the commit: a crash before leaves unserved orphans)."""
+    for note in plan.notes:
+        try:
+            store_fd = open_store_dir(home, agent_id, note.store.path_key)
+        except IntegrityError:
+            continue
+        try:
+            for revision in _revision_rows(catalog, note.revisions):
+                with contextlib.suppress(OSError):
+                    os.unlink(revision.locator, dir_fd=store_fd)
+            with contextlib.suppress(OSError):
+                os.fsync(store_fd)
+        finally:
+            os.close(store_fd)
