@@ -38,12 +38,12 @@ from typing import Any
 
 import pytest
 
-from scopefs.writer.steps import Step
+from scopefs.writer.steps import WRITE_STEPS, Step
 from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "main"
-STEPS: tuple[Step, ...] = tuple(Step)  # in the order the transaction passes them
+STEPS: tuple[Step, ...] = WRITE_STEPS  # in the order the transaction passes them
 STORE_STEPS = frozenset({Step.STORE_DIR_MADE, Step.STORE_ROW})
 
 ALICE_V2 = b"Alice's private fact, revised: allergic to hazelnuts and kiwi (canary A1c3)\n"

@@ -67,7 +67,10 @@ def test_a_forget_killed_after_its_commit_is_whole_and_doctor_removes_the_bytes(
     assert s.cli("write", s.alice_session, "private/again.md", stdin=ALICE_FACT).code == 3
     found = s.cli("--json", "doctor").json()["findings"]
     assert sum(f["kind"] == "forgotten-artifact" for f in found) == 2
+    assert sum(f["kind"] == "unscrubbed-forget" for f in found) == 1
     _recover(s)
+    catalog_files = b"".join(p.read_bytes() for p in (s.cli.home / "agents").rglob("catalog.sqlite*"))
+    assert b"A1c3" not in catalog_files and b"hazelnut desserts" not in catalog_files
     again = s.cli("--json", "doctor")
     assert again.code == 0 and not [f for f in again.json()["findings"] if f["kind"] == "forgotten-artifact"]
     artifacts = b"".join(p.read_bytes() for p in (s.cli.home / "agents").rglob("*") if p.is_file()

@@ -152,6 +152,7 @@ def test_role_publishers_write_the_role_store_members_read_it(scenario: Scenario
     ["grant", "revoke", "not-a-grant"],
     ["publish", "{alice_session}", SOURCE, "--to", "private"],
     ["publish", "{alice_session}", SOURCE, "--to", "role:nope", "--yes"],
+    ["publish", "{alice_session}", SOURCE, "--to", "role:\udcff", "--yes"],  # a non-UTF-8 argv byte
     ["publish", "{alice_session}", SOURCE, "--to", "conversation:{conversation}", "--yes"],
     ["publish", "{alice_session}", SOURCE, "--to", "agent-shared", "--as", "../x.md", "--yes"],
     ["member", "add", "role:nope", "{alice}"],

@@ -513,7 +513,9 @@ function createTools(api, settings, client) {
       const content = text(params, "content", { required: true, max: MAX_WRITE_CHARS, allowEmpty: true });
       const agent = agentOf(settings, ctx.agentId);
       try {
-        const written = await client.call(agent, sessionFacts(ctx, configOf(api, ctx)), "write", { path, content });
+        // A flush is a machine capture: scopefs strips the chat envelope and keeps a human-notes block.
+        const written = await client.call(agent, sessionFacts(ctx, configOf(api, ctx)), "write",
+          { path, content, origin: "capture" });
         return jsonResult({ status: "ok", path, revision: written.revision, created: written.created, size: written.size });
       } catch (error) {
         if (error instanceof ScopefsApiError && error.code === "denied") throw refused(error);

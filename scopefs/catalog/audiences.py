@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.groups import membership_expiry
+from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Mount
 
 EVERYONE = "everyone"  # every subject of the agent: agent-shared, a projection to it
@@ -32,15 +35,19 @@ class Reach:
 
 def reach_of(mount: Mount) -> Reach:
     """The audience of the store behind ``mount``."""
-    if mount.cell:
-        return Reach(POOL, mount.cell)
-    kind = mount.scope_kind
-    if kind == "agent-shared" or (kind == "projection" and not mount.audience_id):
+    return reach_of_store(mount.scope_kind, mount.audience_id, mount.cell)
+
+
+def reach_of_store(kind: str, audience_id: str, cell: str = "") -> Reach:
+    """The audience of a store of ``kind`` for ``audience_id`` (in a shared pool's ``cell``, if given)."""
+    if cell:
+        return Reach(POOL, cell)
+    if kind == "agent-shared" or (kind == "projection" and not audience_id):
         return Reach(EVERYONE)
     if kind in ("user", "agent"):
-        return Reach(PRINCIPAL, mount.audience_id)
+        return Reach(PRINCIPAL, audience_id)
     if kind in ("channel", "role", "projection"):
-        return Reach(GROUP, mount.audience_id)
+        return Reach(GROUP, audience_id)
     return Reach(NOBODY)
 
 
@@ -60,6 +67,17 @@ def inside(t: Reach, s: Reach, member: Member) -> bool:
     if s.kind == GROUP and t.kind == PRINCIPAL:
         return member(t.id, s.id)
     return False
+
+
+def live_member(home: Home) -> Member:
+    """Membership as the views see it now (``groups.membership_expiry``), for ``inside``."""
+    state, now = home.state(), now_us()
+
+    def member(principal_id: str, group_id: str) -> bool:
+        live, expires = membership_expiry(state, group_id, principal_id)
+        return live and (expires is None or now < expires)
+
+    return member
 
 
 def common(reaches: list[Reach], member: Member) -> Reach | None:

@@ -8,12 +8,17 @@ the cell (any session, a derivation, a deposit, an import).
 
 A claim is a paragraph (text between blank lines) and, inside a paragraph
 of several lines, each line on its own (a list item is a claim of its
-own). Normalising: Unicode NFKC, case folded, Markdown markup and
-punctuation dropped, whitespace collapsed; so re-wrapping, re-bulleting or
-re-casing a sentence does not make it new. Claims shorter than
+own). Normalising: invisible format characters (a soft hyphen, a
+zero-width space) dropped, then the look-alike fold of
+``catalog.lookalikes`` (NFKC, case, cross-script homoglyphs, combining
+marks), Markdown markup and punctuation dropped, whitespace collapsed; so
+re-wrapping, re-bulleting, re-casing or re-spelling a sentence with
+look-alike letters does not make it new. Claims shorter than
 ``MIN_WORDS`` words or ``MIN_CHARS`` characters (a heading, "ok", a
 date) are not keyed: forgetting them would refuse ordinary writing.
-Front matter and the human-notes markers are not claims.
+Front-matter fences, the validity keys' lines and the human-notes markers
+are not claims; any other line, front matter included, is, and so is
+each line without up to three leading labels ("Note: X" is the claim X).
 
 Only a keyed hash (HMAC-SHA256 under the home's key, ``identity.lookup_key``)
 is stored: the rejection list holds no text, and without the key it cannot
@@ -31,31 +36,32 @@ import unicodedata
 import apsw
 
 from scopefs.catalog.identity import lookup_key
+from scopefs.catalog.lookalikes import looks_like
 
 MAX_SCAN_BYTES = 16 << 20
 MAX_CLAIM_CHARS = 64 << 10  # a longer paragraph is keyed by its first 64 KiB of normalised text
 MIN_WORDS = 3
 MIN_CHARS = 12
+MAX_LABELS = 3
+_LABEL = re.compile(r"[ \t>*_#-]{0,8}[^:\n]{1,40}:[ \t]{1,8}")  # "Note: ", "- Fact: ", "## Alice: "
 _MARKUP = re.compile(r"[^\w\s]", re.UNICODE)  # one character at a time: linear
 _SPACE = re.compile(r"\s+", re.UNICODE)
 _MARKERS = (b"<!-- scopefs:human:start -->", b"<!-- scopefs:human:end -->")
+# A front-matter fence, or a validity key's line (``catalog.validity``): metadata every note may share.
+_METADATA = re.compile(rb"[ \t]{0,8}(?:---[ \t\r]{0,8}|(?:valid-until|superseded-by)[ \t]{0,8}:.{0,200})\r?")
 
 
 def normalise(text: str) -> str:
     """The form two spellings of one claim share (module docstring)."""
-    folded = unicodedata.normalize("NFKC", text[: MAX_CLAIM_CHARS * 2]).casefold()
-    return _SPACE.sub(" ", _MARKUP.sub(" ", folded)).strip()[:MAX_CLAIM_CHARS]
+    visible = "".join(ch for ch in text[: MAX_CLAIM_CHARS * 2] if unicodedata.category(ch) != "Cf")
+    return _SPACE.sub(" ", _MARKUP.sub(" ", looks_like(visible))).strip()[:MAX_CLAIM_CHARS]
 
 
 def _body(data: bytes) -> bytes:
-    """``data`` without its front matter (``catalog.validity``'s block) and human-block markers."""
-    if data.startswith(b"---\n"):
-        end = data.find(b"\n---\n", 4, 4096 + 8)
-        if end != -1:
-            data = data[end + 5:]
+    """``data`` without what is never a claim: front-matter fences and validity keys, human-block markers."""
     for marker in _MARKERS:
         data = data.replace(marker, b"\n\n")
-    return data
+    return b"\n".join(line for line in data.split(b"\n") if _METADATA.fullmatch(line) is None)
 
 
 def units(data: bytes) -> list[str]:
@@ -65,15 +71,33 @@ def units(data: bytes) -> list[str]:
     for paragraph in re.split(r"\n[ \t\r\f\v]*\n", text):
         lines = [line for line in paragraph.split("\n") if line.strip()]
         for piece in ([paragraph] if len(lines) > 1 else []) + lines:
-            claim = normalise(piece)
-            if len(claim) >= MIN_CHARS and claim.count(" ") + 1 >= MIN_WORDS:
-                found[claim] = None
+            for variant in _unlabelled(piece):
+                claim = normalise(variant)
+                if len(claim) >= MIN_CHARS and claim.count(" ") + 1 >= MIN_WORDS:
+                    found[claim] = None
     return list(found)
+
+
+def _unlabelled(piece: str) -> list[str]:
+    """``piece``, and ``piece`` without each of up to ``MAX_LABELS`` leading labels ("Note: ", "Fact: "):
+    "Note: X" is still the claim X, whichever side of a forget the label was on."""
+    variants = [piece]
+    for _ in range(MAX_LABELS):
+        found = _LABEL.match(variants[-1])
+        if found is None:
+            break
+        variants.append(variants[-1][found.end():])
+    return variants
 
 
 def keys(home_key: bytes, data: bytes) -> list[str]:
     """The keyed hashes of ``data``'s claims (what a forget stores, and what every write is checked against)."""
     return [lookup_key(home_key, "forgotten-claim", claim).hex() for claim in units(data)]
+
+
+def any_forgotten(conn: apsw.Connection, agent_id: str) -> bool:
+    """Whether this cell has rejected any claim at all."""
+    return bool(conn.execute("SELECT 1 FROM rejected_claims WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchall())
 
 
 def any_rejected(conn: apsw.Connection, agent_id: str, claim_keys: list[str]) -> bool:

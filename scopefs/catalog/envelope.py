@@ -285,7 +285,16 @@ def _marker_in(line: str) -> bool:
 
 
 def _strip_lines(lines: list[str]) -> list[str]:
-    """The kept lines, in order; scaffolding lines and blocks are left out."""
+    """The kept lines, in order.
+
+    Blocks go whole, because every line in them is other people's words or
+    metadata: a history window up to the next current-message marker (to
+    the end of its paragraph when none follows), a labelled ``⟦openclaw:ctx⟧``
+    block with its JSON fence (or its paragraph), an injected memory block
+    up to its closing tag, and everything after the ``Context: ⟦openclaw:ctx⟧``
+    suffix. Where the closing lines are is found once, up front, so no
+    block end is searched for twice.
+    """
     lines = [line.rstrip() for line in lines]
     current_at = [i for i, line in enumerate(lines) if "[" in line and any(m in line for m in CURRENT_MARKERS)]
     fence_at = [i for i, line in enumerate(lines) if "```" in line and line.strip() == "```"]
@@ -349,6 +358,7 @@ def _strip_lines(lines: list[str]) -> list[str]:
 
 
 def _word_chars(text: str, start: int = 0, end: int | None = None) -> int:
+    """Letters and digits, in any script: what counts as something said."""
     return sum(1 for ch in text[start:end] if ch.isalnum())
 
 

@@ -36,12 +36,11 @@ from typing import Any
 
 import apsw
 
-from scopefs.catalog.access import authorize_session, decide, resolve
 from scopefs.catalog.audit import record
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import split_virtual_path
-from scopefs.catalog.policy import Op
+from scopefs.catalog.reader import readable
 from scopefs.catalog.reasons import Reason
 
 AUDIT_OPERATION = "history"  # a listing shows no content: it is not recorded as a read of any revision
@@ -73,7 +72,7 @@ class Revision:
     created_at: int
     activated_at: int | None
     actor_id: str | None  # a principal id (never a provider's raw id), or None when unattributed
-    session_id: str | None
+    session_id: str | None  # kept for the audit's questions; never printed (another subject's session, say)
     origin: str  # the revision's trust origin
     valid_until: int | None  # shown until then (``revision_validity``)
 
@@ -85,7 +84,7 @@ class Revision:
     def as_dict(self) -> dict[str, Any]:
         return {"revision": self.revision_no, "revision_id": self.revision_id, "state": self.state,
                 "created_at_us": self.created_at, "activated_at_us": self.activated_at,
-                "actor_id": self.actor_id, "session_id": self.session_id, "origin": self.origin,
+                "actor_id": self.actor_id, "origin": self.origin,
                 "bytes": self.size, "sha256": self.sha256}
 
 
@@ -116,7 +115,7 @@ class NoteHistory:
 
     def lines(self) -> list[str]:
         return [f"r{r.revision_no}  {r.state}  {_when(r.time_us)}  actor {r.actor_id or '-'}"
-                f"  session {r.session_id or '-'}  origin {r.origin}  {r.size} bytes  sha256 {r.sha256}"
+                f"  origin {r.origin}  {r.size} bytes  sha256 {r.sha256}"
                 for r in self.revisions]
 
 
@@ -132,18 +131,11 @@ def note_history(home: Home, session_id: str, path: str, *, actor_id: str | None
     one): a note outside the view, denied, tombstoned or missing is
     ``outside-view`` alike.
     """
-    parts = split_virtual_path(path)  # BadInput before anything is looked up
-    access = authorize_session(home, session_id, Op.READ, actor_id=actor_id, parts=parts)
-    target = resolve(access, parts)
-    decision = decide(access, target, Op.READ)
-    if target.mount is None:
-        raise access.refuse_outside(Op.READ, parts)
+    access, target = readable(home, session_id, path, actor_id)
+    assert target.resource is not None
     store_id = target.store.store_id if target.store else None
     revision_id = target.revision.revision_id if target.revision else None
-    if not decision:
-        raise access.refuse(Op.READ, decision.reason, store_id=store_id, revision_id=revision_id)
-    assert target.resource is not None
     found = shown_revisions(home.catalog(access.agent_id), access.agent_id, target.resource.resource_id, access.now)
     record(home.state(), access.event(AUDIT_OPERATION, "allow", Reason.ALLOWED, store_id=store_id,
                                       revision_id=revision_id))
-    return NoteHistory("/".join(parts), tuple(found))
+    return NoteHistory("/".join(split_virtual_path(path)), tuple(found))

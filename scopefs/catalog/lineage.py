@@ -25,36 +25,62 @@ from scopefs.catalog.clock import now_us
 
 # The relations a retired source denies its children through.
 FOLLOWED = ("derive", "publish", "project")
-MAX_DESCENDANTS = 100_000  # a bound on the walk; beyond it the retiring transaction fails, changing nothing
+MAX_DESCENDANTS = 100_000  # a bound on what ``descendants`` returns for a forget's report
+_FOLLOWED_SQL = ", ".join(f"'{r}'" for r in FOLLOWED)
 
-_DESCENDANTS = f"""
-WITH RECURSIVE down(revision_id, depth) AS (
-    SELECT e.child_revision_id, 1 FROM lineage_edges e
+# Every revision below the roots, at any depth: UNION drops what it has seen, so the walk ends on any
+# graph (lineage is acyclic anyway: a child is always newer than its parents), in time linear in the edges.
+_DOWN = f"""
+WITH RECURSIVE down(revision_id) AS (
+    SELECT e.child_revision_id FROM lineage_edges e
     WHERE e.agent_id = :agent AND e.parent_revision_id IN (SELECT value FROM json_each(:roots))
-      AND e.relation IN ({", ".join(repr(r) for r in FOLLOWED)})
+      AND e.relation IN ({_FOLLOWED_SQL})
     UNION
-    SELECT e.child_revision_id, d.depth + 1 FROM lineage_edges e JOIN down d ON e.parent_revision_id = d.revision_id
-    WHERE e.agent_id = :agent AND e.relation IN ({", ".join(repr(r) for r in FOLLOWED)}) AND d.depth < 64
+    SELECT e.child_revision_id FROM lineage_edges e JOIN down d ON e.parent_revision_id = d.revision_id
+    WHERE e.agent_id = :agent AND e.relation IN ({_FOLLOWED_SQL})
 )
-SELECT DISTINCT revision_id FROM down LIMIT {MAX_DESCENDANTS + 1}
+"""
+
+# Every revision a revision was derived from, with its store: what a copy of it may never be wider
+# than. Only derivations are followed: a projection or a published copy is itself the owner's reviewed
+# decision to widen (its copy's store is its audience), and the walk stops there.
+_UP = """
+WITH RECURSIVE up(revision_id) AS (
+    SELECT parent_revision_id FROM lineage_edges
+    WHERE agent_id = :agent AND child_revision_id = :child AND relation = 'derive'
+    UNION
+    SELECT e.parent_revision_id FROM lineage_edges e JOIN up u ON e.child_revision_id = u.revision_id
+    WHERE e.agent_id = :agent AND e.relation = 'derive'
+)
+SELECT DISTINCT s.scope_kind, s.audience_id FROM up JOIN revisions v ON v.revision_id = up.revision_id
+JOIN resources r ON r.resource_id = v.resource_id JOIN stores s ON s.store_id = r.store_id
 """
 
 
 class TooMuchLineage(Exception):
-    """The walk found more descendants than ``MAX_DESCENDANTS``: refuse rather than hold some of them."""
+    """The walk found more descendants than ``MAX_DESCENDANTS``: refuse rather than report some of them."""
 
 
 def descendants(conn: apsw.Connection, agent_id: str, roots: list[str]) -> list[str]:
     """Every revision derived, directly or not, from any of ``roots`` (not the roots themselves)."""
-    found = [str(r[0]) for r in conn.execute(_DESCENDANTS, {"agent": agent_id, "roots": json.dumps(roots)})]
+    found = [str(r[0]) for r in conn.execute(_DOWN + f"SELECT revision_id FROM down LIMIT {MAX_DESCENDANTS + 1}",
+                                             {"agent": agent_id, "roots": json.dumps(roots)})]
     if len(found) > MAX_DESCENDANTS:
         raise TooMuchLineage(f"more than {MAX_DESCENDANTS} derived revisions")
-    return [r for r in found if r not in set(roots)]
+    excluded = set(roots)
+    return [r for r in found if r not in excluded]
+
+
+def ancestor_stores(conn: apsw.Connection, agent_id: str, revision_id: str) -> list[tuple[str, str]]:
+    """(scope kind, audience) of the store of every revision ``revision_id`` was derived from, at any depth."""
+    return [(str(r[0]), str(r[1])) for r in conn.execute(_UP, {"agent": agent_id, "child": revision_id})]
 
 
 def resource_revisions(conn: apsw.Connection, agent_id: str, resource_id: str) -> list[str]:
     return [str(r[0]) for r in conn.execute(
-        "SELECT revision_id FROM revisions WHERE agent_id = ? AND resource_id = ? AND state != 'pending'",
+        "SELECT revision_id FROM revisions WHERE agent_id = ? AND resource_id = ?"
+        " AND state NOT IN ('pending', 'rolled-back')"
+        " ORDER BY revision_no",
         (agent_id, resource_id))]
 
 
@@ -65,34 +91,19 @@ def hold_descendants(conn: apsw.Connection, agent_id: str, resource_id: str, cau
     older revision of a note carries that note's content too. Returns how
     many revisions were newly held.
     """
-    roots = resource_revisions(conn, agent_id, resource_id)
-    return hold(conn, agent_id, roots, cause)
+    return hold(conn, agent_id, resource_revisions(conn, agent_id, resource_id), cause)
 
 
 def hold(conn: apsw.Connection, agent_id: str, roots: list[str], cause: str) -> int:
-    """Hold every descendant of ``roots``; the hold names the first root found above it."""
+    """Hold every descendant of ``roots``, in one statement; each hold names the newest root as its cause."""
     if not roots:
         return 0
-    now = now_us()
-    held = 0
-    for child in descendants(conn, agent_id, roots):
-        cause_revision = _nearest_root(conn, agent_id, child, roots)
-        conn.execute("INSERT OR IGNORE INTO lineage_holds (revision_id, cause_revision_id, agent_id, cause, held_at)"
-                     " VALUES (?, ?, ?, ?, ?)", (child, cause_revision, agent_id, cause, now))
-        held += conn.changes()
-    return held
-
-
-def _nearest_root(conn: apsw.Connection, agent_id: str, child: str, roots: list[str]) -> str:
-    """One root ``child`` descends from (for the audit trail of the hold)."""
-    row = conn.execute(
-        """WITH RECURSIVE up(revision_id, depth) AS (
-               SELECT parent_revision_id, 1 FROM lineage_edges WHERE child_revision_id = ? AND agent_id = ?
-               UNION SELECT e.parent_revision_id, u.depth + 1 FROM lineage_edges e JOIN up u
-                     ON e.child_revision_id = u.revision_id WHERE e.agent_id = ? AND u.depth < 64)
-           SELECT revision_id FROM up WHERE revision_id IN (SELECT value FROM json_each(?)) ORDER BY depth LIMIT 1""",
-        (child, agent_id, agent_id, json.dumps(roots))).fetchall()
-    return str(row[0][0]) if row else roots[0]
+    conn.execute(_DOWN + "INSERT OR IGNORE INTO lineage_holds (revision_id, cause_revision_id, agent_id, cause,"
+                 " held_at) SELECT revision_id, :cause_revision, :agent, :cause, :now FROM down"
+                 " WHERE revision_id NOT IN (SELECT value FROM json_each(:roots))",
+                 {"agent": agent_id, "roots": json.dumps(roots), "cause_revision": roots[-1], "cause": cause,
+                  "now": now_us()})
+    return conn.changes()
 
 
 def is_held(conn: apsw.Connection, revision_id: str) -> bool:

@@ -36,7 +36,7 @@ def read_note(home: Home, session_id: str, path: str, *, actor_id: str | None = 
 
 def read_target(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> tuple[Access, Target, bytes]:
     """``read_note``, with the access and the resolved note it read (the revision a copy is made from)."""
-    access, target = _readable(home, session_id, path, actor_id)
+    access, target = readable(home, session_id, path, actor_id)
     assert target.store is not None and target.revision is not None
     try:
         data = read_verified(home, access.agent_id, target.store, target.revision)
@@ -61,7 +61,7 @@ def stream_note(home: Home, session_id: str, path: str, write: Callable[[bytes],
     (for an exposure receipt). ``expose`` records that exposure once the
     artifact verified and before its first byte reaches ``write``.
     """
-    access, target = _readable(home, session_id, path, actor_id)
+    access, target = readable(home, session_id, path, actor_id)
     assert target.store is not None and target.revision is not None
     try:
         with opened_verified(home, access.agent_id, target.store, target.revision) as artifact:
@@ -99,7 +99,7 @@ def _searchable_again(home: Home, access: Access, target: Target) -> None:
         log.warning("a verified note was not indexed again (%s)", type(exc).__name__)
 
 
-def _readable(home: Home, session_id: str, path: str, actor_id: str | None) -> tuple[Access, Target]:
+def readable(home: Home, session_id: str, path: str, actor_id: str | None) -> tuple[Access, Target]:
     """The session's access and the note at ``path``, once ``read`` of it is allowed (else raise, audited)."""
     parts = split_virtual_path(path)  # BadInput before anything is looked up
     access = authorize_session(home, session_id, Op.READ, actor_id=actor_id, parts=parts)

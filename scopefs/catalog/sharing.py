@@ -68,7 +68,11 @@ class Audience:
 
 def parse_audience(state: apsw.Connection, agent_id: str, text: str) -> Audience:
     """``agent-shared``, ``role:NAME`` or ``conversation:ID`` (registered for ``agent_id``), else BadInput."""
-    if not isinstance(text, str) or len(text.encode("utf-8", "surrogatepass")) > MAX_TARGET:
+    try:
+        too_long = not isinstance(text, str) or len(text.encode("utf-8")) > MAX_TARGET
+    except UnicodeEncodeError:  # a lone surrogate (an argv byte that is not UTF-8): never reaches a query
+        too_long = True
+    if too_long:
         raise BadInput(f"a target is {_SPELLING}")
     if text == AGENT_SHARED:
         return Audience(AGENT_SHARED, AGENT_SHARED_AUDIENCE, AGENT_SHARED)

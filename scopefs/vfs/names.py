@@ -15,21 +15,11 @@ from __future__ import annotations
 
 import errno
 import functools
-import unicodedata
 from collections.abc import Iterable
 
 from scopefs.catalog.errors import BadInput
+from scopefs.catalog.lookalikes import looks_like
 from scopefs.catalog.paths import MAX_COMPONENT_BYTES, validate_component
-
-# Letters from other scripts that render like Latin ones (a small, common
-# subset of Unicode's confusables table; enough for the usual spoofs).
-_LOOKALIKES = str.maketrans({
-    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s",
-    "ԁ": "d", "ɡ": "g", "һ": "h", "ӏ": "l", "ԛ": "q", "ԝ": "w", "ᴠ": "v", "ᴢ": "z",
-    "α": "a", "ο": "o", "ρ": "p", "ν": "v", "τ": "t", "ι": "i", "κ": "k", "χ": "x", "υ": "u", "ε": "e",
-    "ı": "i", "ℓ": "l", "０": "0", "１": "1", "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "−": "-",
-    "⁄": "/", "∕": "/", "․": ".", "‧": ".", "。": ".",
-})
 
 
 class BadName(Exception):
@@ -53,9 +43,8 @@ def decode(name: bytes) -> str:
 
 @functools.lru_cache(maxsize=1 << 16)
 def skeleton(name: str) -> str:
-    """What ``name`` looks like: compatibility-folded, case-folded, homoglyphs mapped."""
-    folded = unicodedata.normalize("NFKC", name).casefold().translate(_LOOKALIKES)
-    return "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
+    """What ``name`` looks like (``catalog.lookalikes``), cached: a create compares it with every sibling."""
+    return looks_like(name)
 
 
 def confusable(name: str, siblings: Iterable[str]) -> list[str]:

@@ -157,7 +157,9 @@ class Queries:
         outcome = await self._shown(outcome)
         view = self._view()
         for hit in outcome.hits:
-            self.expose(view.notes[view.by_resource[hit.resource_id]])
+            shown_at = view.by_resource.get(hit.resource_id)
+            if shown_at is not None:  # ``_shown`` kept only these; nothing ran in between
+                self.expose(view.notes[shown_at])
         data = render_json(outcome) if folder.as_json else render_text(outcome)
         quoted = frozenset(hit.resource_id for hit in outcome.hits)
         return self._node(parts, Kind.RESULTS, Results(data, quoted, time.time_ns()))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import apsw
 
-from scopefs.catalog.access import authorize_session, resolve
+from scopefs.catalog.access import authorize_session, decide, resolve
 from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, IntegrityError
@@ -22,7 +22,7 @@ from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.validity import with_valid_until
-from scopefs.writer.transaction import Provenance, WriteResult, write_parts
+from scopefs.writer.transaction import RENEWABLE, Provenance, WriteResult, write_parts
 
 
 def _any(_conn: apsw.Connection, _activating: bool) -> Decision:
@@ -30,12 +30,21 @@ def _any(_conn: apsw.Connection, _activating: bool) -> Decision:
 
 
 def previous_bytes(home: Home, session_id: str, path: str) -> tuple[bytes | None, str | None]:
-    """The note's current bytes (whose human block a machine write keeps) and its resource id."""
+    """The note's current bytes (whose human block a machine write keeps) and its resource id.
+
+    Only what the session may read now: a note it may not see, or one held
+    by its lineage or past its validity, has no block to keep (its bytes
+    must never flow into the new revision), and the write itself is then
+    decided as any write is.
+    """
     parts = check_parts(split_virtual_path(path))
     access = authorize_session(home, session_id, Op.APPEND, parts=parts)
     target = resolve(access, parts)
     if target.revision is None or target.store is None or target.resource is None:
         return None, None
+    readable = decide(access, target, Op.READ)
+    if not readable:  # a renewable note is the one meant; any other is decided as a plain write decides it
+        return None, target.resource.resource_id if readable.reason in RENEWABLE else None
     try:
         return read_verified(home, access.agent_id, target.store, target.revision), target.resource.resource_id
     except IntegrityError:

@@ -15,10 +15,12 @@ from typing import Any
 import apsw
 
 from scopefs.catalog.access import Access, Target
+from scopefs.catalog.audiences import inside, live_member, reach_of_store
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
+from scopefs.catalog.lineage import ancestor_stores
 from scopefs.catalog.paths import Parts, split_virtual_path
 from scopefs.catalog.policy import Decision
 from scopefs.catalog.reader import read_target
@@ -86,6 +88,22 @@ def source_still_active(catalog: apsw.Connection, revision_id: str) -> Decision:
     row = one(catalog, "SELECT state FROM revisions WHERE revision_id = ?", (revision_id,))
     return Decision(True, Reason.ALLOWED) if row is not None and row[0] == "active" \
         else Decision(False, Reason.REVISION_STALE)
+
+
+def lineage_allows(catalog: apsw.Connection, source: Source, scope_kind: str, audience_id: str) -> Decision:
+    """Whether a copy for (``scope_kind``, ``audience_id``) reaches no one the source's own sources did not.
+
+    A note of one's own store may still be a digest of a role note or a
+    projection: copying it out is as wide as publishing those, so every
+    store up its lineage must reach the copy's whole audience
+    (``catalog.audiences``), else ``mixed-audience``.
+    """
+    target = reach_of_store(scope_kind, audience_id)
+    member = live_member(source.access.home)
+    for kind, audience in ancestor_stores(catalog, source.access.agent_id, source.revision_id):
+        if not inside(target, reach_of_store(kind, audience), member):
+            return Decision(False, Reason.MIXED_AUDIENCE)
+    return Decision(True, Reason.ALLOWED)
 
 
 def add_lineage(catalog: apsw.Connection, agent_id: str, child: str, parent: str, relation: str) -> None:

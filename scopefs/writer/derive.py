@@ -20,6 +20,7 @@ and are stripped of chat scaffolding first (``catalog.envelope``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,21 +28,20 @@ import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.access import Access, Target, authorize_session, decide, resolve
-from scopefs.catalog.audiences import Reach, common, inside, reach_of
+from scopefs.catalog.audiences import Reach, common, inside, live_member, reach_of, reach_of_store
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, Denied
-from scopefs.catalog.groups import membership_expiry
 from scopefs.catalog.home import Home
 from scopefs.catalog.humanblock import keep_human_block
-from scopefs.catalog.lineage import is_held
+from scopefs.catalog.lineage import ancestor_stores, is_held
 from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reader import read_target
 from scopefs.catalog.reasons import Reason
 from scopefs.writer.capture import previous_bytes
 from scopefs.writer.copies import add_lineage
-from scopefs.writer.transaction import Provenance, WriteResult, write_copy, write_parts
+from scopefs.writer.transaction import Provenance, WriteResult, check_write, write_copy, write_parts
 
 KINDS = ("summary", "compaction", "digest")
 MAX_SOURCES = 64
@@ -53,7 +53,7 @@ class _Source:
     access: Access
     target: Target
     path: str
-    reach: Reach
+    reaches: tuple[Reach, ...]  # its store's, then those of the stores it was made from
 
     @property
     def revision_id(self) -> str:
@@ -92,10 +92,12 @@ def derive(home: Home, session_id: str, sources: list[str], to: str, data: bytes
     target = resolve(access, parts)
     if target.mount is None:
         raise access.refuse_outside(Op.APPEND, parts)
-    member = _member(home)
+    check_write(home, session_id, parts)  # a target the session may not write is refused as a write is
+    member = live_member(home)
     reach = reach_of(target.mount)
-    if not all(inside(reach, s.reach, member) for s in read):
-        if common([s.reach for s in read], member) is None:
+    reaches = [r for s in read for r in s.reaches]
+    if not all(inside(reach, r, member) for r in reaches):
+        if common(reaches, member) is None:
             held = _quarantine(access, read, content, kind)
             access.refuse(Op.DERIVE, Reason.MIXED_AUDIENCE)
             raise Denied(Reason.MIXED_AUDIENCE, f"denied: mixed-audience: the sources share no audience; nothing was"
@@ -120,17 +122,10 @@ def _read_source(home: Home, deriving: Access, session_id: str, text: str, actor
     decision = decide(access, target, Op.DERIVE)
     if not decision:
         raise access.refuse(Op.DERIVE, decision.reason, store_id=target.store.store_id if target.store else None)
-    return _Source(access, target, path, reach_of(target.mount))
-
-
-def _member(home: Home) -> Any:
-    state, now = home.state(), now_us()
-
-    def member(principal_id: str, group_id: str) -> bool:
-        live, expires = membership_expiry(state, group_id, principal_id)
-        return live and (expires is None or now < expires)
-
-    return member
+    assert target.revision is not None
+    # Who the source reaches: its store, and every store it was itself made from.
+    above = ancestor_stores(home.catalog(access.agent_id), access.agent_id, target.revision.revision_id)
+    return _Source(access, target, path, (reach_of(target.mount), *(reach_of_store(k, a) for k, a in above)))
 
 
 def _provenance(access: Access, read: list[_Source], kind: str, state: str) -> Provenance:
@@ -149,7 +144,16 @@ def _provenance(access: Access, read: list[_Source], kind: str, state: str) -> P
         conn.execute("INSERT INTO derivations (revision_id, agent_id, kind, state, created_at) VALUES (?, ?, ?, ?, ?)",
                      (revision_id, access.agent_id, kind, state, now_us()))
 
-    return Provenance(Op.DERIVE, "derived", authority, record)
+    def valid_until(conn: apsw.Connection) -> int | None:
+        """A derivation lasts no longer than any source: its validity, or the projection it was shown by."""
+        ids = json.dumps([s.revision_id for s in read])
+        row = conn.execute(
+            "SELECT min(t) FROM (SELECT valid_until AS t FROM revision_validity WHERE revision_id IN"
+            " (SELECT value FROM json_each(?)) UNION ALL SELECT expires_at FROM projections WHERE copy_revision_id IN"
+            " (SELECT value FROM json_each(?)) AND expires_at IS NOT NULL)", (ids, ids)).fetchall()
+        return None if not row or row[0][0] is None else int(row[0][0])
+
+    return Provenance(Op.DERIVE, "derived", authority, record, valid_until=valid_until)
 
 
 def _quarantine(access: Access, read: list[_Source], content: bytes, kind: str) -> str:

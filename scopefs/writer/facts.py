@@ -24,26 +24,44 @@ from scopefs.catalog.validity import Validity, read_validity
 ALLOWED = Decision(True, Reason.ALLOWED)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ContentFacts:
-    claim_keys: list[str]
+    head: bytes  # the bytes claims are read from (``claims.MAX_SCAN_BYTES``)
+    secret: bytes  # the home's key, for the claims' keyed hashes
     validity: Validity
+    _keys: list[str] | None = None
+
+    def claim_keys(self) -> list[str]:
+        """The content's claims, keyed; computed once, and only for a cell that has rejected any."""
+        if self._keys is None:
+            self._keys = claims.keys(self.secret, self.head)
+        return self._keys
 
     def check(self, catalog: apsw.Connection, agent_id: str) -> Decision:
-        """Inside a commit: ``forgotten`` if the content carries a claim this cell rejects."""
-        if claims.any_rejected(catalog, agent_id, self.claim_keys):
+        """Inside a commit: ``forgotten`` if the content carries a claim this cell rejects.
+
+        A cell that never forgot anything costs one indexed lookup, not a
+        scan of the content: most writes pay nothing for forgetting.
+        """
+        if not claims.any_forgotten(catalog, agent_id):
+            return ALLOWED
+        if claims.any_rejected(catalog, agent_id, self.claim_keys()):
             return Decision(False, Reason.FORGOTTEN)
         return ALLOWED
 
-    def record(self, catalog: apsw.Connection, agent_id: str, revision_id: str) -> None:
+    def record(self, catalog: apsw.Connection, agent_id: str, revision_id: str,
+               inherited: int | None = None) -> None:
         """Inside the activation: the revision's validity, if its front matter gives one.
 
         ``superseded-by`` denies the revision from its activation on: the
-        note says itself that another one replaces it.
+        note says itself that another one replaces it. ``inherited``: the
+        time the sources it was made from stop being valid, if sooner.
         """
         until = self.validity.valid_until_us
         if self.validity.superseded_by is not None:
             until = now_us() if until is None else min(until, now_us())
+        if inherited is not None:  # what it was made from runs out then (``writer.derive``)
+            until = inherited if until is None else min(until, inherited)
         if until is None:
             return
         catalog.execute("INSERT INTO revision_validity (revision_id, agent_id, valid_until, superseded_by)"
@@ -66,4 +84,4 @@ def read_head(fd: int, size: int) -> bytes:
 
 def content_facts(home: Home, data: bytes) -> ContentFacts:
     """Facts of ``data`` (BadInput for a malformed front matter value, before anything is written)."""
-    return ContentFacts(claims.keys(home.hmac_key(), data), read_validity(data))
+    return ContentFacts(data, home.hmac_key(), read_validity(data))

@@ -38,7 +38,7 @@ from scopefs.catalog.access import Access, Target, authorize_session, decide, re
 from scopefs.catalog.artifacts import open_store_dir, read_verified
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate
+from scopefs.catalog.db import immediate, scalar
 from scopefs.catalog.errors import BadInput, Conflict, IntegrityError
 from scopefs.catalog.home import Home
 from scopefs.catalog.lineage import descendants, parents, resource_revisions
@@ -61,7 +61,7 @@ class _Note:
     path: str
     resource_id: str
     store: StoreRow
-    relation: str  # 'named' or 'descendant'
+    relation: str  # 'named', 'removed' (rm'd before, named by its old path) or 'descendant'
     revisions: tuple[str, ...]  # every committed revision of it
 
 
@@ -112,12 +112,21 @@ def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = Fal
     checkpoint(Step.FORGOTTEN)
     drain_quietly(home.state(), catalog, access.agent_id)
     _unlink_artifacts(home, access.agent_id, catalog, plan)
-    _scrub(catalog)
+    scrub(catalog, access.agent_id)
     return Report(False, forget_id, plan, len(keys), unreadable)
 
 
 def _deletable(access: Access, target: Target) -> bool:
     return target.resource is not None and target.revision is not None and bool(decide(access, target, Op.DELETE))
+
+
+def _removed_at(access: Access, catalog: apsw.Connection, store_id: str, path: str) -> list[str]:
+    """Resources once at ``path`` of a store the caller deletes in, tombstoned and not yet forgotten."""
+    return [str(r[0]) for r in catalog.execute(
+        "SELECT r.resource_id FROM resources r WHERE r.agent_id = ? AND r.store_id = ? AND r.path = ?"
+        " AND r.state = 'tombstoned' AND EXISTS (SELECT 1 FROM revisions v WHERE v.resource_id = r.resource_id"
+        " AND v.state != 'rolled-back' AND v.revision_id NOT IN (SELECT revision_id FROM forgotten_revisions))"
+        " ORDER BY r.created_at", (access.agent_id, store_id, path))]
 
 
 def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
@@ -126,6 +135,14 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
     for parts in named:
         target = resolve(access, parts)
         path = "/".join(parts)
+        if target.mount is not None and not target.mount.cell and target.resource is None and target.store is not None \
+                and Op.DELETE in target.mount.placement:
+            removed = _removed_at(access, catalog, target.store.store_id, target.inner_path)
+            for rid in removed:  # notes removed from here before (rm): forgetting them is still the owner's act
+                chosen.setdefault(rid, _Note(path, rid, target.store, "removed",
+                                             tuple(resource_revisions(catalog, access.agent_id, rid))))
+            if removed:
+                continue
         # A held or expired note is still its owner's to forget: DELETE needs no readable content.
         if target.mount is None or target.mount.cell or not _deletable(access, target):
             plan.refusals.append({"path": path, "reason": Reason.OUTSIDE_VIEW.value})  # as for a missing note
@@ -156,15 +173,20 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
     mount = next((m for m in access.view.mounts if not m.cell and m.scope_kind == scope_kind
                   and m.audience_id == audience_id), None)
     target = resolve(access, (*mount.root.split("/"), *inner.split("/"))) if mount is not None else None
-    if target is None or target.resource is None or target.resource.resource_id != resource_id \
-            or not _deletable(access, target):
-        plan.refusals.append({"revision_id": child, "reason": "outside-writable-roots"})
+    if mount is None or target is None or target.resource is None or target.resource.resource_id != resource_id:
+        return  # outside the caller's view: held by its lineage, and never named to this caller
+    seen = decide(access, target, Op.READ)
+    if not seen and seen.reason not in (Reason.LINEAGE_DENY, Reason.EXPIRED):
+        return  # in a root of the view but not the caller's to see: the same
+    path = f"{mount.root}/{inner}"
+    if not _deletable(access, target):
+        plan.refusals.append({"path": path, "reason": "outside-writable-roots"})
         return
     if not {parent for parent, _relation in parents(catalog, access.agent_id, child)} <= family:
-        plan.refusals.append({"path": f"{mount.root}/{inner}" if mount else child, "reason": "mixed-lineage"})
+        plan.refusals.append({"path": path, "reason": "mixed-lineage"})
         return
-    assert target.store is not None and mount is not None
-    chosen[resource_id] = _Note(f"{mount.root}/{inner}", resource_id, target.store, "descendant",
+    assert target.store is not None
+    chosen[resource_id] = _Note(path, resource_id, target.store, "descendant",
                                 tuple(resource_revisions(catalog, access.agent_id, resource_id)))
 
 
@@ -218,17 +240,34 @@ def _secure_delete(catalog: apsw.Connection) -> Iterator[None]:
         catalog.execute("PRAGMA secure_delete = OFF")
 
 
-def _scrub(catalog: apsw.Connection) -> None:
-    """Leave no copy of the forgotten text in the catalog's files: the full-text index merges away the
-    deleted tokens it still carries in older segments, and the write-ahead log is checkpointed and
-    truncated. Best effort: a reader holding an old snapshot can delay the truncation to a later forget
-    or checkpoint; the rows themselves are gone either way."""
+def unscrubbed(catalog: apsw.Connection, agent_id: str) -> int:
+    """How many forgets have not yet rewritten the catalog's files without their text (a crash came first)."""
+    return int(scalar(catalog, "SELECT count(*) FROM forgets WHERE agent_id = ? AND scrubbed = 0", (agent_id,)))
+
+
+def scrub(catalog: apsw.Connection, agent_id: str) -> bool:
+    """Leave no copy of forgotten text in the catalog's files; whether that is done.
+
+    The full-text index merges away the deleted tokens it still carries in
+    older segments, and the write-ahead log is checkpointed and truncated;
+    then every forget so far is marked scrubbed. A reader holding an old
+    snapshot can keep the checkpoint from completing: the forgets stay
+    unscrubbed, doctor reports them, and ``doctor --fix`` (or the next
+    forget) tries again. The rows themselves are gone either way.
+    """
     try:
         with _secure_delete(catalog), immediate(catalog):
             catalog.execute("INSERT INTO search_fts (search_fts) VALUES ('optimize')")
-        catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        busy, _log, _done = catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0]
+        if busy:
+            return False
+        with immediate(catalog):
+            catalog.execute("UPDATE forgets SET scrubbed = 1 WHERE agent_id = ? AND scrubbed = 0", (agent_id,))
+        catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # the mark itself needs no record
+        return True
     except apsw.Error as exc:
         log.warning("the catalog was not scrubbed after a forget (%s)", type(exc).__name__)
+        return False
 
 
 def _unlink_artifacts(home: Home, agent_id: str, catalog: apsw.Connection, plan: Plan) -> None:

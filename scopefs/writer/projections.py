@@ -32,6 +32,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
+from scopefs.catalog.lineage import hold
 from scopefs.catalog.policies import insert_entry, revoke_entry_in
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.projections import PURPOSE_MAX, Projection, get_projection, projection_at, sessions_exposed
@@ -41,7 +42,7 @@ from scopefs.catalog.stores import find_resource, find_store
 from scopefs.catalog.subject import SubjectKind
 from scopefs.catalog.view import PROJECTED
 from scopefs.writer import lock
-from scopefs.writer.copies import Source, add_lineage, read_source, source_still_active
+from scopefs.writer.copies import Source, add_lineage, lineage_allows, read_source, source_still_active
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -94,10 +95,12 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
     access = source.access
     audience = parse_audience(home.state(), access.agent_id, to)
     inner = source.copy_name(name)
+    catalog = home.catalog(access.agent_id)
     decision = _owner_decision(access, source, audience)
+    if decision:
+        decision = lineage_allows(catalog, source, "projection", audience.principal_id)
     if not decision:
         raise access.refuse(Op.PROJECT, decision.reason)
-    catalog = home.catalog(access.agent_id)
     now = now_us()
     replaced = _replaced(catalog, access, audience, inner, source, now)
     members = audience_today(home.state(), audience, now)
@@ -113,6 +116,8 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
 
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         decided = _owner_decision(access, source, audience)
+        if decided:
+            decided = lineage_allows(conn, source, "projection", audience.principal_id)
         return source_still_active(conn, source.revision_id) if decided else decided
 
     def record(conn: apsw.Connection, resource_id: str, revision_id: str) -> None:
@@ -174,9 +179,12 @@ def _replaced(catalog: apsw.Connection, access: Access, audience: Audience, inne
 
 
 def _revoke_rows(conn: apsw.Connection, agent_id: str, projection: Projection) -> None:
-    """Inside the caller's transaction: the projection revoked and its copy's allows with it."""
+    """Inside the caller's transaction: the projection revoked, its copy's allows with it, and whatever
+    was derived from its copy held (a replaced projection's copy stays as an older revision: its
+    descendants must not outlive the decision that let them be made)."""
     conn.execute("UPDATE projections SET revoked_at = ? WHERE projection_id = ? AND revoked_at IS NULL",
                  (now_us(), projection.projection_id))
+    hold(conn, agent_id, [projection.copy_revision_id], "revoke")
     for (entry_id,) in conn.execute(
             "SELECT e.entry_id FROM policy_entries e JOIN policies p USING (policy_id) WHERE p.agent_id = ?"
             " AND p.target_kind = 'resource' AND p.target_id = ? AND e.revoked_at IS NULL",

@@ -35,7 +35,7 @@ from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import Audience, check_grant_id, may_publish, parse_audience
 from scopefs.catalog.stores import find_store
-from scopefs.writer.copies import Source, add_lineage, read_source, source_still_active
+from scopefs.writer.copies import Source, add_lineage, lineage_allows, read_source, source_still_active
 from scopefs.writer.stores import ensure_store_for
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -119,6 +119,8 @@ def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_
                            scope_kind, audience_id, now_us())
     if decision and not source.own():
         decision = Decision(False, Reason.NOT_OWNER)
+    if decision:
+        decision = lineage_allows(catalog, source, scope_kind, audience_id)
     return decision if not decision else source_still_active(catalog, source.revision_id)
 
 

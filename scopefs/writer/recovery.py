@@ -60,10 +60,13 @@ from scopefs.catalog.index import reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
+from scopefs.writer.forget import scrub, unscrubbed
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
 # What a finding left unfixed means for people, and what brings it back (doctor prints it).
 HINTS = {
+    "unscrubbed-forget": "a forget was interrupted before the catalog's index and log were rewritten without "
+                         "the forgotten text; 'scopefs doctor --fix' (or the next forget) finishes it",
     "expired-note": "a note past its valid-until (or superseded): denied to every reader; write it again to "
                     "renew it, or forget or remove it",
     "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
@@ -378,6 +381,9 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
         findings.append(Finding("unindexed-revisions", agent_id, None, action))
     findings += [Finding("expired-note", agent_id, revision_id, notice=True)
                  for revision_id in expired_revisions(catalog, agent_id, now_us())]
+    if unscrubbed(catalog, agent_id):  # a forget died before its text left the catalog's files
+        findings.append(Finding("unscrubbed-forget", agent_id, None,
+                                ("scrubbed" if scrub(catalog, agent_id) else None) if fix else None))
     ready = scalar(catalog, "SELECT count(*) FROM audit_outbox WHERE agent_id = ? AND state = 'ready'", (agent_id,))
     if ready:
         action = None

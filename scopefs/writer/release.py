@@ -7,14 +7,23 @@ bytes as a new revision, with no lineage edge and fresh policy, and records
 which held revision it came from (``lineage_releases``), so the original
 lineage and its audit trail stay whole (the specification's
 "reclassification as independent ... creates a new, reviewed immutable
-revision"). Only a session that may replace the note may release it.
+revision").
+
+Declassification is the owner's: a session may release a note only when
+everything that held it was retired from the note's own store (Alice's
+digest of her own removed note, a channel digest of a removed channel
+note), and it may replace the note. A digest held because a projection
+was revoked, a role note removed or another store's note forgotten is
+never released by the audience that held the copy: re-derive it from what
+it may still read. A note the session cannot see is refused as a read is
+(``outside-view``), whatever it holds.
 """
 
 from __future__ import annotations
 
 import apsw
 
-from scopefs.catalog.access import authorize_session, resolve
+from scopefs.catalog.access import authorize_session, decide, resolve
 from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.errors import BadInput
@@ -26,16 +35,30 @@ from scopefs.catalog.reasons import Reason
 from scopefs.writer.transaction import Provenance, WriteResult, write_parts
 
 
+def _causes_in_store(catalog: apsw.Connection, revision_id: str, store_id: str) -> bool:
+    """Whether every retired source that holds ``revision_id`` was a note of ``store_id``."""
+    stores = {str(r[0]) for r in catalog.execute(
+        "SELECT r.store_id FROM lineage_holds h JOIN revisions v ON v.revision_id = h.cause_revision_id"
+        " JOIN resources r ON r.resource_id = v.resource_id WHERE h.revision_id = ?", (revision_id,))}
+    return stores == {store_id}
+
+
 def release(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> WriteResult:
     parts = check_parts(split_virtual_path(path))
     access = authorize_session(home, session_id, Op.REPLACE, actor_id=actor_id, parts=parts)
     target = resolve(access, parts)
     if target.mount is None:
-        raise access.refuse_outside(Op.REPLACE, parts)
+        raise access.refuse_outside(Op.READ, parts)
+    seen = decide(access, target, Op.READ)
     revision = target.revision
-    if revision is None or target.store is None or not revision.held:
+    if (not seen and seen.reason is not Reason.LINEAGE_DENY) or revision is None or target.store is None:
+        raise access.refuse(Op.READ, seen.reason if not seen else Reason.OUTSIDE_VIEW)  # as a read is refused
+    if seen:
         raise BadInput("that note is not held by its lineage; nothing to release")
     held_id = revision.revision_id
+    catalog = home.catalog(access.agent_id)
+    if not _causes_in_store(catalog, held_id, target.store.store_id):
+        raise access.refuse(Op.REPLACE, Reason.NOT_OWNER, store_id=target.store.store_id, revision_id=held_id)
     data = read_verified(home, access.agent_id, target.store, revision)
 
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:

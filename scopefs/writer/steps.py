@@ -27,6 +27,9 @@ class Step(StrEnum):
     FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
 
 
+# The write transaction's own points, in order (a forget's come after them and are its own).
+WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN))
+
 _hook: Callable[[Step], None] | None = None
 
 

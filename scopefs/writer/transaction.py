@@ -137,6 +137,8 @@ class Provenance:
     authority: Callable[[apsw.Connection, bool], Decision]  # (catalog, activating)
     record: RowsHook = _no_rows
     reserve: RowsHook = _no_rows
+    # Inside the activation: a time the revision may be valid no longer than (a derivation's sources').
+    valid_until: Callable[[apsw.Connection], int | None] | None = None
 
 
 def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
@@ -416,7 +418,8 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             return facts.check(catalog, agent_id) if decision else decision
 
         def record() -> None:
-            facts.record(catalog, agent_id, pending.revision_id)
+            inherited = provenance.valid_until(catalog) if provenance and provenance.valid_until else None
+            facts.record(catalog, agent_id, pending.revision_id, inherited)
             if provenance is not None:
                 provenance.record(catalog, pending.resource_id, pending.revision_id)
 

@@ -582,7 +582,7 @@ CREATE TABLE lineage_holds (
     revision_id       TEXT NOT NULL REFERENCES revisions (revision_id),
     cause_revision_id TEXT NOT NULL REFERENCES revisions (revision_id),
     agent_id          TEXT NOT NULL REFERENCES agent_cell (agent_id),
-    cause             TEXT NOT NULL CHECK (cause IN ('tombstone', 'forget')),
+    cause             TEXT NOT NULL CHECK (cause IN ('tombstone', 'forget', 'revoke')),
     held_at           INTEGER NOT NULL,
     PRIMARY KEY (revision_id, cause_revision_id)
 ) STRICT;
@@ -633,7 +633,8 @@ CREATE TABLE forgets (
     actor_id   TEXT,
     notes      INTEGER NOT NULL CHECK (notes >= 0),
     claims     INTEGER NOT NULL CHECK (claims >= 0),
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL,
+    scrubbed   INTEGER NOT NULL DEFAULT 0 CHECK (scrubbed IN (0, 1))  -- index and log rewritten without the text
 ) STRICT;
 CREATE TABLE forgotten_revisions (
     revision_id  TEXT PRIMARY KEY REFERENCES revisions (revision_id),
