@@ -217,17 +217,27 @@ def test_forget_refuses_what_it_will_not_touch(scenario: Scenario) -> None:
     s.cli.j("write", a, "private/notes/b.md", stdin=b"Alice prefers window seats on long flights\n")
     s.cli.j("derive", a, "--from", SOURCE, "--from", "private/notes/b.md", "--to", "private/mixed.md",
             stdin=b"Mixed digest: hazelnut-free meals and window seats\n")
-    s.cli.j("project", a, SOURCE, "--to", f"conversation:{s.conversation}", "--purpose", "menu", "--no-expiry",
-            "--yes")
+    projection = s.cli.j("project", a, SOURCE, "--to", f"conversation:{s.conversation}", "--purpose", "menu",
+                         "--no-expiry", "--yes")["projection_id"]
+    s.cli.j("derive", s.group_session, "--from", "projections/channel/notes/allergy.md", "--to", "channel/menu.md",
+            stdin=b"Menu: no hazelnut desserts this time\n")
     report = s.cli.j("forget", a, SOURCE, "private/notes/nothing-here.md", "--dry-run")
     reasons = sorted(r["reason"] for r in report["refusals"])
-    assert reasons == ["mixed-lineage", "outside-view"]  # the group's projection copy is held, never named
-    assert [n["path"] for n in report["forgotten"]] == [SOURCE]
+    assert reasons == ["mixed-lineage", "outside-view"]  # the group's digest of the copy is held, never named
+    # Alice's own projection of the note is hers to forget with it.
+    assert [(n["path"], n["relation"]) for n in report["forgotten"]] == \
+        [(SOURCE, "named"), (f"projection:{projection}", "copy")]
     s.cli.j("forget", a, SOURCE)
     # Refused descendants are still held by their lineage: nobody reads them.
     assert not _readable(s, a, "private/mixed.md")
     assert not _readable(s, s.group_session, "projections/channel/notes/allergy.md")
+    assert not _readable(s, s.group_session, "channel/menu.md")
     assert _readable(s, a, "private/notes/b.md")
+    [listed] = s.cli.j("projection", "list", "--agent", s.agent)["projections"]
+    assert listed["state"] == "revoked"
+    artifacts = b"".join(p.read_bytes() for p in (s.cli.home / "agents").rglob("*")
+                         if p.is_file() and "memory-scopes" in str(p))
+    assert b"A1c3" not in artifacts
 
 
 def test_forget_outside_the_writable_roots_is_refused_whole(scenario: Scenario) -> None:
@@ -450,3 +460,73 @@ def test_a_removed_note_can_still_be_forgotten_by_its_path(scenario: Scenario) -
     assert [(n["path"], n["relation"]) for n in report["forgotten"]] == [(SOURCE, "removed")]
     assert s.cli("write", s.alice_session, "private/back.md", stdin=ALICE_FACT).code == 3
     assert s.cli("--json", "forget", s.alice_session, SOURCE).code == 3  # nothing left to forget there
+
+
+def test_release_needs_every_ancestor_in_the_notes_own_store(scenario: Scenario) -> None:
+    s = scenario
+    g = s.group_session
+    s.cli.j("project", s.alice_session, SOURCE, "--to", f"conversation:{s.conversation}", "--purpose", "menu",
+            "--expires", "1d", "--yes")
+    s.cli.j("write", g, "channel/tmp.md", stdin=b"Scratch note of the group for the menu\n")
+    s.cli.j("derive", g, "--from", "projections/channel/notes/allergy.md", "--from", "channel/tmp.md",
+            "--to", "channel/d.md", stdin=b"Digest of the menu and the projected allergy\n")
+    s.cli.j("rm", g, "channel/tmp.md")
+    refused = s.cli("lineage", "release", g, "channel/d.md")
+    assert refused.code == 3 and "not-owner" in refused.err
+
+
+def test_an_owner_may_share_a_digest_of_her_own_notes_and_copies_keep_validity(scenario: Scenario) -> None:
+    s = scenario
+    a = s.alice_session
+    s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", s.alice, "--scope", "agent-shared")
+    s.cli.j("write", a, "private/trip.md", "--valid-until", "3d", stdin=b"Alice travels to Porto next week\n")
+    s.cli.j("derive", a, "--from", SOURCE, "--from", "private/trip.md", "--to", "private/sum.md",
+            stdin=b"Summary: Alice avoids hazelnuts and travels to Porto\n")
+    out = s.cli.j("publish", a, "private/sum.md", "--to", "agent-shared", "--yes")
+    assert _readable(s, s.bob_session, "agent-shared/sum.md")
+    rows = _rows(s.cli, "SELECT x.valid_until FROM revision_validity x WHERE x.revision_id = ?", out["revision_id"])
+    source = _rows(s.cli, "SELECT min(valid_until) FROM revision_validity")
+    assert rows and rows[0][0] == source[0][0]  # the copy runs out when its sources do
+
+
+def test_a_capture_over_a_derived_note_stays_derived(scenario: Scenario) -> None:
+    s = scenario
+    projection = _project_and_digest(s)
+    s.cli.j("write", s.group_session, "channel/digest.md", "--origin", "capture",
+            stdin=b"Rewritten digest\n<!-- scopefs:human:start -->\n<!-- scopefs:human:end -->\n")
+    assert b"HB1" in s.cli("read", s.group_session, "channel/digest.md").out  # the human block was kept...
+    s.cli.j("projection", "revoke", projection)
+    assert not _readable(s, s.group_session, "channel/digest.md")  # ...and goes with the projection
+    # A person's plain edit of a derived note is still the derived note.
+    projection = _project_and_digest(s)
+    s.cli.j("write", s.group_session, "channel/digest.md", stdin=b"Hand-edited digest text\n")
+    s.cli.j("projection", "revoke", projection)
+    assert not _readable(s, s.group_session, "channel/digest.md")
+
+
+@pytest.mark.parametrize("disguise", [
+    b"Reminder\n\nsuperseded-by: First private fact: allergic to hazelnuts (canary A1c3)\n",
+    "First private fact: aller\ufe0fgic to hazelnuts (canary A1c3)\n".encode(),
+    b"**Fact:** First private fact: allergic to hazelnuts (canary A1c3)\n",
+    b"Fact:First private fact: allergic to hazelnuts (canary A1c3)\n",
+    b"Fact - First private fact: allergic to hazelnuts (canary A1c3)\n",
+    b"A: B: C: D: First private fact: allergic to hazelnuts (canary A1c3)\n",
+    "First private fact: allergic to hazelnuts (can\u0585ry A1c3)\n".replace("\u0585", "\u0251").encode(),
+], ids=["body-superseded", "variation-selector", "bold-label", "no-space", "dash", "four-labels", "latin-alpha"])
+def test_a_forgotten_claim_cannot_come_back_in_other_disguises(scenario: Scenario, disguise: bytes) -> None:
+    s = scenario
+    s.cli.j("forget", s.alice_session, SOURCE)
+    again = s.cli("write", s.group_session, "channel/back.md", stdin=disguise)
+    assert again.code == 3 and "forgotten" in again.err
+
+
+def test_forget_keeps_a_released_revision_of_a_descendant(scenario: Scenario) -> None:
+    s = scenario
+    a = s.alice_session
+    s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d.md", stdin=b"A digest Alice reviewed and kept\n")
+    s.cli.j("rm", a, SOURCE)
+    s.cli.j("lineage", "release", a, "private/d.md")
+    report = s.cli.j("forget", a, SOURCE)
+    assert [(n["path"], n["relation"], n["revisions"]) for n in report["forgotten"]] == \
+        [(SOURCE, "removed", 1), ("private/d.md", "descendant", 1)]
+    assert s.cli("read", a, "private/d.md").out == b"A digest Alice reviewed and kept\n"

@@ -106,6 +106,28 @@ def hold(conn: apsw.Connection, agent_id: str, roots: list[str], cause: str) -> 
     return conn.changes()
 
 
+def add_lineage(conn: apsw.Connection, agent_id: str, child: str, parent: str, relation: str) -> None:
+    """One edge: ``child`` was made from ``parent`` (inside the transaction that activates ``child``)."""
+    conn.execute("INSERT OR IGNORE INTO lineage_edges (child_revision_id, parent_revision_id, agent_id, relation,"
+                 " created_at) VALUES (?, ?, ?, ?, ?)", (child, parent, agent_id, relation, now_us()))
+
+
+def is_derived(conn: apsw.Connection, revision_id: str) -> bool:
+    """Whether ``revision_id`` was made from another revision by a relation holds follow."""
+    return bool(conn.execute(f"SELECT 1 FROM lineage_edges WHERE child_revision_id = ? AND relation IN"
+                             f" ({_FOLLOWED_SQL}) LIMIT 1", (revision_id,)).fetchall())
+
+
+def inherited_validity(conn: apsw.Connection, revision_ids: list[str]) -> int | None:
+    """The earliest time any of ``revision_ids`` stops being valid (a copy or a digest lasts no longer)."""
+    ids = json.dumps(revision_ids)
+    row = conn.execute(
+        "SELECT min(t) FROM (SELECT valid_until AS t FROM revision_validity WHERE revision_id IN"
+        " (SELECT value FROM json_each(?)) UNION ALL SELECT expires_at FROM projections WHERE copy_revision_id IN"
+        " (SELECT value FROM json_each(?)) AND expires_at IS NOT NULL)", (ids, ids)).fetchall()
+    return None if not row or row[0][0] is None else int(row[0][0])
+
+
 def is_held(conn: apsw.Connection, revision_id: str) -> bool:
     return bool(conn.execute("SELECT 1 FROM lineage_holds WHERE revision_id = ? LIMIT 1", (revision_id,)).fetchall())
 

@@ -16,11 +16,10 @@ import apsw
 
 from scopefs.catalog.access import Access, Target
 from scopefs.catalog.audiences import inside, live_member, reach_of_store
-from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
-from scopefs.catalog.lineage import ancestor_stores
+from scopefs.catalog.lineage import ancestor_stores, is_held
 from scopefs.catalog.paths import Parts, split_virtual_path
 from scopefs.catalog.policy import Decision
 from scopefs.catalog.reader import read_target
@@ -84,10 +83,14 @@ def read_source(home: Home, session_id: str, path: str) -> Source:
 
 
 def source_still_active(catalog: apsw.Connection, revision_id: str) -> Decision:
-    """Inside a commit: the copy is of the revision the person saw, which nobody retired meanwhile."""
+    """Inside a commit: the copy is of the revision the person saw, which nobody retired meanwhile
+    (nor held: a copy made while its source's lineage is retired would escape the hold)."""
     row = one(catalog, "SELECT state FROM revisions WHERE revision_id = ?", (revision_id,))
-    return Decision(True, Reason.ALLOWED) if row is not None and row[0] == "active" \
-        else Decision(False, Reason.REVISION_STALE)
+    if row is None or row[0] != "active":
+        return Decision(False, Reason.REVISION_STALE)
+    if is_held(catalog, revision_id):
+        return Decision(False, Reason.LINEAGE_DENY)
+    return Decision(True, Reason.ALLOWED)
 
 
 def lineage_allows(catalog: apsw.Connection, source: Source, scope_kind: str, audience_id: str) -> Decision:
@@ -100,12 +103,10 @@ def lineage_allows(catalog: apsw.Connection, source: Source, scope_kind: str, au
     """
     target = reach_of_store(scope_kind, audience_id)
     member = live_member(source.access.home)
+    own = source.target.mount
     for kind, audience in ancestor_stores(catalog, source.access.agent_id, source.revision_id):
+        if own is not None and (kind, audience) == (own.scope_kind, own.audience_id):
+            continue  # the owner's own notes: sharing them is what publishing is for
         if not inside(target, reach_of_store(kind, audience), member):
             return Decision(False, Reason.MIXED_AUDIENCE)
     return Decision(True, Reason.ALLOWED)
-
-
-def add_lineage(catalog: apsw.Connection, agent_id: str, child: str, parent: str, relation: str) -> None:
-    catalog.execute("INSERT INTO lineage_edges (child_revision_id, parent_revision_id, agent_id, relation, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)", (child, parent, agent_id, relation, now_us()))

@@ -20,7 +20,6 @@ and are stripped of chat scaffolding first (``catalog.envelope``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +32,12 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, Denied
 from scopefs.catalog.home import Home
-from scopefs.catalog.humanblock import keep_human_block
-from scopefs.catalog.lineage import ancestor_stores, is_held
+from scopefs.catalog.lineage import add_lineage, ancestor_stores, inherited_validity, is_held
 from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reader import read_target
 from scopefs.catalog.reasons import Reason
 from scopefs.writer.capture import previous_bytes
-from scopefs.writer.copies import add_lineage
 from scopefs.writer.transaction import Provenance, WriteResult, check_write, write_copy, write_parts
 
 KINDS = ("summary", "compaction", "digest")
@@ -106,9 +103,9 @@ def derive(home: Home, session_id: str, sources: list[str], to: str, data: bytes
         access.refuse(Op.DERIVE, Reason.MIXED_AUDIENCE)
         raise Denied(Reason.MIXED_AUDIENCE, "denied: mixed-audience: the target reaches people a source does not;"
                                             " derive into the narrowest store of the sources")
-    content = keep_human_block(previous_bytes(home, session_id, to)[0], content)
+    content, kept_from = previous_bytes(home, session_id, to).keep_block(content)
     result = write_parts(home, session_id, parts, content, actor_id=actor_id,
-                         provenance=_provenance(access, read, kind, "written"))
+                         provenance=_provenance(access, read, kind, "written", kept_from))
     return Derived(result, kind, [{"path": s.path, "revision_id": s.revision_id} for s in read])
 
 
@@ -128,7 +125,11 @@ def _read_source(home: Home, deriving: Access, session_id: str, text: str, actor
     return _Source(access, target, path, (reach_of(target.mount), *(reach_of_store(k, a) for k, a in above)))
 
 
-def _provenance(access: Access, read: list[_Source], kind: str, state: str) -> Provenance:
+def _provenance(access: Access, read: list[_Source], kind: str, state: str,
+                kept_from: str | None = None) -> Provenance:
+    """``kept_from``: the revision whose human-notes block the new one kept, a parent like the sources."""
+    parents = list(dict.fromkeys([s.revision_id for s in read] + ([kept_from] if kept_from else [])))
+
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         for source in read:
             row = conn.execute("SELECT state FROM revisions WHERE revision_id = ?", (source.revision_id,)).fetchall()
@@ -139,19 +140,14 @@ def _provenance(access: Access, read: list[_Source], kind: str, state: str) -> P
         return Decision(True, Reason.ALLOWED)
 
     def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
-        for source in dict.fromkeys(s.revision_id for s in read):
-            add_lineage(conn, access.agent_id, revision_id, source, "derive")
+        for parent in parents:
+            add_lineage(conn, access.agent_id, revision_id, parent, "derive")
         conn.execute("INSERT INTO derivations (revision_id, agent_id, kind, state, created_at) VALUES (?, ?, ?, ?, ?)",
                      (revision_id, access.agent_id, kind, state, now_us()))
 
     def valid_until(conn: apsw.Connection) -> int | None:
         """A derivation lasts no longer than any source: its validity, or the projection it was shown by."""
-        ids = json.dumps([s.revision_id for s in read])
-        row = conn.execute(
-            "SELECT min(t) FROM (SELECT valid_until AS t FROM revision_validity WHERE revision_id IN"
-            " (SELECT value FROM json_each(?)) UNION ALL SELECT expires_at FROM projections WHERE copy_revision_id IN"
-            " (SELECT value FROM json_each(?)) AND expires_at IS NOT NULL)", (ids, ids)).fetchall()
-        return None if not row or row[0][0] is None else int(row[0][0])
+        return inherited_validity(conn, parents)
 
     return Provenance(Op.DERIVE, "derived", authority, record, valid_until=valid_until)
 

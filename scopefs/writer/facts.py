@@ -34,7 +34,7 @@ class ContentFacts:
     def claim_keys(self) -> list[str]:
         """The content's claims, keyed; computed once, and only for a cell that has rejected any."""
         if self._keys is None:
-            self._keys = claims.keys(self.secret, self.head)
+            self._keys = claims.keys(self.secret, self.head, checking=True)
         return self._keys
 
     def check(self, catalog: apsw.Connection, agent_id: str) -> Decision:

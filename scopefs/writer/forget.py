@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,15 +37,18 @@ from scopefs.catalog.access import Access, Target, authorize_session, decide, re
 from scopefs.catalog.artifacts import open_store_dir, read_verified
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate, scalar
+from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput, Conflict, IntegrityError
 from scopefs.catalog.home import Home
 from scopefs.catalog.lineage import descendants, parents, resource_revisions
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Op
+from scopefs.catalog.projections import projection_at
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import RevisionRow, StoreRow, revision_by_id
 from scopefs.writer import lock
+from scopefs.writer.projections import revoke_rows
+from scopefs.writer.scrub import scrub, secure_delete
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.tombstone import tombstone_rows
 
@@ -61,8 +63,9 @@ class _Note:
     path: str
     resource_id: str
     store: StoreRow
-    relation: str  # 'named', 'removed' (rm'd before, named by its old path) or 'descendant'
-    revisions: tuple[str, ...]  # every committed revision of it
+    relation: str  # 'named', 'removed' (rm'd before, named by its old path), 'descendant' or 'copy'
+    revisions: tuple[str, ...]  # the revisions forgotten: all of a named note; a descendant's derived ones
+    whole: bool = True  # the note itself goes (its current revision is among them)
 
 
 @dataclass
@@ -103,7 +106,7 @@ def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = Fal
     if dry_run or not plan.notes:
         return Report(dry_run, None, plan, len(keys), unreadable)
     forget_id = ids.random_token()
-    with lock.shared(home.lock_path(access.agent_id)), _secure_delete(catalog):
+    with lock.shared(home.lock_path(access.agent_id)), secure_delete(catalog):
         with immediate(catalog):
             if _plan(access, catalog, named).key() != plan.key():
                 raise Conflict("the notes changed while the forget was prepared; nothing was forgotten, try again")
@@ -154,14 +157,29 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
     roots = [rev for note in chosen.values() for rev in note.revisions]
     below = descendants(catalog, access.agent_id, roots)
     family = set(roots) | set(below)  # a parent in here is itself being forgotten (or refused, and held)
+    subject = access.session.subject.principal_id
+    own_roots = {rev for note in chosen.values() if note.store.scope_kind in ("user", "agent")
+                 and note.store.audience_id == subject for rev in note.revisions}
     for child in below:
-        _plan_descendant(access, catalog, child, chosen, family, plan)
+        _plan_descendant(access, catalog, child, chosen, family, plan, own_roots)
     plan.notes = list(chosen.values())
     return plan
 
 
+def _own_copy(access: Access, catalog: apsw.Connection, child: str, own_roots: set[str]) -> str | None:
+    """How the report names ``child`` if it is a published or projected copy of one of the caller's own
+    notes being forgotten (only a note's owner publishes or projects it), else None."""
+    made = [(parent, relation) for parent, relation in parents(catalog, access.agent_id, child)
+            if relation in ("publish", "project") and parent in own_roots]
+    if not made:
+        return None
+    projection = catalog.execute("SELECT projection_id FROM projections WHERE copy_revision_id = ?",
+                                 (child,)).fetchall()
+    return f"projection:{projection[0][0]}" if projection else f"published copy of revision {made[0][0]}"
+
+
 def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chosen: dict[str, _Note],
-                     family: set[str], plan: Plan) -> None:
+                     family: set[str], plan: Plan, own_roots: set[str]) -> None:
     row = catalog.execute("SELECT r.resource_id, r.path, r.store_id, s.scope_kind, s.audience_id FROM revisions v"
                           " JOIN resources r ON r.resource_id = v.resource_id JOIN stores s ON s.store_id = r.store_id"
                           " WHERE v.revision_id = ? AND v.agent_id = ?", (child, access.agent_id)).fetchall()
@@ -169,6 +187,15 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
         return
     resource_id, inner, scope_kind, audience_id = (str(v) for v in (row[0][0], row[0][1], row[0][3], row[0][4]))
     if resource_id in chosen:
+        return
+    copy = _own_copy(access, catalog, child, own_roots)
+    if copy is not None:  # a copy the caller published or projected of its own note: its own to forget
+        store = catalog.execute("SELECT s.store_id, sr.path_key FROM stores s JOIN storage_roots sr"
+                                " ON sr.storage_root_id = s.storage_root_id WHERE s.store_id = ?",
+                                (str(row[0][2]),)).fetchall()[0]
+        chosen[resource_id] = _Note(copy, resource_id, StoreRow(str(store[0]), scope_kind, audience_id,
+                                                                str(store[1])), "copy",
+                                    tuple(resource_revisions(catalog, access.agent_id, resource_id)))
         return
     mount = next((m for m in access.view.mounts if not m.cell and m.scope_kind == scope_kind
                   and m.audience_id == audience_id), None)
@@ -185,9 +212,10 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
     if not {parent for parent, _relation in parents(catalog, access.agent_id, child)} <= family:
         plan.refusals.append({"path": path, "reason": "mixed-lineage"})
         return
-    assert target.store is not None
-    chosen[resource_id] = _Note(path, resource_id, target.store, "descendant",
-                                tuple(resource_revisions(catalog, access.agent_id, resource_id)))
+    assert target.store is not None and target.revision is not None
+    derived = tuple(r for r in resource_revisions(catalog, access.agent_id, resource_id) if r in family)
+    chosen[resource_id] = _Note(path, resource_id, target.store, "descendant", derived,
+                                whole=target.revision.revision_id in family)
 
 
 def _revision_rows(catalog: apsw.Connection, revision_ids: tuple[str, ...]) -> list[RevisionRow]:
@@ -218,56 +246,21 @@ def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan,
                     " VALUES (?, ?, ?, ?, ?, ?, ?)", (forget_id, agent, access.session.session_id, access.actor_id,
                                                       len(plan.notes), len(keys), now))
     for note in plan.notes:
-        active = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
-                                 (note.resource_id,)).fetchall()
-        tombstone_rows(catalog, note.resource_id, str(active[0][0]) if active else "", cause="forget")
-        catalog.execute("UPDATE revisions SET state = 'tombstoned' WHERE resource_id = ? AND state = 'superseded'",
-                        (note.resource_id,))
+        if note.whole:
+            active = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
+                                     (note.resource_id,)).fetchall()
+            tombstone_rows(catalog, note.resource_id, str(active[0][0]) if active else "", cause="forget")
+            if note.relation == "copy":  # the owner's own projection of it ends with it
+                projection = projection_at(catalog, agent, note.resource_id)
+                if projection is not None:
+                    revoke_rows(catalog, agent, projection)
+        catalog.executemany("UPDATE revisions SET state = 'tombstoned' WHERE revision_id = ? AND state = 'superseded'",
+                            [(r,) for r in note.revisions])
         catalog.executemany("INSERT OR IGNORE INTO forgotten_revisions (revision_id, agent_id, forget_id, forgotten_at)"
                             " VALUES (?, ?, ?, ?)", [(r, agent, forget_id, now) for r in note.revisions])
     catalog.executemany("INSERT OR IGNORE INTO rejected_claims (agent_id, claim_key, forget_id, created_at)"
                         " VALUES (?, ?, ?, ?)", [(agent, key, forget_id, now) for key in keys])
     settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
-
-
-@contextlib.contextmanager
-def _secure_delete(catalog: apsw.Connection) -> Iterator[None]:
-    """Deleted index rows are overwritten with zeros, not left in free pages (this connection, this forget)."""
-    catalog.execute("PRAGMA secure_delete = ON")
-    try:
-        yield
-    finally:
-        catalog.execute("PRAGMA secure_delete = OFF")
-
-
-def unscrubbed(catalog: apsw.Connection, agent_id: str) -> int:
-    """How many forgets have not yet rewritten the catalog's files without their text (a crash came first)."""
-    return int(scalar(catalog, "SELECT count(*) FROM forgets WHERE agent_id = ? AND scrubbed = 0", (agent_id,)))
-
-
-def scrub(catalog: apsw.Connection, agent_id: str) -> bool:
-    """Leave no copy of forgotten text in the catalog's files; whether that is done.
-
-    The full-text index merges away the deleted tokens it still carries in
-    older segments, and the write-ahead log is checkpointed and truncated;
-    then every forget so far is marked scrubbed. A reader holding an old
-    snapshot can keep the checkpoint from completing: the forgets stay
-    unscrubbed, doctor reports them, and ``doctor --fix`` (or the next
-    forget) tries again. The rows themselves are gone either way.
-    """
-    try:
-        with _secure_delete(catalog), immediate(catalog):
-            catalog.execute("INSERT INTO search_fts (search_fts) VALUES ('optimize')")
-        busy, _log, _done = catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0]
-        if busy:
-            return False
-        with immediate(catalog):
-            catalog.execute("UPDATE forgets SET scrubbed = 1 WHERE agent_id = ? AND scrubbed = 0", (agent_id,))
-        catalog.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # the mark itself needs no record
-        return True
-    except apsw.Error as exc:
-        log.warning("the catalog was not scrubbed after a forget (%s)", type(exc).__name__)
-        return False
 
 
 def _unlink_artifacts(home: Home, agent_id: str, catalog: apsw.Connection, plan: Plan) -> None:

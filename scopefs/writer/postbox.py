@@ -37,8 +37,8 @@ from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.groups import membership_expiry
 from scopefs.catalog.home import Home
-from scopefs.catalog.humanblock import keep_human_block
 from scopefs.catalog.identity import resolve_binding
+from scopefs.catalog.lineage import add_lineage
 from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.postbox import (
@@ -59,8 +59,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import active_with_store
 from scopefs.catalog.subject import SubjectKind
 from scopefs.writer import lock
-from scopefs.writer.capture import previous_bytes
-from scopefs.writer.copies import add_lineage
+from scopefs.writer.capture import kept_lineage, previous_bytes
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -238,8 +237,9 @@ def approve(home: Home, session_id: str, item_id: str, to: str | None = None) ->
     held = active_with_store(catalog, access.agent_id, found.revision_id)
     if held is None:
         raise BadInput("unknown postbox item")
-    data = keep_human_block(previous_bytes(home, session_id, "/".join(parts))[0],
-                            read_verified(home, access.agent_id, held[1], held[0]))
+    data, kept_from = previous_bytes(home, session_id, "/".join(parts)).keep_block(
+        read_verified(home, access.agent_id, held[1], held[0]))
+    kept_rows, kept_until = kept_lineage(kept_from)
 
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         row = conn.execute("SELECT state FROM postbox_items WHERE item_id = ?", (item_id,)).fetchall()
@@ -250,8 +250,10 @@ def approve(home: Home, session_id: str, item_id: str, to: str | None = None) ->
         if not _decide(conn, access, [found], "approved", approved=revision_id):
             raise Conflict("the item was decided meanwhile; nothing was written")
         add_lineage(conn, access.agent_id, revision_id, found.revision_id, "postbox")
+        kept_rows(conn, _resource_id, revision_id)
 
-    result = write_copy(access, "user", owner, parts[1:], data, Provenance(Op.APPEND, "postbox", authority, record))
+    result = write_copy(access, "user", owner, parts[1:], data,
+                        Provenance(Op.APPEND, "postbox", authority, record, valid_until=kept_until))
     drain_quietly(home.state(), catalog, access.agent_id)
     return found, result
 

@@ -32,7 +32,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
-from scopefs.catalog.lineage import hold
+from scopefs.catalog.lineage import add_lineage, hold, inherited_validity
 from scopefs.catalog.policies import insert_entry, revoke_entry_in
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.projections import PURPOSE_MAX, Projection, get_projection, projection_at, sessions_exposed
@@ -42,7 +42,12 @@ from scopefs.catalog.stores import find_resource, find_store
 from scopefs.catalog.subject import SubjectKind
 from scopefs.catalog.view import PROJECTED
 from scopefs.writer import lock
-from scopefs.writer.copies import Source, add_lineage, lineage_allows, read_source, source_still_active
+from scopefs.writer.copies import (
+    Source,
+    lineage_allows,
+    read_source,
+    source_still_active,
+)
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -127,7 +132,7 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
         if holder is not None:
             if not holder.expired(at) and holder.projection_id != (replaced.projection_id if replaced else None):
                 raise Conflict("another projection took that name meanwhile; nothing was written, try again")
-            _revoke_rows(conn, agent, holder)
+            revoke_rows(conn, agent, holder)
         add_lineage(conn, agent, revision_id, source.revision_id, "project")
         for capability in sorted(PROJECTED):
             insert_entry(conn, agent, target_kind="resource", target_id=resource_id, effect=Effect.ALLOW,
@@ -141,7 +146,8 @@ def project(home: Home, session_id: str, path: str, to: str, *, purpose: str, ex
              audience.kind, audience.principal_id, purpose, expiry.at, int(expiry.at is None), resource_id,
              revision_id, at))
 
-    provenance = Provenance(Op.PROJECT, "projection", authority, record)
+    provenance = Provenance(Op.PROJECT, "projection", authority, record,
+                            valid_until=lambda conn: inherited_validity(conn, [source.revision_id]))
     result = write_copy(access, "projection", audience.principal_id, inner, source.data, provenance)
     return Projected(preview, result, projection_id, replaced.projection_id if replaced else None)
 
@@ -178,7 +184,7 @@ def _replaced(catalog: apsw.Connection, access: Access, audience: Audience, inne
     raise BadInput("the audience already has a projection by that name; choose another with --as")
 
 
-def _revoke_rows(conn: apsw.Connection, agent_id: str, projection: Projection) -> None:
+def revoke_rows(conn: apsw.Connection, agent_id: str, projection: Projection) -> None:
     """Inside the caller's transaction: the projection revoked, its copy's allows with it, and whatever
     was derived from its copy held (a replaced projection's copy stays as an older revision: its
     descendants must not outlive the decision that let them be made)."""
@@ -212,7 +218,7 @@ def revoke_projection(home: Home, projection_id: str) -> Revoked:
             assert projection is not None
             revoked = projection.revoked_at is None
             if revoked:
-                _revoke_rows(catalog, agent_id, projection)
+                revoke_rows(catalog, agent_id, projection)
                 tombstone_rows(catalog, projection.copy_resource_id, projection.copy_revision_id)
                 event = AuditEvent(operation="projection-revoke", decision="allow", reason=Reason.ALLOWED,
                                    agent_id=agent_id, revision_id=projection.copy_revision_id)

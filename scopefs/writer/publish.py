@@ -30,12 +30,18 @@ from scopefs.catalog.db import one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import get_principal
+from scopefs.catalog.lineage import add_lineage, inherited_validity
 from scopefs.catalog.policies import add_entry, revoke_entry
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import Audience, check_grant_id, may_publish, parse_audience
 from scopefs.catalog.stores import find_store
-from scopefs.writer.copies import Source, add_lineage, lineage_allows, read_source, source_still_active
+from scopefs.writer.copies import (
+    Source,
+    lineage_allows,
+    read_source,
+    source_still_active,
+)
 from scopefs.writer.stores import ensure_store_for
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -107,7 +113,7 @@ def publish(home: Home, session_id: str, path: str, to: str, *, name: str | None
         add_lineage(conn, access.agent_id, revision_id, source.revision_id, "publish")
 
     provenance = Provenance(Op.PUBLISH, "publish", lambda conn, _: _decide(conn, source, scope_kind, audience_id),
-                            record)
+                            record, valid_until=lambda conn: inherited_validity(conn, [source.revision_id]))
     return Published(preview, write_copy(access, scope_kind, audience_id, inner, source.data, provenance))
 
 

@@ -60,7 +60,7 @@ from scopefs.catalog.index import reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
-from scopefs.writer.forget import scrub, unscrubbed
+from scopefs.writer.scrub import scrub, unscrubbed
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
 # What a finding left unfixed means for people, and what brings it back (doctor prints it).

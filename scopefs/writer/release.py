@@ -10,9 +10,11 @@ lineage and its audit trail stay whole (the specification's
 revision").
 
 Declassification is the owner's: a session may release a note only when
-everything that held it was retired from the note's own store (Alice's
-digest of her own removed note, a channel digest of a removed channel
-note), and it may replace the note. A digest held because a projection
+everything that held it was retired from the note's own store, and
+everything it was derived from, at any depth, lies in that store too
+(Alice's digest of her own removed note, a channel digest of removed
+channel notes), and it may replace the note. The new revision keeps the
+held one's validity (a digest of an expiring note still expires). A digest held because a projection
 was revoked, a role note removed or another store's note forgotten is
 never released by the audience that held the copy: re-derive it from what
 it may still read. A note the session cannot see is refused as a read is
@@ -28,7 +30,7 @@ from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
-from scopefs.catalog.lineage import is_held
+from scopefs.catalog.lineage import ancestor_stores, inherited_validity, is_held
 from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reasons import Reason
@@ -57,7 +59,9 @@ def release(home: Home, session_id: str, path: str, *, actor_id: str | None = No
         raise BadInput("that note is not held by its lineage; nothing to release")
     held_id = revision.revision_id
     catalog = home.catalog(access.agent_id)
-    if not _causes_in_store(catalog, held_id, target.store.store_id):
+    own = (target.mount.scope_kind, target.mount.audience_id)
+    above = set(ancestor_stores(catalog, access.agent_id, held_id))
+    if not _causes_in_store(catalog, held_id, target.store.store_id) or not above <= {own}:
         raise access.refuse(Op.REPLACE, Reason.NOT_OWNER, store_id=target.store.store_id, revision_id=held_id)
     data = read_verified(home, access.agent_id, target.store, revision)
 
@@ -73,4 +77,5 @@ def release(home: Home, session_id: str, path: str, *, actor_id: str | None = No
 
     return write_parts(home, session_id, parts, data, actor_id=actor_id,
                        expected_resource_id=target.resource.resource_id if target.resource else None,
-                       provenance=Provenance(Op.REPLACE, "released", authority, record))
+                       provenance=Provenance(Op.REPLACE, "released", authority, record,
+                                             valid_until=lambda conn: inherited_validity(conn, [held_id])))

@@ -68,6 +68,7 @@ from scopefs.catalog.errors import BadInput, Conflict, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import current_model, prepare_from_fd
+from scopefs.catalog.lineage import add_lineage, inherited_validity, is_derived, is_held
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Mount, Op
 from scopefs.catalog.reasons import Reason
@@ -245,6 +246,22 @@ def _plan(access: Access, parts: Parts, expected_resource_id: Expected) -> tuple
     return target, op
 
 
+def _stays_derived(catalog: apsw.Connection, base: str, provenance: Provenance | None) -> bool:
+    """Whether a new revision over ``base`` is derived from it: an edit of a derived note is still the
+    derived note (a person's sed over a digest keeps the digest's audience, and goes with its sources).
+
+    Not for a copy (a publish, a projection: its own decision), a deposit or a release (independent by
+    review), and not over a base that may no longer be read (held, expired: its bytes do not flow into
+    the new revision, which is the owner's fresh start).
+    """
+    if provenance is not None and provenance.operation not in (Op.APPEND, Op.DERIVE):
+        return False
+    if not is_derived(catalog, base) or is_held(catalog, base):
+        return False
+    until = inherited_validity(catalog, [base])
+    return until is None or now_us() < until
+
+
 def _recheck(access: Access, target: Target, op: Op) -> Decision:
     """The policy decision again, with the policy rows as they are now.
 
@@ -419,6 +436,12 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
 
         def record() -> None:
             inherited = provenance.valid_until(catalog) if provenance and provenance.valid_until else None
+            base = pending.base_revision_id
+            if base is not None and _stays_derived(catalog, base, provenance):
+                add_lineage(catalog, agent_id, pending.revision_id, base, "derive")
+                from_base = inherited_validity(catalog, [base])
+                if from_base is not None:
+                    inherited = from_base if inherited is None else min(inherited, from_base)
             facts.record(catalog, agent_id, pending.revision_id, inherited)
             if provenance is not None:
                 provenance.record(catalog, pending.resource_id, pending.revision_id)
