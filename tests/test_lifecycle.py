@@ -530,3 +530,44 @@ def test_forget_keeps_a_released_revision_of_a_descendant(scenario: Scenario) ->
     assert [(n["path"], n["relation"], n["revisions"]) for n in report["forgotten"]] == \
         [(SOURCE, "removed", 1), ("private/d.md", "descendant", 1)]
     assert s.cli("read", a, "private/d.md").out == b"A digest Alice reviewed and kept\n"
+
+
+def test_forgetting_never_touches_another_persons_revision_of_a_shared_copy_name(scenario: Scenario) -> None:
+    s = scenario
+    for who in (s.alice, s.bob):
+        s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", who, "--scope", "agent-shared")
+    s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "x.md", "--yes")
+    bobs = b"Bob keeps the team calendar on the shared drive every week\n"
+    s.cli.j("write", s.bob_session, "private/notes/team.md", stdin=bobs)
+    s.cli.j("publish", s.bob_session, "private/notes/team.md", "--to", "agent-shared", "--as", "x.md", "--yes")
+    report = s.cli.j("forget", s.alice_session, SOURCE)
+    assert [(n["relation"], n["revisions"]) for n in report["forgotten"]] == [("named", 1), ("copy", 1)]
+    assert s.cli("read", s.group_session, "agent-shared/x.md").out == bobs
+    assert s.cli("write", s.bob_session, "private/notes/team2.md", stdin=bobs).code == 0
+
+
+def test_forget_reaches_removed_descendants_and_copies_of_descendants(scenario: Scenario) -> None:
+    s = scenario
+    a = s.alice_session
+    s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", s.alice, "--scope", "agent-shared")
+    s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d.md", stdin=b"Removed digest: no hazelnut cake for Alice\n")
+    s.cli.j("rm", a, "private/d.md")
+    s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d2.md",
+            stdin=b"Shared digest: the lunch order has no hazelnut cake\n")
+    s.cli.j("publish", a, "private/d2.md", "--to", "agent-shared", "--yes")
+    report = s.cli.j("forget", a, SOURCE)
+    assert sorted(n["relation"] for n in report["forgotten"]) == ["copy", "descendant", "named", "removed-descendant"]
+    artifacts = b"".join(p.read_bytes() for p in (s.cli.home / "agents").rglob("*")
+                         if p.is_file() and "memory-scopes" in str(p))
+    assert b"hazelnut cake" not in artifacts
+    assert s.cli("write", s.group_session, "channel/x.md",
+                 stdin=b"Removed digest: no hazelnut cake for Alice\n").code == 3
+
+
+def test_forgetting_a_short_generic_line_bans_nothing_else(scenario: Scenario) -> None:
+    s = scenario
+    s.cli.j("write", s.alice_session, "private/notes/day.md",
+            stdin=b"title: Weekly team notes\n\n## Notes from today\n\nSee you tomorrow morning.\n\nDate: 2026-12-02\n")
+    s.cli.j("forget", s.alice_session, "private/notes/day.md")
+    for line in (b"# Weekly team notes\n", b"Bye all, see you tomorrow morning.\n", b"Meeting Date: 2026-12-02\n"):
+        assert s.cli("write", s.bob_session, "private/notes/mine.md", stdin=line).code == 0, line

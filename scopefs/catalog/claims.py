@@ -38,12 +38,12 @@ import apsw
 from scopefs.catalog.identity import lookup_key
 from scopefs.catalog.lookalikes import looks_like
 
-MAX_SCAN_BYTES = 2 << 20
+MAX_SCAN_BYTES = 1 << 20
 MAX_CLAIM_CHARS = 64 << 10  # a longer paragraph is keyed by its first 64 KiB of normalised text
-MIN_WORDS = 3
-MIN_CHARS = 12
+MIN_WORDS = 5  # a forgotten fact is a sentence; "see you tomorrow morning" is not one to ban agent-wide
+MIN_CHARS = 24
 MAX_LABELS = 3
-MAX_LEAD_WORDS = 8  # a write is checked with up to this many leading words dropped ("**Fact:** X", "So, X")
+MAX_LEAD_WORDS = 6  # a write is checked with up to this many leading words dropped ("**Fact:** X", "So, X")
 # Characters that show nothing (format and control characters, combining and variation marks) and
 # letters made to look blank: dropped, so none of them can split a word of a forgotten claim.
 _INVISIBLE = frozenset({"Cf", "Cc", "Mn", "Me", "Co", "Cs"})

@@ -22,16 +22,12 @@ from scopefs.catalog.envelope import sanitise_capture_bytes
 from scopefs.catalog.errors import BadInput, IntegrityError
 from scopefs.catalog.home import Home
 from scopefs.catalog.humanblock import human_region, keep_human_block
-from scopefs.catalog.lineage import add_lineage, inherited_validity
+from scopefs.catalog.lineage import add_lineage, inherited_validity, is_held
 from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.validity import with_valid_until
 from scopefs.writer.transaction import RENEWABLE, Provenance, RowsHook, WriteResult, write_parts
-
-
-def _any(_conn: apsw.Connection, _activating: bool) -> Decision:
-    return Decision(True, Reason.ALLOWED)  # no authority beyond the session's own placement
 
 
 @dataclass(frozen=True)
@@ -74,6 +70,14 @@ def previous_bytes(home: Home, session_id: str, path: str) -> Previous:
     return Previous(data, target.resource.resource_id, target.revision.revision_id)
 
 
+def kept_still_readable(conn: apsw.Connection, kept_from: str | None) -> Decision:
+    """Inside a commit: the revision whose block was kept is not held meanwhile (a hold is written once,
+    when a source is retired: a child made from a held revision afterwards would escape it)."""
+    if kept_from is not None and is_held(conn, kept_from):
+        return Decision(False, Reason.LINEAGE_DENY)
+    return Decision(True, Reason.ALLOWED)
+
+
 def kept_lineage(kept_from: str | None) -> tuple[RowsHook, Callable[[apsw.Connection], int | None]]:
     """The rows and the validity a revision that kept ``kept_from``'s human block inherits from it."""
     def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
@@ -96,4 +100,5 @@ def capture(home: Home, session_id: str, path: str, data: bytes, *, actor_id: st
     record, inherited = kept_lineage(kept_from)
     return write_parts(home, session_id, check_parts(split_virtual_path(path)), content, actor_id=actor_id,
                        expected_resource_id=previous.resource_id,
-                       provenance=Provenance(Op.APPEND, "capture", _any, record, valid_until=inherited))
+                       provenance=Provenance(Op.APPEND, "capture", lambda conn, _: kept_still_readable(conn, kept_from),
+                                             record, valid_until=inherited))

@@ -37,7 +37,7 @@ from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reader import read_target
 from scopefs.catalog.reasons import Reason
-from scopefs.writer.capture import previous_bytes
+from scopefs.writer.capture import kept_still_readable, previous_bytes
 from scopefs.writer.transaction import Provenance, WriteResult, check_write, write_copy, write_parts
 
 KINDS = ("summary", "compaction", "digest")
@@ -137,7 +137,7 @@ def _provenance(access: Access, read: list[_Source], kind: str, state: str,
                 return Decision(False, Reason.REVISION_STALE)
             if is_held(conn, source.revision_id):
                 return Decision(False, Reason.LINEAGE_DENY)
-        return Decision(True, Reason.ALLOWED)
+        return kept_still_readable(conn, kept_from)
 
     def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
         for parent in parents:

@@ -25,6 +25,7 @@ leaves files no revision serves, which ``doctor`` reports and
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class _Note:
     path: str
     resource_id: str
     store: StoreRow
-    relation: str  # 'named', 'removed' (rm'd before, named by its old path), 'descendant' or 'copy'
+    relation: str  # named, removed (rm'd, by its old path), descendant, removed-descendant or copy
     revisions: tuple[str, ...]  # the revisions forgotten: all of a named note; a descendant's derived ones
     whole: bool = True  # the note itself goes (its current revision is among them)
 
@@ -157,13 +158,23 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
     roots = [rev for note in chosen.values() for rev in note.revisions]
     below = descendants(catalog, access.agent_id, roots)
     family = set(roots) | set(below)  # a parent in here is itself being forgotten (or refused, and held)
-    subject = access.session.subject.principal_id
-    own_roots = {rev for note in chosen.values() if note.store.scope_kind in ("user", "agent")
-                 and note.store.audience_id == subject for rev in note.revisions}
+    own_roots = _in_own_store(access, catalog, family)  # what the caller may have published or projected
     for child in below:
         _plan_descendant(access, catalog, child, chosen, family, plan, own_roots)
     plan.notes = list(chosen.values())
     return plan
+
+
+def _in_own_store(access: Access, catalog: apsw.Connection, revisions: set[str]) -> set[str]:
+    """Those of ``revisions`` that are notes of the caller's own store (a user's private, a service's agent)."""
+    subject = access.session.subject.principal_id
+    if subject is None:
+        return set()
+    return {str(r[0]) for r in catalog.execute(
+        "SELECT v.revision_id FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+        " JOIN stores s ON s.store_id = r.store_id WHERE v.agent_id = ? AND s.scope_kind IN ('user', 'agent')"
+        " AND s.audience_id = ? AND v.revision_id IN (SELECT value FROM json_each(?))",
+        (access.agent_id, subject, json.dumps(sorted(revisions))))}
 
 
 def _own_copy(access: Access, catalog: apsw.Connection, child: str, own_roots: set[str]) -> str | None:
@@ -178,9 +189,21 @@ def _own_copy(access: Access, catalog: apsw.Connection, child: str, own_roots: s
     return f"projection:{projection[0][0]}" if projection else f"published copy of revision {made[0][0]}"
 
 
+def _deletes_in(access: Access, scope_kind: str, audience_id: str) -> bool:
+    """Whether the caller's view deletes in the store (scope, audience) of its own cell."""
+    return any(not m.cell and m.scope_kind == scope_kind and m.audience_id == audience_id
+               and Op.DELETE in m.placement for m in access.view.mounts)
+
+
+def _root_of(access: Access, scope_kind: str, audience_id: str) -> str:
+    return next(m.root for m in access.view.mounts if not m.cell and m.scope_kind == scope_kind
+                and m.audience_id == audience_id)
+
+
 def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chosen: dict[str, _Note],
                      family: set[str], plan: Plan, own_roots: set[str]) -> None:
-    row = catalog.execute("SELECT r.resource_id, r.path, r.store_id, s.scope_kind, s.audience_id FROM revisions v"
+    row = catalog.execute("SELECT r.resource_id, r.path, r.store_id, s.scope_kind, s.audience_id, r.state"
+                          " FROM revisions v"
                           " JOIN resources r ON r.resource_id = v.resource_id JOIN stores s ON s.store_id = r.store_id"
                           " WHERE v.revision_id = ? AND v.agent_id = ?", (child, access.agent_id)).fetchall()
     if not row:
@@ -189,13 +212,22 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
     if resource_id in chosen:
         return
     copy = _own_copy(access, catalog, child, own_roots)
-    if copy is not None:  # a copy the caller published or projected of its own note: its own to forget
+    if copy is not None or row[0][5] == "tombstoned":
+        # A copy the caller published or projected of its own note, or a descendant already removed from
+        # a store the caller deletes in: the caller's to forget. Only the revisions made from what is
+        # forgotten go (another person's revision of a shared copy name is theirs).
+        if copy is None and not _deletes_in(access, scope_kind, audience_id):
+            return
         store = catalog.execute("SELECT s.store_id, sr.path_key FROM stores s JOIN storage_roots sr"
                                 " ON sr.storage_root_id = s.storage_root_id WHERE s.store_id = ?",
                                 (str(row[0][2]),)).fetchall()[0]
-        chosen[resource_id] = _Note(copy, resource_id, StoreRow(str(store[0]), scope_kind, audience_id,
-                                                                str(store[1])), "copy",
-                                    tuple(resource_revisions(catalog, access.agent_id, resource_id)))
+        derived = tuple(r for r in resource_revisions(catalog, access.agent_id, resource_id) if r in family)
+        current = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
+                                  (resource_id,)).fetchall()
+        chosen[resource_id] = _Note(copy or f"{_root_of(access, scope_kind, audience_id)}/{inner}", resource_id,
+                                    StoreRow(str(store[0]), scope_kind, audience_id, str(store[1])),
+                                    "copy" if copy else "removed-descendant", derived,
+                                    whole=not current or str(current[0][0]) in family)
         return
     mount = next((m for m in access.view.mounts if not m.cell and m.scope_kind == scope_kind
                   and m.audience_id == audience_id), None)
@@ -250,10 +282,10 @@ def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan,
             active = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
                                      (note.resource_id,)).fetchall()
             tombstone_rows(catalog, note.resource_id, str(active[0][0]) if active else "", cause="forget")
-            if note.relation == "copy":  # the owner's own projection of it ends with it
-                projection = projection_at(catalog, agent, note.resource_id)
-                if projection is not None:
-                    revoke_rows(catalog, agent, projection)
+        if note.relation == "copy":  # the owner's own projection of it ends with it (never another's)
+            projection = projection_at(catalog, agent, note.resource_id)
+            if projection is not None and projection.copy_revision_id in note.revisions:
+                revoke_rows(catalog, agent, projection)
         catalog.executemany("UPDATE revisions SET state = 'tombstoned' WHERE revision_id = ? AND state = 'superseded'",
                             [(r,) for r in note.revisions])
         catalog.executemany("INSERT OR IGNORE INTO forgotten_revisions (revision_id, agent_id, forget_id, forgotten_at)"

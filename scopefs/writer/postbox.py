@@ -59,7 +59,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import active_with_store
 from scopefs.catalog.subject import SubjectKind
 from scopefs.writer import lock
-from scopefs.writer.capture import kept_lineage, previous_bytes
+from scopefs.writer.capture import kept_lineage, kept_still_readable, previous_bytes
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -244,7 +244,9 @@ def approve(home: Home, session_id: str, item_id: str, to: str | None = None) ->
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
         row = conn.execute("SELECT state FROM postbox_items WHERE item_id = ?", (item_id,)).fetchall()
         pending = bool(row) and row[0][0] == "pending"
-        return Decision(pending, Reason.ALLOWED if pending else Reason.REVISION_STALE)
+        if not pending:
+            return Decision(False, Reason.REVISION_STALE)
+        return kept_still_readable(conn, kept_from)
 
     def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
         if not _decide(conn, access, [found], "approved", approved=revision_id):
