@@ -50,6 +50,7 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
+from tests.test_vfs_integrity import _refused_within
 
 pytestmark = pytest.mark.slow
 
@@ -196,17 +197,8 @@ def test_an_earlier_revision_reads_through_the_mount_hash_checked(scenario: Scen
     os.chmod(first, 0o600)
     first.write_bytes(ALICE_FACT.replace(b"hazelnuts", b"pecannuts"))
 
-    def refused(path: Path, verified: bytes) -> bool:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            assert exc.errno == errno.EIO, exc
-            return True
-        assert data == verified, "bytes other than the verified revision were served"
-        return False
-
     assert errno_of(lambda: (folder / "r2.md").read_bytes()) == errno.EIO
-    wait_until(lambda: refused(folder / "r1.md", ALICE_FACT))
+    _refused_within(folder / "r1.md", ALICE_FACT, timeout=10.0)
     assert (view / ALLERGY).read_bytes() == THIRD  # the note itself is untouched
     mounts.umount(view)  # the read audit is written in batches: all of it by now
     rows = audit_rows(scenario, scenario.alice_session)

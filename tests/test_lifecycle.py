@@ -439,20 +439,6 @@ def test_a_groups_forget_never_names_a_members_private_digest(scenario: Scenario
     assert "v_" not in json.dumps(report["refusals"])
 
 
-@pytest.mark.parametrize("disguise", [
-    lambda fact: b"---\n" + fact + b"---\n",
-    lambda fact: b"---\nnote: " + fact + b"---\n",
-    lambda fact: fact.replace(b"hazelnuts", "hazel\u00adnuts".encode()),
-    lambda fact: fact.replace(b"allergic", "aller\u200bgic".encode()),
-    lambda fact: fact.replace(b"allergic", "\u0430llergic".encode()),  # a Cyrillic a
-], ids=["front-matter", "front-matter-key", "soft-hyphen", "zero-width-space", "look-alike"])
-def test_a_forgotten_claim_cannot_come_back_in_disguise(scenario: Scenario, disguise: object) -> None:
-    s = scenario
-    s.cli.j("forget", s.alice_session, SOURCE)
-    again = s.cli("write", s.alice_session, "private/back.md", stdin=disguise(ALICE_FACT))  # type: ignore[operator]
-    assert again.code == 3 and "forgotten" in again.err
-
-
 def test_a_removed_note_can_still_be_forgotten_by_its_path(scenario: Scenario) -> None:
     s = scenario
     s.cli.j("rm", s.alice_session, SOURCE)
@@ -505,6 +491,11 @@ def test_a_capture_over_a_derived_note_stays_derived(scenario: Scenario) -> None
 
 
 @pytest.mark.parametrize("disguise", [
+    b"---\n" + ALICE_FACT + b"---\n",
+    b"---\nnote: " + ALICE_FACT + b"---\n",
+    ALICE_FACT.replace(b"hazelnuts", "hazel\u00adnuts".encode()),
+    ALICE_FACT.replace(b"allergic", "aller\u200bgic".encode()),
+    ALICE_FACT.replace(b"allergic", "\u0430llergic".encode()),  # a Cyrillic a
     b"Reminder\n\nsuperseded-by: First private fact: allergic to hazelnuts (canary A1c3)\n",
     "First private fact: aller\ufe0fgic to hazelnuts (canary A1c3)\n".encode(),
     b"**Fact:** First private fact: allergic to hazelnuts (canary A1c3)\n",
@@ -512,7 +503,8 @@ def test_a_capture_over_a_derived_note_stays_derived(scenario: Scenario) -> None
     b"Fact - First private fact: allergic to hazelnuts (canary A1c3)\n",
     b"A: B: C: D: First private fact: allergic to hazelnuts (canary A1c3)\n",
     "First private fact: allergic to hazelnuts (can\u0585ry A1c3)\n".replace("\u0585", "\u0251").encode(),
-], ids=["body-superseded", "variation-selector", "bold-label", "no-space", "dash", "four-labels", "latin-alpha"])
+], ids=["front-matter", "front-matter-key", "soft-hyphen", "zero-width-space", "look-alike",
+        "body-superseded", "variation-selector", "bold-label", "no-space", "dash", "four-labels", "latin-alpha"])
 def test_a_forgotten_claim_cannot_come_back_in_other_disguises(scenario: Scenario, disguise: bytes) -> None:
     s = scenario
     s.cli.j("forget", s.alice_session, SOURCE)
@@ -550,7 +542,8 @@ def test_forget_reaches_removed_descendants_and_copies_of_descendants(scenario: 
     s = scenario
     a = s.alice_session
     s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", s.alice, "--scope", "agent-shared")
-    s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d.md", stdin=b"Removed digest: no hazelnut cake for Alice\n")
+    s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d.md",
+            stdin=b"Removed digest: no hazelnut cake for Alice\n")
     s.cli.j("rm", a, "private/d.md")
     s.cli.j("derive", a, "--from", SOURCE, "--to", "private/d2.md",
             stdin=b"Shared digest: the lunch order has no hazelnut cake\n")
