@@ -239,6 +239,7 @@ def test_apply_is_idempotent_and_atomic(scenario: Scenario, tmp_path: Path) -> N
         "not toml": "[agents.main\n",
         "not a list": "[agents.main]\nrecall = \"own\"\n",
         "bad pool name": "[agents.main]\nrecall = []\n[pools.Team]\nowner = \"main\"\n",
+        "nested too deeply": "a = " + "[" * 3000 + "\n",  # tomllib recursion (bench/fuzz_inputs.py found it)
         "owner undeclared": "[agents.main]\nrecall = []\n[pools.x]\nowner = \"dev\"\n",
         "capture into a pool while recalling own": text.replace('capture = "own"', 'capture = "team"'),
     }

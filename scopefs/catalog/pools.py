@@ -157,6 +157,8 @@ def parse(text: bytes, registered: set[str]) -> PoolConfig:
         raw = tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BadInput(f"the pools file is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table (found by bench/fuzz_inputs.py)
+        raise BadInput("the pools file nests arrays or tables too deeply") from None
     raw = _only_keys(raw, {"agents", "pools"}, "the pools file")
     agents_in = _table(raw.get("agents", {}), "[agents]")
     pools_in = _table(raw.get("pools", {}), "[pools]")
