@@ -66,11 +66,29 @@ def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, op
            exposed: list[Exposed], policy_revision: str | None) -> Receipt:
     """Record ``exposed`` for the session's run and return the receipt (a fresh run id if none is given)."""
     run = check_run_id(run_id) if run_id is not None else ids.random_token()
+    receipt_id, unique, now, revision = _insert(home.state(), session_id, agent_id, run, operation, exposed,
+                                                policy_revision, count=True)
+    return Receipt(receipt_id, run, revision, policy_revision, unique, now)
+
+
+def record_batch(state: apsw.Connection, *, session_id: str, agent_id: str, run_id: str, operation: str,
+                 exposed: list[Exposed]) -> None:
+    """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction."""
+    if exposed:
+        _insert(state, session_id, agent_id, run_id, operation, exposed, None, count=False)
+
+
+def _insert(state: apsw.Connection, session_id: str, agent_id: str, run: str, operation: str,
+            exposed: list[Exposed], policy_revision: str | None, *,
+            count: bool) -> tuple[str, tuple[Exposed, ...], int, int]:
+    """One transaction of exposure rows, committed without a disk sync (``synchronous=NORMAL`` for this
+    connection, this transaction): a crash of any process loses none, a power loss the last few, never
+    content. With ``count``, also the run's exposure revision (distinct revisions it has seen)."""
     receipt_id = ids.random_token()
     unique = tuple(dict.fromkeys(exposed))
     now = now_us()
-    state = home.state()
-    state.execute("PRAGMA synchronous=NORMAL")  # this connection, this transaction: no fsync per response
+    revision = 0
+    state.execute("PRAGMA synchronous=NORMAL")
     try:
         with immediate(state):
             state.executemany(
@@ -78,35 +96,12 @@ def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, op
                 " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(receipt_id, session_id, agent_id, run, operation, e.revision_id, e.resource_id, policy_revision, now)
                  for e in unique])
-            revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
-                                         " WHERE session_id = ? AND run_id = ?", (session_id, run)))
+            if count:
+                revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
+                                             " WHERE session_id = ? AND run_id = ?", (session_id, run)))
     finally:
         state.execute("PRAGMA synchronous=FULL")
-    return Receipt(receipt_id, run, revision, policy_revision, unique, now)
-
-
-def record_batch(state: apsw.Connection, *, session_id: str, agent_id: str, run_id: str, operation: str,
-                 exposed: list[Exposed]) -> None:
-    """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction.
-
-    Committed without a disk sync, like ``record``: a crash of any process
-    loses none; a power loss can lose the last batch, never content.
-    """
-    unique = list(dict.fromkeys(exposed))
-    if not unique:
-        return
-    receipt_id = ids.random_token()
-    now = now_us()
-    state.execute("PRAGMA synchronous=NORMAL")
-    try:
-        with immediate(state):
-            state.executemany(
-                "INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id, resource_id,"
-                " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
-                [(receipt_id, session_id, agent_id, run_id, operation, e.revision_id, e.resource_id, now)
-                 for e in unique])
-    finally:
-        state.execute("PRAGMA synchronous=FULL")
+    return receipt_id, unique, now, revision
 
 
 def exposures_of(state: apsw.Connection, agent_id: str, revision_ids: list[str]) -> list[dict[str, Any]]:
