@@ -8,9 +8,13 @@ derived indexes"), so they follow the revision they were cut from exactly:
 * ``insert`` writes the rows *inside* that transaction, so a revision is
   never active without its rows nor indexed without being active (a
   trigger refuses rows of any other revision);
+* a close through a mount leaves both to ``catch_up``: the activation
+  queues the revision in ``index_backlog``, and the rows are made when the
+  mount is idle or before any search reads the index, whichever is first;
 * retirement needs no code: a trigger deletes a revision's rows when it
-  stops being active (superseded, tombstoned, corrupt), and ``retire``
-  deletes them when a search finds the artifact tampered;
+  stops being active (tombstoned, forgotten, corrupt), or queues them for
+  ``catch_up`` when a save supersedes it, and ``retire`` deletes them when
+  a search finds the artifact tampered;
 * ``reindex`` rebuilds from the catalog and verified artifacts only.
 
 Vectors carry the name of the model that made them. The catalog records
@@ -24,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +119,12 @@ def insert(conn: apsw.Connection, agent_id: str, *, revision_id: str, resource_i
         " body, embedding, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
+def retire_rows(conn: apsw.Connection, revision_id: str) -> None:
+    """Inside a transaction: delete a revision's rows and take it off the queue (``catch_up``)."""
+    for table in ("search_chunks", "search_indexed", "index_backlog"):
+        conn.execute(f"DELETE FROM {table} WHERE revision_id = ?", (revision_id,))
+
+
 def retire(conn: apsw.Connection, agent_id: str, revision_id: str) -> None:
     """Delete a revision's rows now (its artifact failed verification)."""
     with immediate(conn):
@@ -133,11 +143,65 @@ _IN_BATCH = 500  # revision ids per query (SQLite's default limit on variables i
 
 
 def stale_count(conn: apsw.Connection, agent_id: str) -> int:
-    """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it)."""
+    """How many active revisions a search cannot fully find until ``reindex`` (doctor reports it).
+
+    Revisions waiting in ``index_backlog`` are not stale: every search catches them up first.
+    """
     return int(scalar(conn, "SELECT count(*) FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
                             " WHERE v.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
                             " AND NOT EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id)"
+                            " AND NOT EXISTS (SELECT 1 FROM index_backlog b WHERE b.revision_id = v.revision_id)"
                             + _STALE, (agent_id,)))
+
+
+def backlog_count(conn: apsw.Connection, agent_id: str) -> int:
+    """How many revisions closes through a mount activated whose search rows are not made yet."""
+    return int(scalar(conn, "SELECT count(*) FROM index_backlog WHERE agent_id = ?", (agent_id,)))
+
+
+def catch_up(home: Home, agent_id: str, store_ids: Collection[str] | None = None, *,
+             limit: int | None = None) -> int:
+    """Make the search rows of the revisions waiting in ``index_backlog``; how many left the queue.
+
+    A close through a mount activates its revision without them (cutting
+    and embedding is a third of a save); the mount calls this for its cells
+    when it is idle, a few at a time (``limit``), and every search calls it
+    for the stores it reads (``store_ids``; None: the whole cell) before
+    reading the index, so a search still finds every committed revision
+    and never waits for another scope's saves. The rows are cut from the
+    artifact verified again (``index_again``): one that fails verification
+    leaves the queue without rows, like a revision a search retired, and
+    the first read that verifies it indexes it. A queued revision no longer
+    active (superseded by the next save) loses its rows instead; held ones
+    are skipped. Cheap when the queue is empty: one indexed probe per store.
+    """
+    conn = home.catalog(agent_id)
+    if store_ids is None:
+        sql, params = "SELECT revision_id FROM index_backlog WHERE agent_id = ? ORDER BY queued_at LIMIT ?", [agent_id]
+    else:
+        stores = sorted(set(store_ids))
+        if not stores:
+            return 0
+        marks = ",".join("?" * len(stores))
+        sql = f"SELECT revision_id FROM index_backlog WHERE agent_id = ? AND store_id IN ({marks}) LIMIT ?"
+        params = [agent_id, *stores]
+    taken = 0
+    while limit is None or taken < limit:
+        batch = _IN_BATCH if limit is None else min(_IN_BATCH, limit - taken)
+        queued = [row[0] for row in conn.execute(sql, (*params, batch))]
+        if not queued:
+            break
+        index_again(home, agent_id, queued)  # the active ones
+        with immediate(conn):  # the rows of those no longer active (superseded), and the queue
+            retired = {row[0] for row in conn.execute(
+                f"SELECT revision_id FROM revisions WHERE state != 'active' AND revision_id IN"
+                f" ({','.join('?' * len(queued))})", queued)}
+            for revision_id in queued:
+                if revision_id in retired:
+                    retire_rows(conn, revision_id)
+            conn.executemany("DELETE FROM index_backlog WHERE revision_id = ?", [(r,) for r in queued])
+        taken += len(queued)
+    return taken
 
 
 def index_again(home: Home, agent_id: str, revision_ids: Iterable[str]) -> int:

@@ -51,7 +51,7 @@ from scopefs.catalog.embedding import embedder_for
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import get_principal
-from scopefs.catalog.index import current_model, retire
+from scopefs.catalog.index import catch_up, current_model, retire
 from scopefs.catalog.policy import Op
 from scopefs.catalog.postfilter import Postfilter
 from scopefs.catalog.prefilter import Scope, predicate, scope_for
@@ -285,6 +285,7 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
     conn = home.catalog(access.agent_id)
     searched = tuple(m for m in access.view.mounts if m.scope_kind not in UNSEARCHED)
     scope = scope_for(conn, access.agent_id, access.session.subject, searched, access.now, about, access.view.caps)
+    catch_up(home, access.agent_id, [store.store_id for store in scope.stores])  # closes a mount left unindexed
     arms = _arms(conn, scope, query, mode)
     postfilter = Postfilter(conn, scope)
     hits: list[Hit] = []

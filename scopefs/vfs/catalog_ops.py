@@ -45,10 +45,11 @@ class CrossDevice(OSError):
 def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None, *,
            durable: bool = False) -> WriteResult:
     """The draft as the next revision of the note at ``parts`` (of ``expected_resource_id``, if given);
-    synced to disk only if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``)."""
+    synced to disk only if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``); its search
+    rows follow once the mount is idle, or when a search asks first (``Commits.index``)."""
     with draft.reader() as source:
         return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
-                           durable=durable)
+                           durable=durable, defer_index=True, in_memory=True)
 
 
 def sync(home: Home, agent_id: str, resource_id: str | None) -> None:

@@ -44,6 +44,7 @@ from collections.abc import Container
 import trio
 
 from scopefs.catalog.errors import Conflict, Denied
+from scopefs.catalog.index import catch_up
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.vfs import catalog_ops
@@ -58,6 +59,8 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
+INDEX_IDLE_S = 0.5  # how long no save committed here before the index catches up with the saves made here
+INDEX_STEP = 32  # revisions indexed per catalog call while catching up: a save arriving waits for one step at most
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
 # committed and let go
 
@@ -72,6 +75,8 @@ class Commits:
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
         self._undrained: set[str] = set()  # cells whose outbox holds audit rows of saves made here
         self._unsynced: set[str] = set()  # cells with revisions committed here without a sync
+        self._unindexed: set[str] = set()  # cells with revisions committed here without search rows
+        self._last_commit = 0.0  # time.monotonic() of the last save committed here
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
@@ -322,6 +327,8 @@ class Commits:
         if not durable:
             self._undrained.add(cell_agent)
             self._unsynced.add(cell_agent)
+        self._unindexed.add(cell_agent)
+        self._last_commit = time.monotonic()
         return saved
 
     def _cell_agent(self, parts: Parts) -> str:
@@ -354,6 +361,17 @@ class Commits:
         except BaseException:
             self._unsynced |= cells
             raise
+
+    async def index(self, *, everything: bool = False) -> None:
+        """Make the search rows of the saves committed here (``catalog.index.catch_up``), once no save
+        came for ``INDEX_IDLE_S``, a step at a time so that a save never waits behind the whole queue;
+        ``everything`` at unmount. A search made meanwhile catches its stores up itself."""
+        mount = self._mount
+        while self._unindexed and (everything or time.monotonic() - self._last_commit >= INDEX_IDLE_S):
+            cell = next(iter(self._unindexed))
+            taken = await mount.catalog(catch_up, mount.home, cell, limit=None if everything else INDEX_STEP)
+            if everything or taken < INDEX_STEP:
+                self._unindexed.discard(cell)
 
     async def drain(self) -> None:
         """Deliver the audit rows of the saves made here since the last drain."""

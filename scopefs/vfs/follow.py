@@ -147,6 +147,7 @@ class Follow:
         await self._round(self._reads.recheck)
         await self._round(self.flush_audit)
         await self._round(self.index_verified)
+        await self._round(self._commits.index)
 
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""
@@ -156,6 +157,7 @@ class Follow:
             log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)
         await self.flush_audit()
+        await self._round(functools.partial(self._commits.index, everything=True))
         await self._round(self._commits.write_back)
         self._reads.drop_readers()
         self._mount.artifacts.close()

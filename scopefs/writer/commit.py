@@ -16,7 +16,7 @@ from scopefs.catalog.audit import settle
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one, relaxed
 from scopefs.catalog.errors import Conflict, IntegrityError
-from scopefs.catalog.index import PreparedIndex, insert
+from scopefs.catalog.index import PreparedIndex, insert, retire_rows
 from scopefs.catalog.policy import Decision
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import active_revision
@@ -32,14 +32,17 @@ class PolicyChanged(Exception):
 
 def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
              base_revision_id: str | None, intent_id: str, event_id: str | None, expected_sha256: str,
-             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex,
+             final_sha256: str, recheck: Callable[[], Decision], index: PreparedIndex | None,
              unsynced: str | None = None, record: Callable[[], None] | None = None) -> None:
     """Step 4: activate a pending revision whose final hash is already known.
 
     ``index`` (prepared from the final file before this transaction) is
     written in the same transaction, so a revision is searchable exactly
     when it is active; superseding the base retires the base's rows by
-    trigger.
+    trigger. None (a close through a mount) queues the revision in
+    ``index_backlog`` instead: cutting and embedding its text is a third of
+    a save, and the index catches up when the mount is idle or before any
+    search reads it (``catalog.index.catch_up``).
 
     ``recheck`` re-evaluates the policy inside the transaction (catalog reads
     only), so a deny added while the content was being written wins.
@@ -76,8 +79,14 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
             catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
         catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
                         (now, revision_id))
-        insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
-               prepared=index)
+        if index is None:
+            catalog.execute("INSERT INTO index_backlog (revision_id, agent_id, store_id, queued_at)"
+                            " VALUES (?, ?, ?, ?)", (revision_id, agent_id, store_id, now))
+        else:
+            if base_revision_id is not None:  # what superseding queued (trigger), done now
+                retire_rows(catalog, base_revision_id)
+            insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
+                   prepared=index)
         if record is not None:
             record()
         catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",

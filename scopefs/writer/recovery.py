@@ -56,7 +56,7 @@ from scopefs.catalog.db import one, scalar
 from scopefs.catalog.errors import IntegrityError, StorageError
 from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
-from scopefs.catalog.index import reindex, stale_count
+from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
@@ -373,6 +373,8 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
     lost = frozenset(s.revision_id for s in settled if s.lost)  # reported above, not as tampering
     for path_key, store_id in stores.items():
         findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix, lost))
+    if fix:
+        catch_up(home, agent_id)  # what a killed mount left queued; a search would do it too
     if stale_count(catalog, agent_id):  # e.g. notes written before the index existed (schema V2)
         action = None
         if fix:

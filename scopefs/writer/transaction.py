@@ -404,7 +404,7 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
 
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             staging_fd: int, staged: _Staged, expected_resource_id: Expected, *, durable: bool = True,
-            provenance: Provenance | None = None) -> WriteResult:
+            provenance: Provenance | None = None, defer_index: bool = False) -> WriteResult:
     """Steps 2-4 for an already staged file, under the shared writer lock."""
     home, agent_id = access.home, access.agent_id
     catalog = home.catalog(agent_id)
@@ -457,7 +457,8 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             placed = True
             final_sha256, _ = _final_hash(store_fd, locator)
             checkpoint(Step.FINALIZED)
-            index = prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))  # slow part, before the txn
+            # The slow part, before the transaction; a mount leaves it to the index's catch-up.
+            index = None if defer_index else prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))
             revalidate(access, shown_op)
             activate(catalog, agent_id, resource_id=pending.resource_id, store_id=store.store_id,
                      revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
@@ -493,7 +494,8 @@ def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO,
 
 def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | BinaryIO, *,
                 actor_id: str | None = None, expected_resource_id: Expected = None,
-                durable: bool = True, provenance: Provenance | None = None) -> WriteResult:
+                durable: bool = True, provenance: Provenance | None = None, defer_index: bool = False,
+                in_memory: bool = False) -> WriteResult:
     """Write ``source`` as the next revision of the note at ``parts``.
 
     Validation, authorization and the policy decision happen before any
@@ -514,14 +516,26 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
     after a power loss (module docstring), and its audit row waits in the
     outbox for the caller's next drain.
 
+    ``in_memory``: ``source`` is already whole in memory (a mount's draft),
+    so there is no input to wait for and nothing to gain by refusing before
+    staging it: the write is planned once, under the writer lock, where
+    every plan counts anyway.
+
+    ``defer_index``: activate without search rows, queued in
+    ``index_backlog`` (a mount's saves: cutting and embedding is a third of
+    a save). The mount makes them once idle, and every search catches the
+    stores it reads up first (``catalog.index.catch_up``), so no search
+    misses the revision.
+
     ``provenance``: a write the session makes by placement but that is more
     than its own words (a derivation): its trust origin, an authority
     re-decided in both commits, and rows written with the activation.
     """
     check_parts(parts)
     access = authorize_session(home, session_id, Op.APPEND, actor_id=actor_id, parts=parts)
-    recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
-    _plan(access, parts, expected_resource_id)
+    if not in_memory:  # refuse before waiting for input; a mount's draft is already whole
+        recover_pending_if_idle(home, access.agent_id)  # a crashed write must not block this plan
+        _plan(access, parts, expected_resource_id)
     staging_fd = open_dir(home.staging_dir(access.agent_id))
     try:
         with _staged(staging_fd, source) as staged:
@@ -531,7 +545,7 @@ def write_parts(home: Home, session_id: str, parts: Parts, source: bytes | Binar
                 assert target.mount is not None  # _plan refused a path outside every mount
                 store = target.store or ensure_store(access, target.mount)
                 return _commit(access, store, target, op, staging_fd, staged, expected_resource_id, durable=durable,
-                               provenance=provenance)
+                               provenance=provenance, defer_index=defer_index)
     finally:
         os.close(staging_fd)
 

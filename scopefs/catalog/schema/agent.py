@@ -694,5 +694,37 @@ CREATE TRIGGER session_delegations_no_delete BEFORE DELETE ON session_delegation
 BEGIN SELECT RAISE(ABORT, 'a delegation is never deleted'); END;
 """
 
+# V8: the index follows the commit (issue 14). Cutting and embedding a
+# note's text, and deleting the rows of the revision it replaces, were a
+# third of a save. A mount's save now activates its revision without search
+# rows and queues it in ``index_backlog``, in the activation transaction;
+# superseding a revision that has rows queues it too, for its rows to go.
+# ``catalog.index.catch_up`` does the queued work: a mount when it is idle,
+# and every search for the stores it reads before it reads the index, so no
+# search misses a committed revision or meets a replaced one (and none
+# waits for another scope's saves). Rows are cut from the artifact verified
+# again, never from what a writer handed over. Every other way out of
+# ``active`` (tombstoned, forgotten, corrupt, rolled back) still deletes the
+# rows in its own transaction.
+V8 = """
+CREATE TABLE index_backlog (
+    revision_id TEXT PRIMARY KEY REFERENCES revisions (revision_id),
+    agent_id    TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    store_id    TEXT NOT NULL REFERENCES stores (store_id),
+    queued_at   INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX index_backlog_by_store ON index_backlog (store_id, queued_at);
+DROP TRIGGER search_chunks_retire;
+CREATE TRIGGER search_chunks_retire AFTER UPDATE OF state ON revisions
+WHEN NEW.state NOT IN ('active', 'superseded')
+BEGIN DELETE FROM search_chunks WHERE revision_id = NEW.revision_id;
+      DELETE FROM search_indexed WHERE revision_id = NEW.revision_id; END;
+CREATE TRIGGER search_chunks_superseded AFTER UPDATE OF state ON revisions
+WHEN NEW.state = 'superseded' AND EXISTS (SELECT 1 FROM search_indexed WHERE revision_id = NEW.revision_id)
+BEGIN INSERT OR IGNORE INTO index_backlog (revision_id, agent_id, store_id, queued_at)
+      SELECT NEW.revision_id, NEW.agent_id, r.store_id, CAST(unixepoch('subsec') * 1000000 AS INTEGER)
+      FROM resources r WHERE r.resource_id = NEW.resource_id; END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4, V5, V6, V7))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5, V6, V7, V8))  # 'SCAG'

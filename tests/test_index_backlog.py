@@ -1,0 +1,162 @@
+"""The index follows the commit: a mount's save activates without search rows (issue 14, schema V8).
+
+A close through a mount queues its revision in ``index_backlog`` instead
+of cutting and embedding it on the save's path, and superseding an indexed
+revision queues its rows to go. What must still hold, on real homes and
+real mounts:
+
+* a search right after a save finds the new text and never the replaced
+  text, whichever process searches (it catches the stores it reads up
+  first), and a search of one view never takes another view's queue (it
+  neither waits for nor times another scope's saves);
+* a mount left idle empties the queue by itself, and unmounting leaves
+  none;
+* a queue left by a mount killed with SIGKILL is caught up by the next
+  search; doctor does not call the queued revisions stale;
+* a queued revision that was tombstoned or held gets no rows, and one
+  whose artifact no longer verifies gets none either (never rows cut from
+  unverified bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from scopefs.catalog.home import Home
+from scopefs.catalog.index import backlog_count, catch_up
+from scopefs.catalog.paths import split_virtual_path
+from scopefs.writer.tombstone import delete_note
+from scopefs.writer.transaction import write_parts
+from tests.conftest import SCOPEFS, Scenario, artifact_path
+from tests.mountkit import Mounts, catalog, mounts, wait_until  # noqa: F401
+
+NOTE = "private/notes/backlog.md"
+OLD = b"The cellar key hangs behind the blue door (canary Q1d5)\n"
+NEW = b"The cellar key moved under the red mat (canary N3w7)\n"
+
+
+def _queued(home: Path) -> set[str]:
+    with catalog(home) as conn:
+        return {row[0] for row in conn.execute("SELECT revision_id FROM index_backlog")}
+
+
+def _indexed(home: Path) -> set[str]:
+    with catalog(home) as conn:
+        return {row[0] for row in conn.execute("SELECT DISTINCT revision_id FROM search_chunks")}
+
+
+def _deferred_write(scenario: Scenario, session: str, path: str, data: bytes) -> str:
+    """A save as a mount makes it (``defer_index``), without a mount that would index it when idle."""
+    home = Home.open(scenario.cli.home)
+    try:
+        return write_parts(home, session, split_virtual_path(path), data, durable=False,
+                           defer_index=True).revision_id
+    finally:
+        home.close()
+
+
+def _search(scenario: Scenario, session: str, query: str) -> list[dict]:
+    return scenario.cli.j("search", session, query)["results"]
+
+
+def test_a_mount_save_is_queued_and_a_search_right_after_finds_it(scenario: Scenario, mounts: Mounts) -> None:
+    cli = scenario.cli
+    first = cli.j("write", scenario.alice_session, NOTE, stdin=OLD)["revision_id"]
+    assert first in _indexed(cli.home)  # a command's write indexes at once, as before
+    root = mounts.mount(scenario.alice_session)
+    (root / NOTE).write_bytes(NEW)
+    with catalog(cli.home) as conn:
+        second = conn.execute("SELECT revision_id FROM revisions WHERE state = 'active' AND resource_id ="
+                              " (SELECT resource_id FROM revisions WHERE revision_id = ?)", (first,)).fetchall()[0][0]
+    hits = _search(scenario, scenario.alice_session, "cellar key red mat")
+    assert [h["path"] for h in hits if "N3w7" in h["snippet"]] == [NOTE]
+    assert not any("Q1d5" in h["snippet"] for h in _search(scenario, scenario.alice_session, "cellar key blue door"))
+    indexed = _indexed(cli.home)
+    assert second in indexed and first not in indexed  # the replaced revision's rows went with the catch-up
+    assert not _queued(cli.home) & {first, second}
+
+
+def test_an_idle_mount_empties_the_queue_and_an_unmount_leaves_none(scenario: Scenario, mounts: Mounts) -> None:
+    cli = scenario.cli
+    root = mounts.mount(scenario.alice_session)
+    folder = root / "private" / "burst"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"n{i:02d}.md").write_bytes(f"burst note {i} about lanterns\n".encode())
+    wait_until(lambda: not _queued(cli.home), timeout=30)  # nobody searched: the mount did it, once idle
+    for i in range(5):
+        (folder / f"m{i:02d}.md").write_bytes(f"second burst {i} about kettles\n".encode())
+    mounts.umount(root)
+    assert not _queued(cli.home)
+    assert backlog_count(Home.open(cli.home).catalog("main"), "main") == 0
+
+
+def test_a_search_takes_only_the_queue_of_the_stores_it_reads(scenario: Scenario) -> None:
+    cli = scenario.cli
+    alice_revision = _deferred_write(scenario, scenario.alice_session, "private/notes/queued.md",
+                                     b"Alice keeps the spare lantern oil in the shed (canary L4nt)\n")
+    assert alice_revision in _queued(cli.home)
+    assert not _search(scenario, scenario.bob_session, "spare lantern oil shed")
+    assert alice_revision in _queued(cli.home)  # Bob's search did not do (nor wait for) Alice's work
+    hits = _search(scenario, scenario.alice_session, "spare lantern oil shed")
+    assert any("L4nt" in h["snippet"] for h in hits)
+    assert alice_revision not in _queued(cli.home)
+
+
+def test_a_queue_left_by_a_killed_mount_is_caught_up_by_the_next_search(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    where = tmp_path / "killed"
+    where.mkdir()
+    server = subprocess.Popen([SCOPEFS, "mount", scenario.alice_session, str(where), "--foreground"],
+                              env={**os.environ, "SCOPEFS_HOME": str(cli.home)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (where / "private").is_dir(), timeout=30)
+        (where / "private" / "killed.md").write_bytes(b"Written just before the server died (canary K1ll)\n")
+        queued = _queued(cli.home)
+        assert queued  # committed at close, not indexed yet
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        subprocess.run(["fusermount3", "-uz", str(where)], capture_output=True)
+    doctor = cli("doctor")  # the killed server's audit rows wait in the outbox: that is reported
+    assert doctor.out == b"main: undrained-audit\n", doctor.out  # a queued revision is not a stale index
+    hits = _search(scenario, scenario.alice_session, "written just before the server died")
+    assert any("K1ll" in h["snippet"] for h in hits)
+    assert not _queued(cli.home)
+
+
+def test_doctor_fix_catches_the_queue_up(scenario: Scenario) -> None:
+    cli = scenario.cli
+    revision = _deferred_write(scenario, scenario.bob_session, "private/notes/fix.md", b"doctor fixes this\n")
+    assert revision in _queued(cli.home)
+    cli("doctor", "--fix")
+    assert revision not in _queued(cli.home) and revision in _indexed(cli.home)
+
+
+def test_queued_revisions_that_were_tombstoned_or_tampered_get_no_rows(scenario: Scenario) -> None:
+    cli = scenario.cli
+    gone = _deferred_write(scenario, scenario.alice_session, "private/notes/gone.md", b"soon removed (canary G0n3)\n")
+    home = Home.open(cli.home)
+    try:
+        delete_note(home, scenario.alice_session, "private/notes/gone.md")
+    finally:
+        home.close()
+    tampered = _deferred_write(scenario, scenario.alice_session, "private/notes/tampered.md",
+                               b"the real text (canary R3al)\n")
+    artifact = artifact_path(cli.home, scenario.alice, "notes/tampered.md")
+    os.chmod(artifact, 0o600)
+    artifact.write_bytes(b"forged words never indexed (canary F0rg)\n")
+    home = Home.open(cli.home)
+    try:
+        assert catch_up(home, "main") >= 2
+    finally:
+        home.close()
+    assert not {gone, tampered} & _indexed(cli.home)
+    assert not {gone, tampered} & _queued(cli.home)
+    assert not _search(scenario, scenario.alice_session, "forged words never indexed")
