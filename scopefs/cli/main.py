@@ -523,10 +523,24 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
     home = _home(args)
     record = mounts.stop(home, args.mountpoint)
+    if record is not None:
+        _end_browse(home, record.session_id)
     where = os.path.realpath(args.mountpoint)
     emit(args.json, {"mountpoint": where, "session_id": record.session_id if record else None},
          [f"unmounted {where}"])
     return 0
+
+
+def _end_browse(home: Home, session_id: str) -> None:
+    """A browse session (``scopefs browse``) lasts as long as its mount: closed once it is unmounted."""
+    from scopefs.catalog.sessions import close_session, load_session
+
+    try:
+        session = load_session(home, session_id)
+    except BadInput:
+        return
+    if session.human:
+        close_session(home, session_id)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -754,11 +768,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                       " in folders under DIR (with --mount-uids)")
     p.add_argument("--mount-uids", metavar="LO-HI", help="the uids such mounts may be served to")
 
-    from scopefs.cli import lifecycle, postbox, sharing
+    from scopefs.cli import browse, lifecycle, postbox, sharing
 
     sharing.register(sub, command, _Parser)
     postbox.register(sub, command, _Parser)
     lifecycle.register(sub, command, _Parser)
+    browse.register(sub, command, _Parser)
 
     from scopefs.cli import history
 

@@ -123,20 +123,25 @@ async def end_with_session(home_root: Path, session_id: str, *,
 
 
 def serve_for(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, *,
-              on_ready: Callable[[], None] | None = None) -> None:
-    """Serve ``session_id``'s view at ``mountpoint`` to ``uid`` alone until unmounted or the session ends."""
+              on_ready: Callable[[], None] | None = None, owner_only: bool = False) -> None:
+    """Serve ``session_id``'s view at ``mountpoint`` to ``uid`` alone until unmounted or the session ends.
+
+    ``owner_only``: root is refused even the root's attributes (a person's own mount, ``scopefs browse``).
+    """
     check_owner(uid, gid)
     check_place(mountpoint)
     serve(home, session_id, mountpoint, on_ready=on_ready, extra_options=frozenset({"allow_other"}),
-          gate=UidGate(uid), owner=(uid, gid), tasks=[functools.partial(end_with_session, home.root, session_id)])
+          gate=UidGate(uid, root_attributes=not owner_only), owner=(uid, gid),
+          tasks=[functools.partial(end_with_session, home.root, session_id)])
 
 
-def start(home: Home, session_id: str, mountpoint: str, uid: int, gid: int) -> mounts.MountRecord:
+def start(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, *,
+          owner_only: bool = False) -> mounts.MountRecord:
     """``scopefs mount --for-uid`` in the background: checked here first (exit 2), then served."""
     check_owner(uid, gid)
     check_place(mounts.absolute(mountpoint))
     return mounts.start(home, session_id, mountpoint, module=MODULE,
-                        options=("--uid", str(uid), "--gid", str(gid)))
+                        options=("--uid", str(uid), "--gid", str(gid), *(("--owner-only",) if owner_only else ())))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,11 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--uid", type=int, required=True)
     parser.add_argument("--gid", type=int, required=True)
+    parser.add_argument("--owner-only", action="store_true")
     parser.add_argument("session")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
     return run_reporting(args.ready_fd, lambda report_ready: serve_for(
-        Home.open(Path(args.home)), args.session, args.mountpoint, args.uid, args.gid, on_ready=report_ready))
+        Home.open(Path(args.home)), args.session, args.mountpoint, args.uid, args.gid, on_ready=report_ready,
+        owner_only=args.owner_only))
 
 
 if __name__ == "__main__":
