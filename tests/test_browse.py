@@ -392,3 +392,19 @@ def test_only_the_owner_uid_errno(place: Place, people: tuple[User, User]) -> No
     out = as_user(other, "python3", "-c", probe, str(place.mountpoint / NOTE),
                   str(place.mountpoint / "private/nope.md"))
     assert out.stdout.decode().split() == [str(errno.EACCES)] * 2, out
+
+
+def test_a_browse_session_goes_to_its_own_user_alone(place: Place, people: tuple[User, User], tmp_path: Path) -> None:
+    """Neither a plain mount, a mount for another uid, nor a sandbox serves a person's browse session."""
+    owner, other = people
+    cli = place.scenario.cli
+    session_id = str(place.browse(owner)["session_id"])
+    spare = place.base / "spare"
+    spare.mkdir()
+    before = snapshot(cli.home)
+    for args in (("mount", session_id, str(spare)), ("mount", session_id, str(spare), "--for-uid", str(other.uid)),
+                 ("run", session_id, "--", "true")):
+        result = cli(*args)
+        assert result.code == 2 and "browse" in result.err, (args, result)
+        assert not is_mounted(spare)
+    assert diff_snapshots(before, snapshot(cli.home)) == []

@@ -69,3 +69,17 @@ def served_uid(home: Home, session: SessionRecord) -> int | None:
     row = one(home.catalog(session.agent_id), "SELECT unix_uid FROM human_sessions WHERE session_id = ?"
               " AND agent_id = ?", (session.session_id, session.agent_id))
     return None if row is None else int(row[0])
+
+
+def check_served(home: Home, session_id: str, uid: int | None) -> None:
+    """BadInput if ``session_id`` is a human session and ``uid`` is not the one user it is for.
+
+    ``uid`` None: a mount or sandbox that is not served to one user (a plain
+    ``scopefs mount``, ``scopefs run``): never for a human session. A
+    person's view goes to that person alone, whoever asks the broker.
+    """
+    from scopefs.catalog.sessions import load_session
+
+    session = load_session(home, session_id)
+    if session.human and (uid is None or served_uid(home, session) != uid):
+        raise BadInput("a browse session is served only to its own local user (scopefs browse)")

@@ -443,11 +443,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from scopefs.catalog.human import check_served
     from scopefs.catalog.sessions import load_session
     from scopefs.sandbox import mounts
 
     home = _home(args)
     owner = _mount_owner(args)  # checked before anything else; the server's module is imported only for it
+    check_served(home, args.session, None if owner is None else owner[0])
     shown: dict[str, object] = {} if owner is None else {"for_uid": owner[0], "for_gid": owner[1]}
     if args.foreground:
         from scopefs.vfs.server import serve
@@ -551,8 +553,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         raise BadInput("run needs a COMMAND to run in the sandbox")
     timeout = parse_duration_us(args.timeout) / 1e6 if args.timeout else None
+    from scopefs.catalog.human import check_served
+
     home = _home(args)
     load_session(home, args.session)  # unknown sessions: exit 2 before anything is started
+    check_served(home, args.session, None)  # a person's own view never goes into an agent's sandbox
     launch.preflight()  # refuse before mounting anything if no safe sandbox can be built
     kept = sessions.for_run(home, args.session)  # a revoked session: exit 3, kept mount or not
     if kept is not None:

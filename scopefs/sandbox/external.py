@@ -42,6 +42,7 @@ import trio
 from scopefs.catalog.access import current_access
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
+from scopefs.catalog.human import check_served
 from scopefs.sandbox import mounts, uids
 from scopefs.vfs.gate import UidGate
 from scopefs.vfs.server import run_reporting, serve
@@ -130,6 +131,7 @@ def serve_for(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, 
     """
     check_owner(uid, gid)
     check_place(mountpoint)
+    check_served(home, session_id, uid)
     serve(home, session_id, mountpoint, on_ready=on_ready, extra_options=frozenset({"allow_other"}),
           gate=UidGate(uid, root_attributes=not owner_only), owner=(uid, gid),
           tasks=[functools.partial(end_with_session, home.root, session_id)])
@@ -140,6 +142,7 @@ def start(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, *,
     """``scopefs mount --for-uid`` in the background: checked here first (exit 2), then served."""
     check_owner(uid, gid)
     check_place(mounts.absolute(mountpoint))
+    check_served(home, session_id, uid)
     return mounts.start(home, session_id, mountpoint, module=MODULE,
                         options=("--uid", str(uid), "--gid", str(gid), *(("--owner-only",) if owner_only else ())))
 
