@@ -408,3 +408,14 @@ def test_a_browse_session_goes_to_its_own_user_alone(place: Place, people: tuple
         assert result.code == 2 and "browse" in result.err, (args, result)
         assert not is_mounted(spare)
     assert diff_snapshots(before, snapshot(cli.home)) == []
+
+
+def test_closing_the_session_ends_the_mount(place: Place, people: tuple[User, User]) -> None:
+    owner, _ = people
+    cli = place.scenario.cli
+    answer = place.browse(owner)
+    pid = answer["pid"]
+    assert isinstance(pid, int)
+    cli.j("session", "close", str(answer["session_id"]))
+    wait_until(lambda: not mounts.server_alive(pid, external.MODULE) or None, timeout=30)
+    assert not is_mounted(place.mountpoint) and os.listdir(place.mountpoint) == []
