@@ -154,12 +154,12 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert fixed.code == 4, fixed  # integrity failures cannot be repaired from here
     found = sorted((f["kind"], f["ref_id"], f["action"]) for f in fixed.findings)
     assert found == sorted([
-        ("tampered-artifact", alice_rev.revision_id, None),
+        ("tampered-artifact", alice_rev.revision_id, "quarantined"),  # moved aside, never re-hashed
         ("missing-artifact", bob_rev.revision_id, None),
         ("orphan-file", channel_rev.store_id, "quarantined"),
     ])
-    assert not orphan.exists()
-    assert [p.read_bytes() for p in quarantine.iterdir()] == [orphan_bytes]
+    assert not orphan.exists() and not tampered.exists()
+    assert sorted(p.read_bytes() for p in quarantine.iterdir()) == sorted([orphan_bytes, bytes(data)])
 
     for session in (base.alice_session, base.bob_session):
         result = cli("read", session, "private/notes/allergy.md")
@@ -170,7 +170,7 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
 
     again = doctor(cli)
     assert again.code == 4
-    assert again.kinds == Counter({"tampered-artifact": 1, "missing-artifact": 1})
+    assert again.kinds == Counter({"missing-artifact": 2})  # the tampered one stays unavailable
 
 
 @pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE))

@@ -139,6 +139,10 @@ def _evidence_problem(home: Home, session: SessionRecord) -> Reason | None:
     if subject.kind is SubjectKind.AMBIGUOUS:
         return None
     assert subject.principal_id is not None
+    if subject.kind is SubjectKind.USER and session.human:
+        # Opened at the console (``catalog.human``): the evidence is the principal itself, an active human.
+        principal = get_principal(home.state(), subject.principal_id)
+        return None if principal.kind == "human" and principal.state == "active" else Reason.IDENTITY_REVOKED
     if subject.kind is SubjectKind.USER:
         assert session.binding_id is not None
         return None if binding_live(home.state(), session.binding_id, subject.principal_id) else Reason.IDENTITY_REVOKED

@@ -36,6 +36,8 @@ def open_child(home: Home, agent_id: str, parent_session_id: str,
     parent = load_session(home, parent_session_id)  # BadInput for an unknown session
     if parent.agent_id != agent_id:
         raise BadInput("unknown session for this agent")
+    if parent.human:
+        raise BadInput("a browse session (a human at the console) delegates nothing")
     if depth_of(catalog, agent_id, parent.session_id) + 1 > MAX_DEPTH:
         raise BadInput(f"a delegation chain is at most {MAX_DEPTH} sessions deep")
     access, problem = current_access(home, parent.session_id)

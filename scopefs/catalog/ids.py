@@ -29,6 +29,7 @@ PREFIXES = {
     "membership": "m",
     "projection": "pj",
     "item": "pb",
+    "human_evidence": "hv",
 }
 
 

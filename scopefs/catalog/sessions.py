@@ -37,6 +37,9 @@ class SessionRecord:
     binding_id: str | None
     created_at: int
     closed_at: int | None
+    # Opened for a human at the console (``scopefs browse``, ``catalog.human``): its ``binding_id`` is the
+    # evidence id of its ``human_sessions`` row, not a chat binding. Write-once, like the subject.
+    human: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,12 +178,15 @@ def load_session(home: Home, session_id: str) -> SessionRecord:
     agent_id = row[0]
     rec = one(
         home.catalog(agent_id),
-        "SELECT subject_kind, subject_principal_id, subject_reason, binding_id, created_at, closed_at"
-        " FROM sessions WHERE session_id = ? AND agent_id = ?",
+        "SELECT s.subject_kind, s.subject_principal_id, s.subject_reason, s.binding_id, s.created_at, s.closed_at,"
+        " h.evidence_id FROM sessions s LEFT JOIN human_sessions h"
+        " ON h.session_id = s.session_id AND h.agent_id = s.agent_id AND h.principal_id = s.subject_principal_id"
+        " WHERE s.session_id = ? AND s.agent_id = ?",
         (session_id, agent_id),
     )
     if rec is None:
         raise BadInput(f"unknown session: {session_id}")
     kind = SubjectKind(rec[0])
     subject = Subject(kind, rec[1], AmbiguousReason(rec[2]) if rec[2] else None)
-    return SessionRecord(session_id, agent_id, subject, rec[3], rec[4], rec[5])
+    human = rec[6] is not None and rec[6] == rec[3] and kind is SubjectKind.USER
+    return SessionRecord(session_id, agent_id, subject, rec[3], rec[4], rec[5], human)

@@ -443,11 +443,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from scopefs.catalog.human import check_served
     from scopefs.catalog.sessions import load_session
     from scopefs.sandbox import mounts
 
     home = _home(args)
     owner = _mount_owner(args)  # checked before anything else; the server's module is imported only for it
+    check_served(home, args.session, None if owner is None else owner[0])
     shown: dict[str, object] = {} if owner is None else {"for_uid": owner[0], "for_gid": owner[1]}
     if args.foreground:
         from scopefs.vfs.server import serve
@@ -523,10 +525,24 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
     home = _home(args)
     record = mounts.stop(home, args.mountpoint)
+    if record is not None:
+        _end_browse(home, record.session_id)
     where = os.path.realpath(args.mountpoint)
     emit(args.json, {"mountpoint": where, "session_id": record.session_id if record else None},
          [f"unmounted {where}"])
     return 0
+
+
+def _end_browse(home: Home, session_id: str) -> None:
+    """A browse session (``scopefs browse``) lasts as long as its mount: closed once it is unmounted."""
+    from scopefs.catalog.sessions import close_session, load_session
+
+    try:
+        session = load_session(home, session_id)
+    except BadInput:
+        return
+    if session.human:
+        close_session(home, session_id)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -537,8 +553,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         raise BadInput("run needs a COMMAND to run in the sandbox")
     timeout = parse_duration_us(args.timeout) / 1e6 if args.timeout else None
+    from scopefs.catalog.human import check_served
+
     home = _home(args)
     load_session(home, args.session)  # unknown sessions: exit 2 before anything is started
+    check_served(home, args.session, None)  # a person's own view never goes into an agent's sandbox
     launch.preflight()  # refuse before mounting anything if no safe sandbox can be built
     kept = sessions.for_run(home, args.session)  # a revoked session: exit 3, kept mount or not
     if kept is not None:
@@ -754,11 +773,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                       " in folders under DIR (with --mount-uids)")
     p.add_argument("--mount-uids", metavar="LO-HI", help="the uids such mounts may be served to")
 
-    from scopefs.cli import lifecycle, postbox, sharing
+    from scopefs.cli import browse, lifecycle, postbox, sharing
 
     sharing.register(sub, command, _Parser)
     postbox.register(sub, command, _Parser)
     lifecycle.register(sub, command, _Parser)
+    browse.register(sub, command, _Parser)
 
     from scopefs.cli import history
 

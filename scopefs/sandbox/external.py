@@ -42,6 +42,7 @@ import trio
 from scopefs.catalog.access import current_access
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
+from scopefs.catalog.human import check_served
 from scopefs.sandbox import mounts, uids
 from scopefs.vfs.gate import UidGate
 from scopefs.vfs.server import run_reporting, serve
@@ -123,20 +124,27 @@ async def end_with_session(home_root: Path, session_id: str, *,
 
 
 def serve_for(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, *,
-              on_ready: Callable[[], None] | None = None) -> None:
-    """Serve ``session_id``'s view at ``mountpoint`` to ``uid`` alone until unmounted or the session ends."""
+              on_ready: Callable[[], None] | None = None, owner_only: bool = False) -> None:
+    """Serve ``session_id``'s view at ``mountpoint`` to ``uid`` alone until unmounted or the session ends.
+
+    ``owner_only``: root is refused even the root's attributes (a person's own mount, ``scopefs browse``).
+    """
     check_owner(uid, gid)
     check_place(mountpoint)
+    check_served(home, session_id, uid)
     serve(home, session_id, mountpoint, on_ready=on_ready, extra_options=frozenset({"allow_other"}),
-          gate=UidGate(uid), owner=(uid, gid), tasks=[functools.partial(end_with_session, home.root, session_id)])
+          gate=UidGate(uid, root_attributes=not owner_only), owner=(uid, gid),
+          tasks=[functools.partial(end_with_session, home.root, session_id)])
 
 
-def start(home: Home, session_id: str, mountpoint: str, uid: int, gid: int) -> mounts.MountRecord:
+def start(home: Home, session_id: str, mountpoint: str, uid: int, gid: int, *,
+          owner_only: bool = False) -> mounts.MountRecord:
     """``scopefs mount --for-uid`` in the background: checked here first (exit 2), then served."""
     check_owner(uid, gid)
     check_place(mounts.absolute(mountpoint))
+    check_served(home, session_id, uid)
     return mounts.start(home, session_id, mountpoint, module=MODULE,
-                        options=("--uid", str(uid), "--gid", str(gid)))
+                        options=("--uid", str(uid), "--gid", str(gid), *(("--owner-only",) if owner_only else ())))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--uid", type=int, required=True)
     parser.add_argument("--gid", type=int, required=True)
+    parser.add_argument("--owner-only", action="store_true")
     parser.add_argument("session")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
     return run_reporting(args.ready_fd, lambda report_ready: serve_for(
-        Home.open(Path(args.home)), args.session, args.mountpoint, args.uid, args.gid, on_ready=report_ready))
+        Home.open(Path(args.home)), args.session, args.mountpoint, args.uid, args.gid, on_ready=report_ready,
+        owner_only=args.owner_only))
 
 
 if __name__ == "__main__":

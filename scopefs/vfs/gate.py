@@ -37,7 +37,8 @@ launch (a gateway's own container, ``scopefs mount --for-uid``): nobody can
 admit that sandbox's pid namespace, so the uid alone is the credential. Every
 handle is opened under one admission (``EVERYONE``), which ends when the
 mount stops, and root gets only the root's constant attributes, which a
-container runtime reads as root before it binds the mount.
+container runtime reads as root before it binds the mount. A person's own
+mount (``scopefs browse``) gives root not even those.
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ class UidGate(Gate):
 
     EVERYONE = 0  # the one admission every handle is opened under: no pid namespace has inode 0
 
-    def __init__(self, uid: int) -> None:
+    def __init__(self, uid: int, *, root_attributes: bool = True) -> None:
         super().__init__(uid)
+        # False for a person's own mount (``scopefs browse``): no runtime binds it, so root gets nothing either.
+        self.root_attributes = root_attributes
         self.admit(self.EVERYONE)  # ended by ``dismiss_all`` when the mount stops: then nobody is answered
 
     def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
@@ -152,7 +155,7 @@ class UidGate(Gate):
         """
         if ctx is None or not self.holds(self.EVERYONE):
             return False
-        return ctx.uid == self.uid or (root_attributes and ctx.uid == 0)
+        return ctx.uid == self.uid or (root_attributes and self.root_attributes and ctx.uid == 0)
 
     def namespace_of(self, ctx: pyfuse3.RequestContext | None) -> int | None:
         """``EVERYONE`` for the uid while the mount serves, else None (no handle is given)."""

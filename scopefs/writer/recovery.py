@@ -27,7 +27,11 @@ with ``fix`` repairs, everything that does not match the catalog:
   existed, or embedded by a model that is no longer current): reindexed;
 * committed revisions whose artifact is missing, unsafe or does not hash to
   the catalog: reported as integrity failures. They cannot be repaired from
-  here and stay unreadable.
+  here and stay unreadable. A tampered artifact (changed behind the
+  broker's back, say by hand in the artifact area) is moved to the agent's
+  quarantine by ``fix``; its catalog hash is never rewritten to match, so
+  the revision stays unavailable (reported as missing from then on) until
+  the artifact is restored from a backup or the note is written again.
 
 Without ``fix`` nothing is changed. Findings carry our own ids only, never
 content or user-chosen paths.
@@ -74,6 +78,11 @@ HINTS = {
                            "each one, indexes them again",
     "unsynced-revision": "a note saved without a sync before the last restart reached the disk intact; "
                          "'scopefs doctor --fix' (or the next write, mount or read) syncs it",
+    "tampered-artifact": "an artifact was changed outside scopefs: it is never served or trusted; "
+                         "'scopefs doctor --fix' moves it to the agent's quarantine (the note stays unavailable "
+                         "until restored from a backup or written again)",
+    "missing-artifact": "the note's revision stays unavailable (EIO, exit 4): restore its artifact from a backup, "
+                        "or write the note again",
     "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
                      "'scopefs doctor --fix' (or the next write, mount or read) returns it to the revision "
                      "before it",
@@ -291,7 +300,11 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
             try:
                 verify(fd, size, sha256)
             except IntegrityError:
-                findings.append(Finding("tampered-artifact", agent_id, revision_id))
+                moved = None
+                if fix:  # moved aside, never re-hashed: the revision stays unavailable (a missing artifact)
+                    _to_quarantine(home, agent_id, store_fd, locator)
+                    moved = "quarantined"
+                findings.append(Finding("tampered-artifact", agent_id, revision_id, moved))
             finally:
                 os.close(fd)
     finally:

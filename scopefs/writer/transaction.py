@@ -67,6 +67,7 @@ from scopefs.catalog.digests import hash_fd
 from scopefs.catalog.errors import BadInput, Conflict, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
+from scopefs.catalog.human import TRUST_ORIGIN as HUMAN_ORIGIN
 from scopefs.catalog.index import current_model, prepare_from_fd
 from scopefs.catalog.lineage import add_lineage, inherited_validity, is_derived, is_held
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
@@ -95,6 +96,14 @@ _TRUST_ORIGIN = {
     SubjectKind.CONVERSATION: "conversation",
     SubjectKind.SERVICE: "service",
 }
+
+
+
+def _trust_origin(access: Access) -> str:
+    """Where an ordinary write comes from: the session's kind of subject, or a human at the console."""
+    if access.session.human:
+        return HUMAN_ORIGIN  # ``scopefs browse``: the person themself, not a chat turn
+    return _TRUST_ORIGIN.get(access.session.subject.kind, "unattributed")
 
 
 @dataclass(frozen=True)
@@ -332,14 +341,13 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
         event = access.event(provenance.operation if provenance else op, "allow", Reason.ALLOWED,
                              store_id=store.store_id, revision_id=revision_id)
         event_id = enqueue(catalog, agent_id, event)
-        subject_kind = access.session.subject.kind
         catalog.execute(
             "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
             " size, locator, state, session_id, actor_id, trust_origin, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
             (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
              access.session.session_id, access.actor_id,
-             provenance.trust_origin if provenance else _TRUST_ORIGIN.get(subject_kind, "unattributed"), now),
+             provenance.trust_origin if provenance else _trust_origin(access), now),
         )
         catalog.execute(
             "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"

@@ -726,5 +726,33 @@ BEGIN INSERT OR IGNORE INTO index_backlog (revision_id, agent_id, store_id, queu
       FROM resources r WHERE r.resource_id = NEW.resource_id; END;
 """
 
+# V9: human sessions (issue 17): a person browsing their own memory at the
+# console (``scopefs browse``). The session row is an ordinary user subject
+# (the same view as that person's verified DM), stamped with an evidence id
+# from this table instead of a chat binding; this row is what the evidence
+# is: the operator opened it for that human principal, served to one local
+# Unix uid. Written once with its session, never edited or deleted.
+V9 = """
+CREATE TABLE human_sessions (
+    session_id   TEXT PRIMARY KEY REFERENCES sessions (session_id),
+    agent_id     TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    principal_id TEXT NOT NULL,
+    evidence_id  TEXT NOT NULL UNIQUE,
+    unix_uid     INTEGER NOT NULL CHECK (unix_uid > 0),
+    opened_at    INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER human_sessions_checked BEFORE INSERT ON human_sessions
+WHEN EXISTS (SELECT 1 FROM human_sessions WHERE session_id = NEW.session_id OR evidence_id = NEW.evidence_id)
+  OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = NEW.session_id AND s.agent_id = NEW.agent_id
+                   AND s.subject_kind = 'user' AND s.subject_principal_id = NEW.principal_id
+                   AND s.binding_id = NEW.evidence_id AND s.closed_at IS NULL)
+  OR EXISTS (SELECT 1 FROM session_delegations d WHERE d.session_id = NEW.session_id)
+BEGIN SELECT RAISE(ABORT, 'a human session is written once, for a new user session stamped with its evidence'); END;
+CREATE TRIGGER human_sessions_fixed BEFORE UPDATE ON human_sessions
+BEGIN SELECT RAISE(ABORT, 'a human session is never edited'); END;
+CREATE TRIGGER human_sessions_no_delete BEFORE DELETE ON human_sessions
+BEGIN SELECT RAISE(ABORT, 'a human session is never deleted'); END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4, V5, V6, V7, V8))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5, V6, V7, V8, V9))  # 'SCAG'
