@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 
 import apsw
 
-from tests.conftest import ACCOUNT, ALICE_FACT, ALICE_SENDER, CHANNEL, Cli, Scenario, artifact_path, snapshot
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    ALICE_SENDER,
+    CHANNEL,
+    SCOPEFS,
+    Cli,
+    Scenario,
+    artifact_path,
+    snapshot,
+)
 from tests.mountkit import Mounts, mounts  # noqa: F401
 
 
@@ -285,3 +296,16 @@ def test_targets_inside_the_home_or_the_backup_are_refused(scenario: Scenario, t
     backup = tmp_path / "backup"
     _backup(cli, backup)
     _refused_restore(cli, backup, backup / "agents" / "new", 2)
+
+
+def test_readme_example_works(tmp_path: Path) -> None:
+    """The copy-paste example of the README's "Backups" section, run as it is printed."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Backups"):]
+    script = section[section.index("```sh\n") + 6:]
+    script = script[:script.index("```")]
+    env = {**os.environ, "PATH": f"{Path(SCOPEFS).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    env.pop("SCOPEFS_HOME", None)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().endswith("ok: the artifact area matches the catalog\nkept across a restore\n")
