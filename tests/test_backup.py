@@ -10,18 +10,24 @@ refused before anything is written (exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
 
+from scopefs.writer.steps import Step
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
     ALICE_SENDER,
+    BOB_FACT,
     CHANNEL,
     SCOPEFS,
     Cli,
@@ -309,3 +315,93 @@ def test_readme_example_works(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode().endswith("ok: the artifact area matches the catalog\nkept across a restore\n")
+
+
+REPO = Path(__file__).resolve().parents[1]
+# The real command line in a child that waits at one checkpoint (the first time it passes it) until told to go on.
+_PARKED = r"""
+import os, sys
+os.umask(0o077)
+from scopefs.cli.main import main
+from scopefs.writer import steps
+
+target = sys.argv[1]
+seen = []
+
+def park(step):
+    if step.value == target and not seen:
+        seen.append(step)
+        os.write(2, b"parked\n")
+        os.read(int(os.environ["PARK_FD"]), 1)
+
+steps.set_hook(park)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@contextlib.contextmanager
+def _parked(cli: Cli, step: Step, *argv: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``scopefs ARGV`` parked at ``step``; write a byte to the returned fd to let it go on."""
+    go_read, go_write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", _PARKED, step.value, *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, pass_fds=(go_read,),
+                            env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(cli.home),
+                                 "PARK_FD": str(go_read)})
+    os.close(go_read)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while line.startswith(b"scopefs: ") and line != b"parked\n":  # progress lines come first
+            line = proc.stderr.readline()
+        if line != b"parked\n":
+            proc.kill()
+            raise AssertionError(f"did not park at {step.value}: {line!r} {proc.communicate()[1][-2000:]!r}")
+        yield proc, go_write
+    finally:
+        os.close(go_write)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
+    """The catalog snapshot still names the note; the forget unlinks its artifact before the copy: the cell is
+    snapshotted again, and the backup holds neither the forgotten note nor its text."""
+    cli = scenario.cli
+    canary = b"Forget me later: the locker code (canary L0ck)\n"
+    cli.j("write", scenario.bob_session, "private/notes/locker.md", stdin=canary)
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_SNAPSHOT, "--json", "backup", str(dest)) as (proc, go):
+        cli.j("forget", scenario.bob_session, "private/notes/locker.md")
+        os.write(go, b"x")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["resnapshots"] == 1 and report["artifacts"] == 3
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert b"canary L0ck" not in path.read_bytes(), path
+    restored = _restore(cli, dest, tmp_path / "restored")
+    assert restored("read", scenario.bob_session, "private/notes/locker.md").code != 0
+    assert restored("read", scenario.bob_session, "private/notes/allergy.md").out == BOB_FACT
+
+
+def test_a_write_in_flight_at_the_snapshot_is_rolled_back_on_restore(scenario: Scenario, tmp_path: Path) -> None:
+    """A writer parked after its pending revision and rename: the backup runs beside it (it takes no lock), and the
+    restored home has the note as it was acknowledged, doctor-clean."""
+    cli = scenario.cli
+    with _parked(cli, Step.RENAMED, "write", scenario.alice_session, "private/notes/allergy.md") as (proc, _go):
+        _backup(cli, tmp_path / "backup")
+        proc.kill()
+    snapshot_catalog = apsw.Connection(str(tmp_path / "backup/agents/main/catalog.sqlite"),
+                                       flags=apsw.SQLITE_OPEN_READONLY)
+    try:  # the backup did catch the write between its two commits
+        assert snapshot_catalog.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [
+            (1,)]
+    finally:
+        snapshot_catalog.close()
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert restored("--json", "doctor").json()["findings"] == []
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
+    restored.j("write", scenario.alice_session, "private/notes/allergy.md", stdin=b"next\n")
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == b"next\n"

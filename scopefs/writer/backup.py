@@ -58,6 +58,7 @@ from scopefs.catalog.fsafe import fsync_dir
 from scopefs.catalog.home import HMAC_KEY_BYTES, Home, pool_cell, read_secret
 from scopefs.catalog.schema import current_version
 from scopefs.writer.scrub import scrub, unscrubbed
+from scopefs.writer.steps import Step, checkpoint
 
 FORMAT = "scopefs-backup"
 FORMAT_VERSION = 1
@@ -339,7 +340,9 @@ def _snapshot_cell(home: Home, root: Path, cell: str) -> tuple[list[str], list[A
         os.unlink(target)
     snapshot_db(home.catalog(cell), target)
     _scrub_snapshot(target, cell)
-    return artifacts_of(target, cell)
+    found = artifacts_of(target, cell)
+    checkpoint(Step.BACKUP_SNAPSHOT)
+    return found
 
 
 def _back_up_cell(home: Home, root: Path, cell: str, copier: _Copier) -> int:
