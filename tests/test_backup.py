@@ -36,6 +36,7 @@ from tests.conftest import (
     snapshot,
 )
 from tests.mountkit import Mounts, mounts  # noqa: F401
+from tests.test_pools import POOL_FACT, pooled  # noqa: F401
 
 
 def _backup(cli: Cli, dest: Path) -> dict:
@@ -65,7 +66,7 @@ def _tree(cli: Cli, session: str, folder: str = "") -> dict[str, str]:
 
 def _view(cli: Cli, session: str) -> dict[str, object]:
     """What a session sees: its tree with contents, and what searches return."""
-    searches = {q: cli.j("search", session, q) for q in ("allergic", "Lisbon offsite", "fact", "canary")}
+    searches = {q: cli.j("search", session, q) for q in ("allergic", "Lisbon offsite", "release train")}
     return {"tree": _tree(cli, session), "search": searches}
 
 
@@ -246,6 +247,7 @@ def test_live_backup_while_a_mount_keeps_writing(scenario: Scenario, mounts: Mou
                         fh.write(b"live write %d\n" % i)
                 written.append(i)
                 i += 1
+                stop.wait(0.05)  # steady saves through the whole backup, not thousands of notes to check after
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             errors.append(exc)
 
@@ -405,3 +407,16 @@ def test_a_write_in_flight_at_the_snapshot_is_rolled_back_on_restore(scenario: S
     assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
     restored.j("write", scenario.alice_session, "private/notes/allergy.md", stdin=b"next\n")
     assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == b"next\n"
+
+
+def test_shared_pools_are_backed_up_and_restored(scenario: Scenario, pooled: dict[str, str],  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    cli = scenario.cli
+    chosen = {name: pooled[name] for name in ("curator", "main", "dev", "lurker")}  # writer, readers, an outsider
+    before = {name: _view(cli, session) for name, session in chosen.items()}
+    report = _backup(cli, tmp_path / "backup")
+    assert report["cells"] == ["dev", "lurker", "main", "sandbox", "social", "pool:team"]
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert restored("doctor").code == 0
+    assert {name: _view(restored, session) for name, session in chosen.items()} == before
+    assert before["curator"]["tree"]["pools/team/release.md"] == POOL_FACT.decode()
