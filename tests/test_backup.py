@@ -420,3 +420,16 @@ def test_shared_pools_are_backed_up_and_restored(scenario: Scenario, pooled: dic
     assert restored("doctor").code == 0
     assert {name: _view(restored, session) for name, session in chosen.items()} == before
     assert before["curator"]["tree"]["pools/team/release.md"] == POOL_FACT.decode()
+
+
+def test_a_home_with_a_tampered_artifact_is_not_backed_up(scenario: Scenario, tmp_path: Path) -> None:
+    """A backup that could not be restored is never written: exit 4, counts only, nothing at DEST."""
+    cli = scenario.cli
+    victim = artifact_path(cli.home, scenario.bob, "notes/allergy.md")
+    victim.write_bytes(victim.read_bytes().replace(b"peanuts", b"walnuts"))
+    result = cli("--json", "backup", str(tmp_path / "backup"))
+    assert result.code == 4 and json.loads(result.out)["exit_code"] == 4
+    assert "1 committed artifact(s) of the home do not verify" in result.err
+    assert victim.name not in result.err and "nuts" not in result.err
+    assert not (tmp_path / "backup").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".backup.")]
