@@ -433,3 +433,24 @@ def test_a_home_with_a_tampered_artifact_is_not_backed_up(scenario: Scenario, tm
     assert victim.name not in result.err and "nuts" not in result.err
     assert not (tmp_path / "backup").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".backup.")]
+
+
+def test_a_manifest_that_is_not_ours_or_is_damaged_is_refused(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    backup = tmp_path / "backup"
+    _backup(cli, backup)
+    manifest_path = backup / "manifest.json"
+    original = manifest_path.read_bytes()
+    manifest = json.loads(original)
+    manifest_path.write_text(json.dumps({**manifest, "format_version": 99}))
+    assert "newer than this scopefs" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    manifest_path.write_text(json.dumps({**manifest, "cells": ["../../etc"]}))
+    assert "damaged" in _refused_restore(cli, backup, tmp_path / "restored", 4)
+    manifest_path.write_bytes(original[: len(original) // 2])
+    assert "damaged" in _refused_restore(cli, backup, tmp_path / "restored", 4)
+    manifest_path.unlink()
+    assert "not a scopefs backup" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    assert "not a scopefs backup" in _refused_restore(cli, empty, tmp_path / "restored", 2)
+    assert "does not exist" in _refused_restore(cli, tmp_path / "nowhere", tmp_path / "restored", 2)

@@ -45,7 +45,7 @@ from scopefs.catalog.db import immediate, one, scalar
 from scopefs.catalog.digests import HASH_CHUNK
 from scopefs.catalog.errors import BadInput, IntegrityError, ScopefsError, StorageError
 from scopefs.catalog.fsafe import UnsafeEntry, fsync_dir, open_dir, open_dir_beneath, open_regular
-from scopefs.catalog.home import HMAC_KEY_BYTES, Home
+from scopefs.catalog.home import HMAC_KEY_BYTES, POOL_CELL_PREFIX, Home, validate_agent_name, validate_pool_name
 from scopefs.catalog.schema import SchemaKind
 from scopefs.catalog.schema.agent import AGENT_SCHEMA
 from scopefs.catalog.schema.state import STATE_SCHEMA
@@ -136,7 +136,10 @@ def _cells(manifest: dict[str, Any]) -> list[str]:
         raise _damaged()
     try:
         for cell in cells:
-            Home(Path("/")).agent_dir(cell)  # validates the agent or pool name
+            if cell.startswith(POOL_CELL_PREFIX):
+                validate_pool_name(cell[len(POOL_CELL_PREFIX):])
+            else:
+                validate_agent_name(cell)
     except BadInput:
         raise _damaged() from None
     return cells
@@ -209,7 +212,7 @@ def _check_cells(root: Path, cells: list[str]) -> None:
     conn = apsw.Connection(str(root / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW)
     try:
         registered = {str(r[0]) for r in conn.execute("SELECT agent_id FROM agents")}
-        registered |= {"pool:" + str(r[0]) for r in conn.execute("SELECT pool_name FROM pools")}
+        registered |= {POOL_CELL_PREFIX + str(r[0]) for r in conn.execute("SELECT pool_name FROM pools")}
     finally:
         conn.close()
     if registered != set(cells):
