@@ -25,10 +25,13 @@ class Step(StrEnum):
     # A forget (``writer.forget``): one transaction, then the bytes leave the disk.
     FORGETTING = "forgetting"  # inside the forget's transaction, before its commit
     FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
+    # A backup (``writer.backup``): a cell's catalog is snapshotted, its artifacts not yet copied.
+    BACKUP_SNAPSHOT = "backup-snapshot"
 
 
-# The write transaction's own points, in order (a forget's come after them and are its own).
-WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN))
+# The write transaction's own points, in order (a forget's and a backup's come after them and are their own).
+WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step
+                                      if s not in (Step.FORGETTING, Step.FORGOTTEN, Step.BACKUP_SNAPSHOT))
 
 _hook: Callable[[Step], None] | None = None
 

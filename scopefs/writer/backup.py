@@ -1,0 +1,432 @@
+"""``scopefs backup``: a consistent snapshot of a live home, while its mounts keep serving and writing.
+
+What a backup holds, laid out like a home (``catalog.home``) plus a manifest:
+
+* every database through SQLite's online backup, each in one step (one
+  read transaction, so one consistent point per file; writers are never
+  blocked under WAL). The catalogs go first and ``state.sqlite`` last: an
+  audit row a catalog's outbox handed on meanwhile is then in the state
+  copy or still "ready" in the catalog copy (delivery is idempotent), never
+  lost between the two; a cell the state copy names that was added after
+  the first look is snapshotted after it;
+* the artifact of every committed revision a restored home could serve or
+  show in history (active and superseded), and the kept files of removed
+  notes (tombstoned, not forgotten) when they still verify. Artifacts are
+  immutable per locator, so copying them after their catalog's snapshot is
+  consistent; each is hashed as it is copied and must match the snapshot.
+  One that no longer does because the live catalog moved on (a ``forget``
+  unlinked it between the snapshot and the copy) makes that cell snapshot
+  again, and what the new snapshot no longer names leaves the backup, so a
+  forget is never undone by the backup taken across it. A committed
+  artifact that does not verify in the live home fails the backup (exit 4):
+  a backup that could not be restored is never written. Staging files,
+  quarantine, locks, mount registries and ``api.key`` are never copied;
+* ``hmac.key``, so a restored home resolves the same bindings;
+* ``manifest.json``: the format and version, the cells, the schema versions,
+  and the SHA-256 and size of every database, the key and every artifact
+  (an artifact's hash is its catalog's). Its own SHA-256 is the digest the
+  command reports.
+
+The backup is built in a 0700 sibling of DEST and renamed onto it at the
+end: DEST holds a whole backup or nothing. Files are 0600. A DEST that is
+not empty, or whose permissions were loosened, is refused before anything
+is written (exit 2). A forget done after a backup does not reach into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from scopefs.catalog import ids
+from scopefs.catalog.artifacts import check_locator, check_path_key, open_artifact_stat, open_store_dir
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import STORAGE_FAILURES, one
+from scopefs.catalog.digests import HASH_CHUNK
+from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
+from scopefs.catalog.fsafe import fsync_dir
+from scopefs.catalog.home import HMAC_KEY_BYTES, Home, pool_cell, read_secret
+from scopefs.catalog.schema import current_version
+from scopefs.writer.scrub import scrub, unscrubbed
+from scopefs.writer.steps import Step, checkpoint
+
+FORMAT = "scopefs-backup"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SNAPSHOT_ATTEMPTS = 5  # per cell: a forget racing every attempt is an operator to ask, not a loop to spin
+Progress = Callable[[str], None]
+
+# What a backup carries of one cell: (store key, locator, sha256, size, required).
+# Required: active and superseded revisions (what doctor checks, what can be served or shown in history).
+_ARTIFACTS = (
+    "SELECT r.path_key, v.locator, v.content_sha256, v.size, v.state IN ('active', 'superseded')"
+    " FROM revisions v JOIN resources res ON res.resource_id = v.resource_id"
+    " JOIN stores s ON s.store_id = res.store_id JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+    " WHERE v.agent_id = ? AND v.state IN ('active', 'superseded', 'tombstoned')"
+    " AND NOT EXISTS (SELECT 1 FROM forgotten_revisions f WHERE f.revision_id = v.revision_id)"
+    " ORDER BY r.path_key, v.locator"
+)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    cell: str
+    store_key: str
+    locator: str
+    sha256: str
+    size: int
+    required: bool
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    dest: Path
+    cells: tuple[str, ...]
+    artifacts: int  # copied
+    artifact_bytes: int
+    database_bytes: int
+    skipped: int  # kept files of removed notes that no longer verify in the live home: left out
+    resnapshots: int  # cells snapshotted again because a forget moved them on during the copy
+    manifest_sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dest": str(self.dest), "cells": list(self.cells), "artifacts": self.artifacts,
+                "artifact_bytes": self.artifact_bytes, "database_bytes": self.database_bytes,
+                "skipped": self.skipped, "resnapshots": self.resnapshots, "manifest_sha256": self.manifest_sha256,
+                "format_version": FORMAT_VERSION}
+
+
+def check_private_dir(path: Path, what: str) -> None:
+    """Refuse (bad input) a directory that is not ours alone, as the home refuses its own (``catalog.home``)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise BadInput(f"{what} does not exist") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{what} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise BadInput(f"{what} is owned by another user; refusing to use it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise BadInput(f"{what} is accessible to others (mode {stat.S_IMODE(st.st_mode):o}, want 700);"
+                       " refusing to use it")
+
+
+def check_target(target: Path, what: str) -> None:
+    """A place a backup or a restored home may be made: absent, or an empty private directory; its parent exists."""
+    if not target.parent.is_dir():
+        raise BadInput(f"the folder that should hold the {what} does not exist")
+    if not os.path.lexists(target):
+        return
+    check_private_dir(target, f"the {what}")
+    if any(True for _ in os.scandir(target)):
+        raise BadInput(f"the {what} is not empty; refusing to write into it")
+
+
+def check_apart(target: Path, other: Path, what: str, other_what: str) -> None:
+    """Refuse a target inside (or holding) a directory it must stay apart from: the home, the backup."""
+    a, b = Path(os.path.realpath(target)), Path(os.path.realpath(other))
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        raise BadInput(f"the {what} must not be inside {other_what} (or hold it)")
+
+
+def sibling(target: Path, purpose: str) -> Path:
+    """A fresh 0700 directory next to ``target`` (same filesystem, so the final rename is atomic)."""
+    path = target.parent / f".{target.name}.{purpose}-{ids.random_token()}"
+    path.mkdir(mode=0o700)
+    return path
+
+
+def put_atomically(built: Path, target: Path) -> None:
+    """Rename ``built`` onto ``target`` (absent, or an empty directory) and make the name durable."""
+    fsync_dir(built)
+    try:
+        os.rename(built, target)
+    except OSError as exc:  # someone filled the target meanwhile: nothing of ours is there
+        raise BadInput(f"cannot put the result in place ({os.strerror(exc.errno or 0)}); nothing was changed") from exc
+    fsync_dir(target.parent)
+
+
+def new_file(path: Path) -> int:
+    """A new 0600 file, created exclusively, never through a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    fd = new_file(path)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def cell_dir(root: Path, cell: str) -> Path:
+    """A cell's directory under ``root``, exactly where ``Home.agent_dir`` puts it."""
+    return Home(root).agent_dir(cell)
+
+
+def snapshot_db(source: apsw.Connection, target: Path) -> None:
+    """SQLite's online backup of ``source`` into a new 0600 file, in one step: one consistent point.
+
+    The copy is left in rollback-journal mode, one self-contained file; a
+    restored home's first open turns it back to WAL (``catalog.db``).
+    """
+    os.close(new_file(target))
+    dest = apsw.Connection(str(target), flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        try:
+            with dest.backup("main", source, "main") as step:
+                while not step.done:
+                    step.step(-1)
+        except STORAGE_FAILURES as exc:
+            raise StorageError(f"cannot snapshot a database: {exc.__class__.__name__}") from exc
+        dest.execute("PRAGMA journal_mode=DELETE").fetchall()
+    finally:
+        dest.close()
+
+
+def _scrub_snapshot(path: Path, cell: str) -> None:
+    """Leave no forgotten text in a snapshot taken before its forget finished scrubbing (``writer.scrub``)."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        conn.execute("PRAGMA trusted_schema=OFF")
+        if unscrubbed(conn, cell):
+            scrub(conn, cell)
+            conn.execute("VACUUM")
+    finally:
+        conn.close()
+
+
+def artifacts_of(catalog_path: Path, cell: str) -> tuple[list[str], list[Artifact]]:
+    """The store keys of a catalog copy, and the artifacts a backup of it carries."""
+    conn = apsw.Connection(str(catalog_path), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        keys = [check_path_key(str(r[0])) for r in conn.execute(
+            "SELECT path_key FROM storage_roots WHERE agent_id = ? ORDER BY path_key", (cell,))]
+        found = [Artifact(cell, check_path_key(str(r[0])), check_locator(str(r[1])), str(r[2]), int(r[3]), bool(r[4]))
+                 for r in conn.execute(_ARTIFACTS, (cell,))]
+    finally:
+        conn.close()
+    return keys, found
+
+
+def _cells_of(state_path: Path) -> list[str]:
+    conn = apsw.Connection(str(state_path), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        agents = [str(r[0]) for r in conn.execute("SELECT agent_id FROM agents ORDER BY agent_id")]
+        pools = [pool_cell(str(r[0])) for r in conn.execute("SELECT pool_name FROM pools ORDER BY pool_name")]
+    finally:
+        conn.close()
+    return [*agents, *pools]
+
+
+class _Moved(Exception):
+    """The live catalog moved on past the snapshot (a forget): snapshot the cell again."""
+
+
+@dataclass
+class _Copier:
+    """Copies one cell's artifacts from the live home, hashing each against the snapshot."""
+
+    home: Home
+    root: Path
+    copied: dict[tuple[str, str, str], Artifact] = field(default_factory=dict)
+    failed: int = 0
+    skipped: int = 0
+
+    def copy_cell(self, cell: str, keys: list[str], wanted: list[Artifact]) -> None:
+        scopes = cell_dir(self.root, cell) / "memory-scopes" / "v1"
+        for key in keys:
+            (scopes / key).mkdir(mode=0o700, exist_ok=True)
+        names = {(a.cell, a.store_key, a.locator) for a in wanted}
+        for name in [n for n in self.copied if n[0] == cell and n not in names]:  # no longer named: out
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(scopes / name[1] / name[2])
+            del self.copied[name]
+        moved = False
+        for artifact in wanted:
+            name = (cell, artifact.store_key, artifact.locator)
+            if name in self.copied:
+                continue  # immutable per locator: the copy made before the resnapshot stands
+            if self._copy_one(artifact, scopes / artifact.store_key / artifact.locator):
+                self.copied[name] = artifact
+            elif self._still_committed(artifact):
+                if artifact.required:
+                    self.failed += 1
+                else:
+                    self.skipped += 1
+            else:
+                moved = True
+        for key in keys:
+            fsync_dir(scopes / key)
+        if moved:
+            raise _Moved()
+
+    def _copy_one(self, artifact: Artifact, target: Path) -> bool:
+        """Copy while hashing; whether the bytes were the snapshot's. A failed copy leaves no file."""
+        try:
+            store_fd = open_store_dir(self.home, artifact.cell, artifact.store_key)
+        except IntegrityError:
+            return False
+        try:
+            src, st = open_artifact_stat(store_fd, artifact.locator)
+        except IntegrityError:
+            return False
+        finally:
+            os.close(store_fd)
+        ok = False
+        out = new_file(target)
+        try:
+            if st.st_size == artifact.size:
+                digest, offset = hashlib.sha256(), 0
+                while offset <= artifact.size:
+                    chunk = os.pread(src, HASH_CHUNK, offset)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    os.write(out, chunk)
+                    offset += len(chunk)
+                ok = offset == artifact.size and digest.hexdigest() == artifact.sha256
+            if ok:
+                os.fsync(out)
+        finally:
+            os.close(out)
+            os.close(src)
+            if not ok:
+                os.unlink(target)
+        return ok
+
+    def _still_committed(self, artifact: Artifact) -> bool:
+        """Whether the live catalog still keeps this revision's file (not forgotten, not lost meanwhile)."""
+        row = one(self.home.catalog(artifact.cell),
+                  "SELECT v.state, EXISTS (SELECT 1 FROM forgotten_revisions f WHERE f.revision_id = v.revision_id)"
+                  " FROM revisions v WHERE v.agent_id = ? AND v.locator = ?", (artifact.cell, artifact.locator))
+        return row is not None and row[0] in ("active", "superseded", "tombstoned") and not row[1]
+
+
+def _catalog_path(root: Path, cell: str) -> Path:
+    return cell_dir(root, cell) / "catalog.sqlite"
+
+
+def _make_cell_dirs(root: Path, cell: str) -> None:
+    path = cell_dir(root, cell)
+    for folder in (path.parent, path, path / "memory-scopes", path / "memory-scopes" / "v1"):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+def _snapshot_cell(home: Home, root: Path, cell: str) -> tuple[list[str], list[Artifact]]:
+    _make_cell_dirs(root, cell)
+    target = _catalog_path(root, cell)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    snapshot_db(home.catalog(cell), target)
+    _scrub_snapshot(target, cell)
+    found = artifacts_of(target, cell)
+    checkpoint(Step.BACKUP_SNAPSHOT)
+    return found
+
+
+def _back_up_cell(home: Home, root: Path, cell: str, copier: _Copier) -> int:
+    """Snapshot one cell and copy its artifacts, again while a forget keeps moving it on; how many resnapshots."""
+    for attempt in range(SNAPSHOT_ATTEMPTS):
+        keys, wanted = _snapshot_cell(home, root, cell)
+        try:
+            copier.copy_cell(cell, keys, wanted)
+            return attempt
+        except _Moved:
+            continue
+    raise StorageError("the home kept changing under the backup (notes forgotten during every attempt); try again")
+
+
+def build_manifest(root: Path, cells: list[str], artifacts: list[Artifact]) -> dict[str, Any]:
+    databases = []
+    for rel in ["state.sqlite", *(str(_catalog_path(root, c).relative_to(root)) for c in cells)]:
+        sha, size = file_sha256(root / rel)
+        databases.append({"path": rel, "sha256": sha, "size": size})
+    key_sha, _ = file_sha256(root / "hmac.key")
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "created_at_us": now_us(),
+        "schemas": {"state": _version(root / "state.sqlite"),
+                    "catalog": {c: _version(_catalog_path(root, c)) for c in cells}},
+        "cells": cells, "databases": databases, "key": {"path": "hmac.key", "sha256": key_sha},
+        "artifacts": [{"cell": a.cell, "store": a.store_key, "locator": a.locator, "sha256": a.sha256,
+                       "size": a.size} for a in sorted(artifacts, key=lambda a: (a.cell, a.store_key, a.locator))],
+    }
+
+
+def _version(path: Path) -> int:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        return current_version(conn)
+    finally:
+        conn.close()
+
+
+def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> BackupReport:
+    """Write a consistent backup of ``home`` (live: mounts may serve and write meanwhile) to ``dest``.
+
+    ``dest`` must be absent or an empty 0700 directory of ours (else BadInput,
+    nothing written). IntegrityError if a committed artifact of the home
+    does not verify (``scopefs doctor`` names the revisions); nothing is
+    left at ``dest`` then.
+    """
+    say = progress or (lambda _line: None)
+    dest = dest.absolute()
+    check_target(dest, "backup destination")
+    check_apart(dest, home.root, "backup destination", "the home")
+    home.state()  # the home opens (and its schema is current) before anything is made
+    root = sibling(dest, "backup")
+    try:
+        (root / "agents").mkdir(mode=0o700)
+        copier = _Copier(home, root)
+        cells, resnapshots = home.cells(), 0
+        say(f"snapshotting {len(cells)} catalog(s) and copying their artifacts")
+        for cell in cells:
+            resnapshots += _back_up_cell(home, root, cell, copier)
+        say("snapshotting the state database")
+        snapshot_db(home.state(), root / "state.sqlite")
+        late = [c for c in _cells_of(root / "state.sqlite") if c not in cells]
+        for cell in late:  # added after the first look: its catalog is newer than the state copy, never older
+            resnapshots += _back_up_cell(home, root, cell, copier)
+        cells += late
+        if copier.failed:
+            raise IntegrityError(f"{copier.failed} committed artifact(s) of the home do not verify; run"
+                                 " 'scopefs doctor'. No backup was written")
+        write_file(root / "hmac.key", read_secret(home.key_path, HMAC_KEY_BYTES))
+        say(f"writing the manifest ({len(copier.copied)} artifact(s))")
+        manifest = build_manifest(root, cells, list(copier.copied.values()))
+        data = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+        write_file(root / MANIFEST, data)
+        for folder in {root, root / "agents", *(cell_dir(root, c).parent for c in cells),
+                       *(cell_dir(root, c) for c in cells)}:
+            fsync_dir(folder)
+        put_atomically(root, dest)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    say("done")
+    return BackupReport(
+        dest=dest, cells=tuple(cells), artifacts=len(copier.copied),
+        artifact_bytes=sum(a.size for a in copier.copied.values()),
+        database_bytes=sum(int(d["size"]) for d in manifest["databases"]), skipped=copier.skipped,
+        resnapshots=resnapshots, manifest_sha256=hashlib.sha256(data).hexdigest())
+

@@ -1,0 +1,456 @@
+"""``scopefs backup`` and ``scopefs restore``: real homes, real SQLite files, a real FUSE mount writing meanwhile.
+
+A backup is taken of a live home while a mounted session keeps saving; the
+restored home must pass doctor, verify every artifact, and show every
+session exactly what the old home showed. A backup that was tampered with
+or lost an artifact is refused whole (exit 4, counts only), and nothing is
+left at the new home; loosened permissions and a non-empty destination are
+refused before anything is written (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+
+from scopefs.writer.steps import Step
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    ALICE_SENDER,
+    BOB_FACT,
+    CHANNEL,
+    SCOPEFS,
+    Cli,
+    Scenario,
+    artifact_path,
+    snapshot,
+)
+from tests.mountkit import Mounts, mounts  # noqa: F401
+from tests.test_pools import POOL_FACT, pooled  # noqa: F401
+
+
+def _backup(cli: Cli, dest: Path) -> dict:
+    return cli.j("backup", str(dest))
+
+
+def _restore(cli: Cli, src: Path, new: Path) -> Cli:
+    cli.j("restore", str(src), "--home", str(new))
+    return Cli(new)
+
+
+def _tree(cli: Cli, session: str, folder: str = "") -> dict[str, str]:
+    """Every note a session's view lists (recursively), with its content; folders as markers."""
+    out: dict[str, str] = {}
+    listing = cli.j("ls", session, *([folder] if folder else []))["entries"]
+    for entry in listing:
+        path = f"{folder}/{entry['name']}" if folder else entry["name"]
+        if entry["type"] == "folder":
+            out[path + "/"] = "folder"
+            out.update(_tree(cli, session, path))
+        else:
+            read = cli("read", session, path)
+            assert read.code == 0, (path, read.err)
+            out[path] = read.text
+    return out
+
+
+def _view(cli: Cli, session: str) -> dict[str, object]:
+    """What a session sees: its tree with contents, and what searches return."""
+    searches = {q: cli.j("search", session, q) for q in ("allergic", "Lisbon offsite", "release train")}
+    return {"tree": _tree(cli, session), "search": searches}
+
+
+def _artifacts(backup: Path) -> list[Path]:
+    return sorted(p for p in (backup / "agents").rglob("*") if p.is_file() and "memory-scopes" in p.parts)
+
+
+def test_backup_layout_is_private_and_manifest_names_every_artifact(scenario: Scenario, tmp_path: Path) -> None:
+    dest = tmp_path / "backup"
+    report = _backup(scenario.cli, dest)
+    for path in [dest, *dest.rglob("*")]:
+        mode = os.lstat(path).st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    manifest = json.loads((dest / "manifest.json").read_bytes())
+    assert manifest["format"] == "scopefs-backup" and manifest["format_version"] == 1
+    assert report["artifacts"] == len(manifest["artifacts"]) == len(_artifacts(dest)) == 3
+    assert report["manifest_sha256"] and report["cells"] == ["main"]
+    for entry in manifest["artifacts"]:
+        stored = dest / "agents/main/memory-scopes/v1" / entry["store"] / entry["locator"]
+        assert stored.stat().st_size == entry["size"]
+    names = {p.name for p in dest.rglob("*")}
+    assert not names & {"staging", "quarantine", "writer.lock", "api.key", "mounts"}
+    assert not [p for p in dest.rglob("*") if p.name.endswith(("-wal", "-shm", "-journal"))]
+
+
+def test_restored_home_is_doctor_clean_and_every_session_sees_the_same(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    shared = cli.j("session", "open", "--agent", scenario.agent, "--shared-main")["session_id"]
+    sessions = [scenario.alice_session, scenario.bob_session, scenario.group_session, shared]
+    before = {s: _view(cli, s) for s in sessions}
+    _backup(cli, tmp_path / "backup")
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert os.stat(tmp_path / "restored").st_mode & 0o777 == 0o700
+    doctor = restored("--json", "doctor")
+    assert doctor.code == 0 and doctor.json()["findings"] == [], doctor.text
+    assert {s: _view(restored, s) for s in sessions} == before
+    assert before[scenario.alice_session]["tree"]["private/notes/allergy.md"] == ALICE_FACT.decode()
+    assert not [p for p in (tmp_path).iterdir() if p.name.startswith(".restored.")]
+
+
+def test_restored_home_takes_new_writes(scenario: Scenario, tmp_path: Path) -> None:
+    _backup(scenario.cli, tmp_path / "backup")
+    restored = _restore(scenario.cli, tmp_path / "backup", tmp_path / "restored")
+    restored.j("write", scenario.alice_session, "private/notes/allergy.md", stdin=b"after the restore\n")
+    restored.j("write", scenario.group_session, "channel/new.md", stdin=b"a new note\n")
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == b"after the restore\n"
+    assert restored("read", scenario.group_session, "channel/new.md").out == b"a new note\n"
+    assert scenario.cli("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
+    assert restored("doctor").code == 0
+
+
+def test_hmac_key_is_restored_so_a_dm_opens_with_the_same_binding(scenario: Scenario, tmp_path: Path) -> None:
+    _backup(scenario.cli, tmp_path / "backup")
+    assert (tmp_path / "backup" / "hmac.key").read_bytes() == (scenario.cli.home / "hmac.key").read_bytes()
+    restored = _restore(scenario.cli, tmp_path / "backup", tmp_path / "restored")
+    opened = restored.j("session", "open", "--agent", scenario.agent, "--dm", "--channel", CHANNEL,
+                        "--account", ACCOUNT, "--sender", ALICE_SENDER)
+    assert opened["subject"] == "user" and opened["subject_principal_id"] == scenario.alice
+    assert restored("read", opened["session_id"], "private/notes/allergy.md").out == ALICE_FACT
+
+
+def _refused_restore(cli: Cli, backup: Path, new: Path, code: int) -> str:
+    result = cli("restore", str(backup), "--home", str(new))
+    assert result.code == code, (result.code, result.err)
+    assert not new.exists()
+    assert not [p for p in new.parent.iterdir() if p.name.startswith(f".{new.name}.")]
+    return result.err
+
+
+def test_tampered_artifact_refuses_the_restore_naming_only_counts(scenario: Scenario, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    victim = backup / artifact_path(scenario.cli.home, scenario.alice, "notes/allergy.md").relative_to(
+        scenario.cli.home)
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 0x01
+    victim.write_bytes(bytes(data))
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "1 artifact does not verify, 0 are missing" in err
+    assert victim.name not in err and victim.parent.name not in err and "allerg" not in err and "hazel" not in err
+
+
+def test_missing_artifacts_refuse_the_restore(scenario: Scenario, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    artifacts = _artifacts(backup)
+    artifacts[0].unlink()
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "0 artifacts do not verify, 1 is missing" in err
+    data = bytearray(artifacts[1].read_bytes())
+    data[-1] ^= 0x20
+    artifacts[1].write_bytes(bytes(data))
+    artifacts[2].unlink()
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "1 artifact does not verify, 2 are missing" in err
+    assert artifacts[0].name not in err and artifacts[1].name not in err
+
+
+def test_tampered_catalog_refuses_the_restore(scenario: Scenario, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    catalog = backup / "agents" / "main" / "catalog.sqlite"
+    conn = apsw.Connection(str(catalog))
+    conn.execute("UPDATE policy_epoch SET epoch = epoch + 1")  # a valid database, not the one the manifest names
+    conn.close()
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "do not verify" in err
+
+
+def test_loosened_permissions_are_refused(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)
+    result = cli("backup", str(loose))
+    assert result.code == 2 and "accessible to others" in result.err
+    assert list(loose.iterdir()) == []
+    backup = tmp_path / "backup"
+    _backup(cli, backup)
+    os.chmod(backup, 0o750)
+    assert "accessible to others" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    os.chmod(backup, 0o700)
+    os.chmod(_artifacts(backup)[0], 0o644)
+    assert "accessible to others" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    os.chmod(_artifacts(backup)[0], 0o600)
+    os.chmod(backup / "hmac.key", 0o640)
+    _refused_restore(cli, backup, tmp_path / "restored", 2)
+    os.chmod(backup / "hmac.key", 0o600)
+    _restore(cli, backup, tmp_path / "restored")  # the same backup, tightened again, restores
+
+
+def test_non_empty_destinations_are_refused_and_nothing_changes(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    dest = tmp_path / "dest"
+    dest.mkdir(mode=0o700)
+    (dest / "keep.txt").write_bytes(b"mine\n")
+    home_before = snapshot(cli.home)
+    dest_before = snapshot(dest)
+    result = cli("backup", str(dest))
+    assert result.code == 2 and "not empty" in result.err
+    assert snapshot(dest) == dest_before and snapshot(cli.home) == home_before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dest.")] == []
+    backup = tmp_path / "backup"
+    _backup(cli, backup)
+    result = cli("restore", str(backup), "--home", str(dest))
+    assert result.code == 2 and "not empty" in result.err
+    assert snapshot(dest) == dest_before
+    result = cli("restore", str(backup), "--home", str(cli.home))  # the live home is never a target
+    assert result.code == 2 and snapshot(cli.home) == home_before
+    result = cli("--json", "backup", str(tmp_path / "no" / "such" / "place"))
+    assert result.code == 2 and json.loads(result.out)["exit_code"] == 2
+
+
+def test_empty_private_destination_is_used(scenario: Scenario, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir(mode=0o700)
+    _backup(scenario.cli, dest)
+    new = tmp_path / "new"
+    new.mkdir(mode=0o700)
+    restored = _restore(scenario.cli, dest, new)
+    assert restored("read", scenario.bob_session, "private/notes/allergy.md").code == 0
+
+
+def test_live_backup_while_a_mount_keeps_writing(scenario: Scenario, mounts: Mounts,  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    cli = scenario.cli
+    view = mounts.mount(scenario.group_session)
+    stop = threading.Event()
+    written: list[int] = []
+    errors: list[BaseException] = []
+
+    def keep_writing() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                for name in (f"channel/live-{i % 4}.md", f"channel/new-{i}.md"):
+                    with open(view / name, "wb") as fh:
+                        fh.write(b"live write %d\n" % i)
+                written.append(i)
+                i += 1
+                stop.wait(0.05)  # steady saves through the whole backup, not thousands of notes to check after
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        reports = []
+        for n in range(3):
+            while len(written) < 3 * (n + 1):  # the writer is busy before and during each backup
+                assert not errors, errors
+                threading.Event().wait(0.01)
+            before = len(written)
+            reports.append(_backup(cli, tmp_path / f"backup{n}"))
+            assert len(written) > before, "no write went through the mount while the backup ran"
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+    assert not errors, errors
+    for n, report in enumerate(reports):
+        restored = _restore(cli, tmp_path / f"backup{n}", tmp_path / f"restored{n}")
+        doctor = restored("--json", "doctor")
+        assert doctor.code == 0 and doctor.json()["findings"] == [], doctor.text
+        tree = _tree(restored, scenario.group_session)
+        notes = {p: t for p, t in tree.items() if p.startswith("channel/new-")}
+        assert notes, tree
+        for path, text in notes.items():
+            assert text == f"live write {path.removeprefix('channel/new-').removesuffix('.md')}\n"
+        assert all(t.startswith("live write ") for p, t in tree.items() if p.startswith("channel/live-"))
+        # every artifact the restored catalog keeps was verified; the restored home holds exactly those
+        assert report["artifacts"] == len(_artifacts(tmp_path / f"backup{n}"))
+
+
+def test_a_forgotten_note_is_not_in_a_later_backup(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    canary = b"Forget me: the vault code is 5517 (canary F0rg)\n"
+    cli.j("write", scenario.alice_session, "private/notes/vault.md", stdin=canary)
+    cli.j("forget", scenario.alice_session, "private/notes/vault.md")
+    report = _backup(cli, tmp_path / "backup")
+    assert report["artifacts"] == 3
+    for path in (tmp_path / "backup").rglob("*"):
+        if path.is_file():
+            assert b"canary F0rg" not in path.read_bytes() and b"vault code" not in path.read_bytes(), path
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert restored("read", scenario.alice_session, "private/notes/vault.md").code != 0
+    assert restored.j("search", scenario.alice_session, "vault code")["results"] == []
+
+
+def test_targets_inside_the_home_or_the_backup_are_refused(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    before = snapshot(cli.home)
+    result = cli("backup", str(cli.home / "agents" / "bk"))
+    assert result.code == 2 and "inside" in result.err
+    assert snapshot(cli.home) == before
+    backup = tmp_path / "backup"
+    _backup(cli, backup)
+    _refused_restore(cli, backup, backup / "agents" / "new", 2)
+
+
+def test_readme_example_works(tmp_path: Path) -> None:
+    """The copy-paste example of the README's "Backups" section, run as it is printed."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Backups"):]
+    script = section[section.index("```sh\n") + 6:]
+    script = script[:script.index("```")]
+    env = {**os.environ, "PATH": f"{Path(SCOPEFS).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    env.pop("SCOPEFS_HOME", None)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().endswith("ok: the artifact area matches the catalog\nkept across a restore\n")
+
+
+REPO = Path(__file__).resolve().parents[1]
+# The real command line in a child that waits at one checkpoint (the first time it passes it) until told to go on.
+_PARKED = r"""
+import os, sys
+os.umask(0o077)
+from scopefs.cli.main import main
+from scopefs.writer import steps
+
+target = sys.argv[1]
+seen = []
+
+def park(step):
+    if step.value == target and not seen:
+        seen.append(step)
+        os.write(2, b"parked\n")
+        os.read(int(os.environ["PARK_FD"]), 1)
+
+steps.set_hook(park)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@contextlib.contextmanager
+def _parked(cli: Cli, step: Step, *argv: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``scopefs ARGV`` parked at ``step``; write a byte to the returned fd to let it go on."""
+    go_read, go_write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", _PARKED, step.value, *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, pass_fds=(go_read,),
+                            env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(cli.home),
+                                 "PARK_FD": str(go_read)})
+    os.close(go_read)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while line.startswith(b"scopefs: ") and line != b"parked\n":  # progress lines come first
+            line = proc.stderr.readline()
+        if line != b"parked\n":
+            proc.kill()
+            raise AssertionError(f"did not park at {step.value}: {line!r} {proc.communicate()[1][-2000:]!r}")
+        yield proc, go_write
+    finally:
+        os.close(go_write)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
+    """The catalog snapshot still names the note; the forget unlinks its artifact before the copy: the cell is
+    snapshotted again, and the backup holds neither the forgotten note nor its text."""
+    cli = scenario.cli
+    canary = b"Forget me later: the locker code (canary L0ck)\n"
+    cli.j("write", scenario.bob_session, "private/notes/locker.md", stdin=canary)
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_SNAPSHOT, "--json", "backup", str(dest)) as (proc, go):
+        cli.j("forget", scenario.bob_session, "private/notes/locker.md")
+        os.write(go, b"x")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["resnapshots"] == 1 and report["artifacts"] == 3
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert b"canary L0ck" not in path.read_bytes(), path
+    restored = _restore(cli, dest, tmp_path / "restored")
+    assert restored("read", scenario.bob_session, "private/notes/locker.md").code != 0
+    assert restored("read", scenario.bob_session, "private/notes/allergy.md").out == BOB_FACT
+
+
+def test_a_write_in_flight_at_the_snapshot_is_rolled_back_on_restore(scenario: Scenario, tmp_path: Path) -> None:
+    """A writer parked after its pending revision and rename: the backup runs beside it (it takes no lock), and the
+    restored home has the note as it was acknowledged, doctor-clean."""
+    cli = scenario.cli
+    with _parked(cli, Step.RENAMED, "write", scenario.alice_session, "private/notes/allergy.md") as (proc, _go):
+        _backup(cli, tmp_path / "backup")
+        proc.kill()
+    snapshot_catalog = apsw.Connection(str(tmp_path / "backup/agents/main/catalog.sqlite"),
+                                       flags=apsw.SQLITE_OPEN_READONLY)
+    try:  # the backup did catch the write between its two commits
+        assert snapshot_catalog.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [
+            (1,)]
+    finally:
+        snapshot_catalog.close()
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert restored("--json", "doctor").json()["findings"] == []
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
+    restored.j("write", scenario.alice_session, "private/notes/allergy.md", stdin=b"next\n")
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == b"next\n"
+
+
+def test_shared_pools_are_backed_up_and_restored(scenario: Scenario, pooled: dict[str, str],  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    cli = scenario.cli
+    chosen = {name: pooled[name] for name in ("curator", "main", "dev", "lurker")}  # writer, readers, an outsider
+    before = {name: _view(cli, session) for name, session in chosen.items()}
+    report = _backup(cli, tmp_path / "backup")
+    assert report["cells"] == ["dev", "lurker", "main", "sandbox", "social", "pool:team"]
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert restored("doctor").code == 0
+    assert {name: _view(restored, session) for name, session in chosen.items()} == before
+    assert before["curator"]["tree"]["pools/team/release.md"] == POOL_FACT.decode()
+
+
+def test_a_home_with_a_tampered_artifact_is_not_backed_up(scenario: Scenario, tmp_path: Path) -> None:
+    """A backup that could not be restored is never written: exit 4, counts only, nothing at DEST."""
+    cli = scenario.cli
+    victim = artifact_path(cli.home, scenario.bob, "notes/allergy.md")
+    victim.write_bytes(victim.read_bytes().replace(b"peanuts", b"walnuts"))
+    result = cli("--json", "backup", str(tmp_path / "backup"))
+    assert result.code == 4 and json.loads(result.out)["exit_code"] == 4
+    assert "1 committed artifact(s) of the home do not verify" in result.err
+    assert victim.name not in result.err and "nuts" not in result.err
+    assert not (tmp_path / "backup").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".backup.")]
+
+
+def test_a_manifest_that_is_not_ours_or_is_damaged_is_refused(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    backup = tmp_path / "backup"
+    _backup(cli, backup)
+    manifest_path = backup / "manifest.json"
+    original = manifest_path.read_bytes()
+    manifest = json.loads(original)
+    manifest_path.write_text(json.dumps({**manifest, "format_version": 99}))
+    assert "newer than this scopefs" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    manifest_path.write_text(json.dumps({**manifest, "cells": ["../../etc"]}))
+    assert "damaged" in _refused_restore(cli, backup, tmp_path / "restored", 4)
+    manifest_path.write_bytes(original[: len(original) // 2])
+    assert "damaged" in _refused_restore(cli, backup, tmp_path / "restored", 4)
+    manifest_path.unlink()
+    assert "not a scopefs backup" in _refused_restore(cli, backup, tmp_path / "restored", 2)
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    assert "not a scopefs backup" in _refused_restore(cli, empty, tmp_path / "restored", 2)
+    assert "does not exist" in _refused_restore(cli, tmp_path / "nowhere", tmp_path / "restored", 2)
