@@ -300,8 +300,7 @@ class Commits:
                 raise
             if saved is None:
                 return
-            node.committed_revision = saved.revision_id
-            await mount.sync()
+            node.committed_revision = saved.revision_id  # the view shows it already (``commit_and_sync``)
             self.bind(node, saved.resource_id)
 
     async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None, *,
@@ -385,11 +384,12 @@ class Commits:
 
     async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None,
                                 durable: bool) -> WriteResult:
-        """Commit to the note meant; once more where it is now, if it is ``node``'s and another session moved it."""
+        """Commit to the note meant; once more where it is now, if it is ``node``'s and another session moved it.
+        The view shows the new revision when this returns: commit and refresh make one catalog trip."""
         mount = self._mount
         try:
-            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, parts, draft, expected,
-                                       durable=durable)
+            return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, parts, draft,
+                                               expected, durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
                 raise
@@ -400,8 +400,8 @@ class Commits:
             if not node.attached or node.parts == parts:
                 raise
             mount.check_copy(node)  # the view moved on: the draft's source must still be in it
-            return await mount.catalog(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
-                                       node.resource_id, durable=durable)
+            return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
+                                               node.resource_id, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""

@@ -114,23 +114,41 @@ class MountState:
         async with self._sync_lock:
             if self._fresh_since > asked:  # the sync this one waited for covered it
                 return
-            old = self.view
-            began = time.monotonic_ns()  # replaced by the moment the refresh really starts, on the thread
+            await self._refreshed(None)
 
-            def fresh(home: Home, view: VisibleView) -> VisibleView:
-                nonlocal began
-                began = time.monotonic_ns()
-                return refresh(home, view)
+    async def commit_and_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
+        and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
+        nothing is read; if the refresh fails, this raises after the commit, as ``sync()`` would."""
+        async with self._sync_lock:
+            return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
 
-            try:
-                new = await self.catalog(fresh, self.home, old)
-            except Exception:
-                if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
-                    self._apply(old.emptied(Reason.INVALID_CONTEXT))
-                raise
-            self._last_sync_ok = time.monotonic()
-            self._apply(new)
-            self._fresh_since = began
+    async def _refreshed(self, first: Callable[[], T] | None) -> list[T]:
+        """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
+        catalog thread; apply it. The caller holds ``_sync_lock``."""
+        old = self.view
+        began = time.monotonic_ns()  # replaced by the moment the refresh really starts, on the thread
+        done: list[T] = []
+
+        def fresh(home: Home, view: VisibleView) -> VisibleView:
+            nonlocal began
+            if first is not None:
+                done.append(first())
+            began = time.monotonic_ns()
+            return refresh(home, view)
+
+        try:
+            new = await self.catalog(fresh, self.home, old)
+        except Exception:
+            if first is not None and not done:
+                raise  # the commit failed: the view was not read, and is no staler than before
+            if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
+                self._apply(old.emptied(Reason.INVALID_CONTEXT))
+            raise
+        self._last_sync_ok = time.monotonic()
+        self._apply(new)
+        self._fresh_since = began
+        return done
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view

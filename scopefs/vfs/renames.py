@@ -18,6 +18,7 @@ through the write path and its policy checks). Inside a root it is one of:
 from __future__ import annotations
 
 import errno
+import time
 
 from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
@@ -140,6 +141,7 @@ class Renames:
         if removal is not None and not removal.in_flight and layers.removed.get(dst) is removal:
             layers.cancel_removal(dst)
             cancelled, replacing = removal, removal.resource_id
+        asked = time.monotonic_ns()
         try:
             saved = await self._commits.save(node, draft, dst, replacing)
         except BaseException:
@@ -156,7 +158,7 @@ class Renames:
         self._replace_target(target, dst)
         node.parts = dst
         node.committed_revision = revision_id
-        await mount.sync()
+        await mount.sync(since=asked)  # nothing to read when the save's own trip refreshed the view
         self._commits.bind(node, resource_id)
         if node.opens == 0:
             node.close_clean_draft()
