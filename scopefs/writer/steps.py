@@ -25,10 +25,15 @@ class Step(StrEnum):
     # A forget (``writer.forget``): one transaction, then the bytes leave the disk.
     FORGETTING = "forgetting"  # inside the forget's transaction, before its commit
     FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
+    # A migration (``writer.migrate``): between its phases, around the writes of its items.
+    MIGRATION_BACKED_UP = "migration-backed-up"  # backup complete, run recorded, nothing copied yet
+    MIGRATION_COPIED = "migration-copied"  # every item copied; hashes, index and denial matrix not yet checked
+    MIGRATION_VERIFIED = "migration-verified"  # verified and reindexed; no cutover marker yet
 
 
-# The write transaction's own points, in order (a forget's come after them and are its own).
-WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN))
+# The write transaction's own points, in order (a forget's and a migration's come after them and are their own).
+MIGRATION_STEPS: tuple[Step, ...] = (Step.MIGRATION_BACKED_UP, Step.MIGRATION_COPIED, Step.MIGRATION_VERIFIED)
+WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN, *MIGRATION_STEPS))
 
 _hook: Callable[[Step], None] | None = None
 
