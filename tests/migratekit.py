@@ -22,7 +22,7 @@ from pathlib import Path
 
 import apsw
 
-from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, CHANNEL, GROUP_CONVERSATION
+from tests.conftest import ACCOUNT, ALICE_SENDER, CHANNEL, GROUP_CONVERSATION
 
 CAROL_SENDER = "tg-sender-carol-6610044291"  # never bound: "a DM of another person"
 MEMORY = b"# Memory\n\n- Alice's durable fact: the garden plan is due in May (canary M3m0)\n"
