@@ -329,4 +329,53 @@ def test_the_owner_must_still_hold_a_binding_when_the_plan_is_applied(scenario: 
     before = snapshot(s.cli.home)
     assert s.cli(*_args(s, *layout, "--apply", "--confirm", digest)).code == 2
     assert diff_snapshots(before, snapshot(s.cli.home)) == []
-    Home.open(s.cli.home).close()
+
+
+def test_a_failing_denial_matrix_refuses_the_cutover(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """An allow reaching Bob on Alice's store (no command can make one; planted here): exit 4, no cutover."""
+    from scopefs.catalog.policies import add_entry
+    from scopefs.catalog.policy import AudienceKind, Effect, Op
+    from scopefs.catalog.stores import find_store
+
+    s = scenario
+    digest = s.cli.j(*_args(s, *layout))["plan_digest"]
+    home = Home.open(s.cli.home)
+    try:
+        catalog = home.catalog(s.agent)
+        store = find_store(catalog, s.agent, "user", s.alice)
+        assert store is not None
+        add_entry(catalog, s.agent, target_kind="store", target_id=store.store_id, effect=Effect.ALLOW,
+                  capability=Op.READ, audience_kind=AudienceKind.PRINCIPAL, audience_id=s.bob)
+    finally:
+        home.close()
+    result = s.cli(*_args(s, *layout, "--apply", "--confirm", digest))
+    assert result.code == 4 and "denial matrix" in result.err
+    assert _rows(s, "SELECT count(*) FROM migration_runs WHERE cutover_at IS NOT NULL") == [(0,)]
+
+
+def test_a_note_no_write_would_take_is_skipped_not_half_applied(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    (ws / "memory" / "2026-11-29.md").write_bytes(b"---\nvalid-until: someday\n---\nbody\n")
+    report = s.cli.j(*_args(s, ws, state))
+    item = _by_source(report)["workspace/memory/2026-11-29.md"]
+    assert (item["action"], item["reason"]) == ("skip", "front-matter-invalid")
+    assert s.cli.j(*_args(s, ws, state, "--apply", "--confirm", report["plan_digest"]))["cutover"] is True
+
+
+def test_a_changed_source_replaces_its_own_copy_but_never_the_owners_edit(scenario: Scenario,
+                                                                          layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    (ws / "USER.md").write_bytes(b"# User\n- revised in OpenClaw\n")
+    (ws / "MEMORY.md").write_bytes(b"# Memory\n- revised in OpenClaw\n")
+    s.cli.j("write", s.alice_session, "private/MEMORY.md", stdin=b"Alice's own edit in scopefs\n")
+    report = s.cli.j(*_args(s, ws, state))
+    items = _by_source(report)
+    assert (items["workspace/USER.md"]["action"], items["workspace/USER.md"]["status"]) == ("private", "to-copy")
+    assert items["workspace/MEMORY.md"]["reason"] == "destination-exists"
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", report["plan_digest"]))
+    assert s.cli("read", s.alice_session, "private/USER.md", check=True).out == b"# User\n- revised in OpenClaw\n"
+    assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == b"Alice's own edit in scopefs\n"

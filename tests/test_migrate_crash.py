@@ -43,7 +43,7 @@ steps.set_hook(die_here)
 sys.exit(main(sys.argv[3:]))
 """
 
-POINTS = [(Step.STAGED, 3), (Step.PENDING, 3), (Step.RENAMED, 3), (Step.FINALIZED, 3), (Step.ACTIVATED, 3),
+POINTS = [(Step.STAGED, 3), (Step.PENDING, 2), (Step.RENAMED, 2), (Step.FINALIZED, 3), (Step.ACTIVATED, 2),
           *((step, 1) for step in MIGRATION_STEPS)]
 
 
@@ -110,3 +110,44 @@ def test_a_run_killed_while_backing_up_starts_its_backup_again(scenario: Scenari
     backup = Path(report["backup"])
     assert (backup / "state.sqlite").read_bytes()[:16] == b"SQLite format 3\0"
     shutil.rmtree(tmp_path / "legacy")
+
+
+_REVOKER = r"""
+import sys
+from pathlib import Path
+from scopefs.catalog.home import Home
+from scopefs.catalog.identity import revoke_binding
+from scopefs.writer import steps
+from scopefs.cli.main import main
+
+home, binding = sys.argv[1], sys.argv[2]
+seen = 0
+
+def revoke_midway(step):
+    global seen
+    if step.value == "pending":
+        seen += 1
+        if seen == 2:  # between the two commits of the owner's second note
+            other = Home.open(Path(home))
+            revoke_binding(other.state(), binding)
+            other.close()
+
+steps.set_hook(revoke_midway)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_a_binding_revoked_mid_run_stops_the_private_copies(scenario: Scenario, tmp_path: Path) -> None:
+    """The owner's evidence is decided again inside each commit: the revocation wins, nothing more lands."""
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    plan = s.cli.j(*_args(s, ws, state))
+    argv = _args(s, ws, state, "--apply", "--confirm", plan["plan_digest"])
+    proc = subprocess.run([sys.executable, "-c", _REVOKER, str(s.cli.home), s.alice_binding, *argv],
+                          capture_output=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(s.cli.home)})
+    assert proc.returncode == 3, proc.stderr.decode(errors="replace")
+    assert _count(s, "SELECT count(*) FROM migration_items") == 1  # USER.md, before the revocation
+    assert _count(s, "SELECT count(*) FROM revisions WHERE state = 'pending'") == 0
+    assert _count(s, "SELECT count(*) FROM migration_runs WHERE cutover_at IS NOT NULL") == 0
+    assert s.cli(*argv).code == 2  # the owner has no live binding any more: refused before anything

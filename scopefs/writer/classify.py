@@ -21,8 +21,9 @@ from which file it is and which OpenClaw session key names a transcript:
 3. What the operator marks with ``--shared PATH`` goes to ``agent-shared/``.
 4. Anything else whose owner is not decided this way: quarantine, never
    ``agent-shared/``. The derived index databases are rebuilt, never
-   copied; symlinks, special files, names that are not UTF-8 and files over
-   the size bound are skipped and listed.
+   copied; symlinks, special files, names that are not UTF-8, files over
+   the size bound and notes whose ``valid-until``/``superseded-by`` front
+   matter no write would accept are skipped and listed.
 
 ``resolve`` is the only outside fact (a binding lookup); the function
 reads no file and no database itself, so tests drive it directly.
@@ -197,6 +198,8 @@ def classify(layout: Layout, *, owner: str | None, resolve: Resolver, shared: It
             klass = _state_class(found, layout, openclaw_agent)
         action, reason, binding = _decide(found, klass, memory_reason, marked, present, layout, t, owner)
         inner: tuple[str, ...] = ()
+        if action in COPIED and not found.front_matter_ok:
+            action, reason, binding = SKIP, "front-matter-invalid", None
         if action in COPIED:
             got = _inner(found, action)
             if got is None:

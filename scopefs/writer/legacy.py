@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from scopefs.catalog.errors import BadInput
+from scopefs.catalog.validity import read_validity
 
 MAX_FILES = 20_000
 MAX_DEPTH = 16
@@ -58,6 +59,7 @@ class Found:
     utf8: bool = True
     part: str = ""  # "" (the file), or a dreaming phase cut out of DREAMS.md
     source_sha256: str = ""  # of the whole file
+    front_matter_ok: bool = True  # a malformed valid-until/superseded-by: no write would take it
 
     @property
     def source(self) -> str:
@@ -192,7 +194,17 @@ class _Walker:
         whole = hashlib.sha256(data).hexdigest()
         utf8 = _is_utf8(data)
         for part, piece in parts_of(self.area, rel, data):
-            self.add(Found(self.area, rel, "file", len(piece), hashlib.sha256(piece).hexdigest(), utf8, part, whole))
+            self.add(Found(self.area, rel, "file", len(piece), hashlib.sha256(piece).hexdigest(), utf8, part, whole,
+                           _front_matter_ok(piece)))
+
+
+def _front_matter_ok(data: bytes) -> bool:
+    """Whether the write path would take these bytes' front matter (``catalog.validity``: bounded, structural)."""
+    try:
+        read_validity(data)
+    except BadInput:
+        return False
+    return True
 
 
 def parts_of(area: str, rel: str, data: bytes) -> list[tuple[str, bytes]]:

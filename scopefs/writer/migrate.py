@@ -56,7 +56,7 @@ from scopefs.catalog.policy import ALLOW, Decision, Effect, Op
 from scopefs.catalog.pools import memory_for
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sessions import SharedMain, close_session, open_session
-from scopefs.catalog.stores import find_resource, find_store, policy_entries
+from scopefs.catalog.stores import active_revision, find_resource, find_store, policy_entries
 from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, memory_view
 from scopefs.writer import legacy
@@ -147,20 +147,30 @@ def _store_of(plan: Plan, action: str) -> tuple[str, str]:
 
 
 def _taken(home: Home, agent_id: str, owner: str | None, item: Item) -> bool:
-    """Whether the destination note exists and is not this source's own earlier copy (never overwritten)."""
+    """Whether the destination holds a note this source did not put there as it is now (never overwritten).
+
+    An item already copied (same source, same bytes) is never taken: it is
+    done. A source copied before with other bytes replaces its earlier copy
+    only while that copy is still the note's active revision; once anyone
+    wrote the note since, the new bytes wait in quarantine.
+    """
     if item.action not in (PRIVATE, SHARED):
         return False
     catalog = home.catalog(agent_id)
+    key = source_key(home, agent_id, item)
+    if one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND sha256 = ?",
+           (agent_id, key, item.sha256)) is not None:
+        return False
     scope_kind, audience = ("user", owner or "") if item.action == PRIVATE else ("agent-shared", AGENT_SHARED_AUDIENCE)
     store = find_store(catalog, agent_id, scope_kind, audience)
     if store is None:
         return False
     resource = find_resource(catalog, agent_id, store.store_id, "/".join(item.inner))
-    if resource is None:
-        return False
-    ours = one(catalog, "SELECT 1 FROM migration_items m JOIN revisions r USING (revision_id)"
-                        " WHERE m.agent_id = ? AND m.source_key = ? AND r.resource_id = ?",
-               (agent_id, source_key(home, agent_id, item), resource.resource_id))
+    current = active_revision(catalog, agent_id, resource.resource_id) if resource is not None else None
+    if current is None:
+        return False  # nothing there, or only a write a crash left pending (recovery rolls it back)
+    ours = one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND revision_id = ?",
+               (agent_id, key, current.revision_id))
     return ours is None
 
 
