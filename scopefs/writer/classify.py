@@ -81,6 +81,16 @@ class Item:
         """What identifies the source part across runs (digested with the home's key before it is stored)."""
         return f"{self.source}#{self.part}" if self.part else self.source
 
+    def quarantined(self, reason: str) -> Item:
+        """This item sent to quarantine instead (a destination decided against after classification)."""
+        area, _, rel = self.source.partition("/")
+        inner = _named(("migration", area, *rel.split("/")), self.part)
+        if inner is None:  # a path at the length limit: two more components do not fit
+            return Item(self.source, self.part, self.klass, SKIP, "name-invalid", (), self.sha256, self.size,
+                        self.source_sha256)
+        return Item(self.source, self.part, self.klass, QUARANTINE, reason, inner, self.sha256, self.size,
+                    self.source_sha256)
+
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "part": self.part or None, "class": self.klass, "action": self.action,
                 "destination": self.destination, "reason": self.reason, "sha256": self.sha256 or None,
@@ -170,8 +180,13 @@ def _inner(found: Found, action: str) -> tuple[str, ...] | None:
         parts = ("transcripts", found.parts[-1])
     else:
         parts = found.parts
-    if found.part:
-        parts = (*parts[:-1], f"{parts[-1]}.{found.part}")
+    return _named(parts, found.part)
+
+
+def _named(parts: tuple[str, ...], part: str) -> tuple[str, ...] | None:
+    """The store path for a file (or a DREAMS.md part, ``DREAMS.md.light``); None if it is no valid path."""
+    if part:
+        parts = (*parts[:-1], f"{parts[-1]}.{part}")
     try:
         return check_parts(parts)
     except BadInput:

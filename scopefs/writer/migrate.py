@@ -48,6 +48,7 @@ from scopefs.catalog.db import immediate, one
 from scopefs.catalog.digests import hash_fd
 from scopefs.catalog.errors import BadInput, Conflict, IntegrityError, ScopefsError, storage_error
 from scopefs.catalog.fsafe import fsync_dir
+from scopefs.catalog.groups import role_memberships
 from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import binding_live, get_principal, has_live_binding, lookup_key, resolve_binding
 from scopefs.catalog.index import reindex
@@ -58,10 +59,10 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sessions import SharedMain, close_session, open_session
 from scopefs.catalog.stores import active_revision, find_resource, find_store, policy_entries
 from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
-from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, memory_view
+from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
 from scopefs.writer import legacy
 from scopefs.writer.backup import backup_home
-from scopefs.writer.classify import COPIED, PRIVATE, QUARANTINE, SHARED, Item, classify
+from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify
 from scopefs.writer.derive import QUARANTINE as AGENT_QUARANTINE
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.transaction import Provenance, write_copy
@@ -193,10 +194,7 @@ def make_plan(home: Home, agent_id: str, workspace: str, *, state_dir: str | Non
     if missing:
         raise BadInput(f"--shared names no regular file of the workspace: {missing[0]}")
     items = classify(layout, owner=owner, resolve=_resolver(home), shared=shared, openclaw_agent=oc_agent)
-    items = [Item(i.source, i.part, i.klass, QUARANTINE, "destination-exists",
-                  ("migration", *i.source.split("/")[:-1], i.source.split("/")[-1] + (f".{i.part}" if i.part else "")),
-                  i.sha256, i.size, i.source_sha256)
-             if _taken(home, agent_id, owner, i) else i for i in items]
+    items = [i.quarantined("destination-exists") if _taken(home, agent_id, owner, i) else i for i in items]
     canonical = json.dumps({"agent": agent_id, "openclaw_agent": oc_agent, "owner": owner, "shared": shared,
                             "items": [{**i.as_dict(), "source_sha256": i.source_sha256} for i in items]},
                            sort_keys=True, separators=(",", ":"))
@@ -354,7 +352,11 @@ def denial_matrix(home: Home, plan: Plan) -> dict[str, Any]:
         (agent, plan.owner or ""))]
     leaks = checks = 0
     for subject in subjects:
-        view = memory_view(subject, (), now, memory)
+        roles: tuple[RoleEvidence, ...] = ()
+        if subject.kind is SubjectKind.USER and subject.principal_id is not None:
+            roles = tuple(RoleEvidence(m.role_id, m.role_name, m.expires_at)
+                          for m in role_memberships(state, subject.principal_id))
+        view = memory_view(subject, roles, now, memory)
         for mount in view.mounts:
             checks += 1
             if mount.cell == "" and (mount.scope_kind, mount.audience_id) in closed:
