@@ -8,8 +8,13 @@ digest of every byte, mode and mtime before and after.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import os
+import pty
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from tests.conftest import (
     ALICE_SENDER,
     BOB_SENDER,
     CHANNEL,
+    SCOPEFS,
     Scenario,
     db_copy,
     diff_snapshots,
@@ -379,3 +385,37 @@ def test_a_changed_source_replaces_its_own_copy_but_never_the_owners_edit(scenar
     s.cli.j(*_args(s, ws, state, "--apply", "--confirm", report["plan_digest"]))
     assert s.cli("read", s.alice_session, "private/USER.md", check=True).out == b"# User\n- revised in OpenClaw\n"
     assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == b"Alice's own edit in scopefs\n"
+
+
+def test_the_state_dir_defaults_to_openclaws_own(scenario: Scenario, tmp_path: Path) -> None:
+    s = scenario
+    fake_home = tmp_path / "user"
+    ws, _state = build_layout(fake_home, agent="main")
+    (fake_home / "openclaw").rename(fake_home / ".openclaw")
+    runner = dataclasses.replace(s.cli, env={"HOME": str(fake_home)})
+    report = runner.j("migrate", "--agent", s.agent, "--workspace", str(ws), "--owner", s.alice)
+    assert _by_source(report)["state/agents/main/sessions/s-alice.jsonl"]["action"] == "private"
+
+
+def test_a_terminal_gets_a_progress_bar(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """stderr on a pseudo-terminal: rich draws the bar there; stdout keeps exactly one JSON object."""
+    s = scenario
+    digest = s.cli.j(*_args(s, *layout))["plan_digest"]
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([SCOPEFS, "--json", *_args(s, *layout, "--apply", "--confirm", digest)],
+                              stdout=subprocess.PIPE, stderr=follower, timeout=120,
+                              env={**os.environ, "SCOPEFS_HOME": str(s.cli.home), "COLUMNS": "100"})
+        os.close(follower)
+        follower = -1
+        drawn = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(leader, 65536):
+                drawn += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    assert proc.returncode == 0, drawn[-2000:]
+    assert json.loads(proc.stdout)["cutover"] is True
+    assert b"100%" in drawn and b"migrate: 1/" not in drawn
