@@ -179,3 +179,14 @@ def binding_live(state: apsw.Connection, binding_id: str, principal_id: str) -> 
         (binding_id, principal_id),
     )
     return row is not None
+
+
+def has_live_binding(state: apsw.Connection, principal_id: str) -> bool:
+    """Whether an active principal can be reached through at least one live channel binding."""
+    row = one(
+        state,
+        "SELECT 1 FROM identity_bindings b JOIN principals p USING (principal_id)"
+        " WHERE b.principal_id = ? AND b.revoked_at IS NULL AND p.state = 'active'",
+        (principal_id,),
+    )
+    return row is not None

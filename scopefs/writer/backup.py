@@ -385,14 +385,19 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
     """Write a consistent backup of ``home`` (live: mounts may serve and write meanwhile) to ``dest``.
 
     ``dest`` must be absent or an empty 0700 directory of ours (else BadInput,
-    nothing written). IntegrityError if a committed artifact of the home
+    nothing written), outside the home, except in the home's own
+    ``migrations/`` folder (a migration backs the home up there first; a
+    backup copies only the home's databases, key and artifacts, so it never
+    holds another). IntegrityError if a committed artifact of the home
     does not verify (``scopefs doctor`` names the revisions); nothing is
     left at ``dest`` then.
     """
     say = progress or (lambda _line: None)
     dest = dest.absolute()
     check_target(dest, "backup destination")
-    check_apart(dest, home.root, "backup destination", "the home")
+    migrations = Path(os.path.realpath(home.root / "migrations"))
+    if not Path(os.path.realpath(dest)).is_relative_to(migrations):  # where ``writer.migrate`` backs up first
+        check_apart(dest, home.root, "backup destination", "the home")
     home.state()  # the home opens (and its schema is current) before anything is made
     root = sibling(dest, "backup")
     try:

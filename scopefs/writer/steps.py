@@ -27,11 +27,17 @@ class Step(StrEnum):
     FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
     # A backup (``writer.backup``): a cell's catalog is snapshotted, its artifacts not yet copied.
     BACKUP_SNAPSHOT = "backup-snapshot"
+    # A migration (``writer.migrate``): between its phases, around the writes of its items.
+    MIGRATION_BACKED_UP = "migration-backed-up"  # backup complete, run recorded, nothing copied yet
+    MIGRATION_COPIED = "migration-copied"  # every item copied; hashes, index and denial matrix not yet checked
+    MIGRATION_VERIFIED = "migration-verified"  # verified and reindexed; no cutover marker yet
 
 
-# The write transaction's own points, in order (a forget's and a backup's come after them and are their own).
-WRITE_STEPS: tuple[Step, ...] = tuple(s for s in Step
-                                      if s not in (Step.FORGETTING, Step.FORGOTTEN, Step.BACKUP_SNAPSHOT))
+# The write transaction's own points, in order (a forget's, a backup's and a migration's come after them and are
+# their own).
+MIGRATION_STEPS: tuple[Step, ...] = (Step.MIGRATION_BACKED_UP, Step.MIGRATION_COPIED, Step.MIGRATION_VERIFIED)
+WRITE_STEPS: tuple[Step, ...] = tuple(
+    s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN, Step.BACKUP_SNAPSHOT, *MIGRATION_STEPS))
 
 _hook: Callable[[Step], None] | None = None
 

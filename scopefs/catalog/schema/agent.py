@@ -754,5 +754,47 @@ CREATE TRIGGER human_sessions_no_delete BEFORE DELETE ON human_sessions
 BEGIN SELECT RAISE(ABORT, 'a human session is never deleted'); END;
 """
 
+
+# V10 (issue 17): migration from the OpenClaw layout. A run is keyed by the
+# digest of the plan its owner reviewed; its cutover is set once, in one
+# transaction, after every copy verified and the denial matrix passed. An
+# item is one copied source part, keyed by a keyed digest of its relative
+# path (never the path) and the SHA-256 of the bytes written, and names the
+# revision that holds it: written in the transaction that activates that
+# revision, so an item exists exactly when its copy does, and a second run
+# finds it and copies nothing again. Never edited or deleted.
+V10 = """
+CREATE TABLE migration_runs (
+    plan_digest        TEXT NOT NULL,
+    agent_id           TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    owner_principal_id TEXT,
+    started_at         INTEGER NOT NULL,
+    cutover_at         INTEGER,
+    PRIMARY KEY (agent_id, plan_digest)
+) STRICT;
+CREATE TRIGGER migration_runs_cutover_once BEFORE UPDATE ON migration_runs
+WHEN OLD.cutover_at IS NOT NULL OR NEW.plan_digest IS NOT OLD.plan_digest OR NEW.agent_id IS NOT OLD.agent_id
+  OR NEW.owner_principal_id IS NOT OLD.owner_principal_id OR NEW.started_at IS NOT OLD.started_at
+BEGIN SELECT RAISE(ABORT, 'a migration run only gains its cutover, once'); END;
+CREATE TRIGGER migration_runs_no_delete BEFORE DELETE ON migration_runs
+BEGIN SELECT RAISE(ABORT, 'a migration run is never deleted'); END;
+
+CREATE TABLE migration_items (
+    agent_id      TEXT NOT NULL REFERENCES agent_cell (agent_id),
+    source_key    TEXT NOT NULL,
+    sha256        TEXT NOT NULL,
+    source_sha256 TEXT NOT NULL,
+    plan_digest   TEXT NOT NULL,
+    class         TEXT NOT NULL,
+    revision_id   TEXT NOT NULL UNIQUE REFERENCES revisions (revision_id),
+    created_at    INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, source_key, sha256)
+) STRICT;
+CREATE TRIGGER migration_items_fixed BEFORE UPDATE ON migration_items
+BEGIN SELECT RAISE(ABORT, 'a migration item is never edited'); END;
+CREATE TRIGGER migration_items_no_delete BEFORE DELETE ON migration_items
+BEGIN SELECT RAISE(ABORT, 'a migration item is never deleted'); END;
+"""
+
 AGENT_SCHEMA = SchemaKind(name="agent catalog", application_id=0x53434147,
-                          steps=(V1, V2, V3, V4, V5, V6, V7, V8, V9))  # 'SCAG'
+                          steps=(V1, V2, V3, V4, V5, V6, V7, V8, V9, V10))  # 'SCAG'
