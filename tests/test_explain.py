@@ -8,10 +8,9 @@ JSON, with the same exit code.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
 import shutil
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings

@@ -17,7 +17,6 @@ from pathlib import Path
 import apsw
 
 from scopefs.sandbox.mounts import server_alive
-
 from tests.conftest import (
     ACCOUNT,
     ALICE_SENDER,
@@ -172,7 +171,7 @@ def test_the_prometheus_file_parses_and_is_replaced_atomically(scenario: Scenari
     decisions = families["scopefs_audit_decisions"]["samples"]
     assert ("scopefs_audit_decisions", {"op": "read", "decision": "deny", "reason": "outside-view"}, 2.0) in decisions
     by_kind = {x[1]["kind"]: x[2] for x in families["scopefs_repair_backlog"]["samples"]}
-    assert by_kind == {k: 0.0 for k in done["repair_backlog"]}
+    assert by_kind == dict.fromkeys(done["repair_backlog"], 0.0)
     assert {x[1]["kind"] for x in families["scopefs_mounts_up"]["samples"]} == {"mount", "sandbox"}
     second_inode = prom.stat().st_ino
     s.cli.j("stats", "--prometheus", str(prom))
