@@ -78,12 +78,18 @@ def test_whatever_the_session_may_not_see_reads_exactly_like_a_missing_path(scen
     s.cli.j("write", a, "private/gone.md", stdin=b"soon removed\n")
     s.cli.j("rm", a, "private/gone.md")
     s.cli.j("write", a, "private/notes/stale.md", "--valid-until", "2020-01-01", stdin=b"expired fact\n")
+    s.cli.j("write", a, "private/source.md", stdin=b"a source\n")
+    s.cli.j("derive", a, "--from", "private/source.md", "--to", "private/summary.md", stdin=b"its summary\n")
+    assert s.cli.j("explain", a, "private/summary.md")["verdict"] == "writable"
+    s.cli.j("rm", a, "private/source.md")  # the summary is now held by its lineage: denied to every reader
+    assert s.cli("read", a, "private/summary.md").code == 3
     missing = _both(s, a, "private/never/existed.md")
     text, as_json = missing
     assert text[0] == 0 and text[1] == b"absent: not in this session's view (no such note, or not permitted)\n"
     assert as_json[0] == 0
     hidden = ["private/gone.md",  # tombstoned
               "private/notes/stale.md",  # past its valid-until
+              "private/summary.md",  # held by its lineage (lineage-deny)
               "channel/offsite.md",  # another scope's store
               "roles/eng/x.md", "projections/channel/x.md", "postbox/x.md", "agent/x.md"]
     for path in hidden:

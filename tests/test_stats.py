@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 import apsw
+import pytest
 
 from scopefs.sandbox.mounts import server_alive
 from tests.conftest import (
@@ -206,3 +207,32 @@ def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario,
     assert records[0].exists()  # the record stays behind; it is not trusted
     assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0}
     mounts.umount(where)  # clears the stale mount the killed server left
+
+
+def test_a_kept_sandbox_mount_counts_while_it_is_up(scenario: Scenario) -> None:
+    s = scenario
+    s.cli("session", "up", s.alice_session, check=True)
+    try:
+        assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 1}
+    finally:
+        s.cli("session", "down", s.alice_session, check=True)
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0}
+
+
+def test_search_timings_stay_bounded_and_ride_in_the_search_audit(scenario: Scenario,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from scopefs.catalog import searchstats
+    from scopefs.catalog.home import Home
+    from scopefs.catalog.search import search
+
+    monkeypatch.setattr(searchstats, "KEPT", 3)
+    home = Home.open(scenario.cli.home)
+    try:
+        for _ in range(5):
+            search(home, scenario.alice_session, "allergic")
+        rows = home.state().execute("SELECT results, dropped FROM search_stats ORDER BY stat_id").fetchall()
+        assert len(rows) == 3 and all(r[0] == 1 for r in rows)
+        # One audit row per search, each in the transaction that wrote its timing row.
+        assert home.state().execute("SELECT count(*) FROM audit WHERE operation = 'search'").fetchall()[0][0] == 5
+    finally:
+        home.close()
