@@ -100,6 +100,8 @@ def test_impact_lists_what_a_removed_member_and_a_revoked_binding_were_exposed_t
     by_session = {x["session_id"]: x for x in found["sessions"]}
     assert set(by_session) == {s.bob_session, s.group_session}
     assert by_session[s.bob_session]["subject_kind"] == "user" and by_session[s.bob_session]["via"] == "subject"
+    assert by_session[s.bob_session]["binding_id"] == s.bob_binding
+    assert by_session[s.bob_session]["until_us"] is not None  # the binding's revocation
     group = by_session[s.group_session]
     assert group["subject_kind"] == "conversation" and group["via"] == "membership"
     assert group["until_us"] is not None and group["membership_id"].startswith("m")

@@ -134,7 +134,7 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
     if agent is not None and not home.agent_exists(agent):
         raise BadInput(f"unknown agent: {agent}")
     windows: list[tuple[str, str, str, str, int, int | None, str | None]] = []
-    # (agent, session, subject kind, via, from, until, evidence id)
+    # (agent, session, subject kind, via, from, until, evidence id: the binding or the membership)
     memberships = [(m, g, added, min((t for t in (removed, expires) if t is not None), default=None))
                    for m, g, added, removed, expires in state.execute(
                        "SELECT m.membership_id, m.group_id, m.added_at, m.removed_at, m.expires_at FROM memberships m"
@@ -142,10 +142,14 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
                        " ORDER BY m.added_at", (principal_id,))]
     for agent_id in agents:
         catalog = home.catalog(agent_id)
-        for session_id, kind in catalog.execute(
-                "SELECT session_id, subject_kind FROM sessions WHERE agent_id = ? AND subject_principal_id = ?"
-                " ORDER BY created_at", (agent_id, principal_id)):
-            windows.append((agent_id, session_id, kind, "subject", 0, None, None))
+        for session_id, kind, binding_id in catalog.execute(
+                "SELECT session_id, subject_kind, binding_id FROM sessions WHERE agent_id = ? AND"
+                " subject_principal_id = ? ORDER BY created_at", (agent_id, principal_id)).fetchall():
+            # A private session's access lasted until its binding was revoked (nothing after can be exposed).
+            revoked = None if binding_id is None else scalar(
+                state, "SELECT revoked_at FROM identity_bindings WHERE binding_id = ?", (binding_id,))
+            windows.append((agent_id, str(session_id), str(kind), "subject", 0,
+                            None if revoked is None else int(revoked), None if binding_id is None else str(binding_id)))
         for membership_id, conversation_id, added, until in memberships:
             for (session_id,) in catalog.execute(
                     "SELECT session_id FROM sessions WHERE agent_id = ? AND subject_kind = 'conversation'"
@@ -153,7 +157,7 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
                 windows.append((agent_id, session_id, "conversation", "membership", added, until, membership_id))
     sessions: list[dict[str, Any]] = []
     revisions: dict[str, None] = {}
-    for agent_id, session_id, kind, via, start, until, membership_id in windows:
+    for agent_id, session_id, kind, via, start, until, evidence_id in windows:
         found = [str(r[0]) for r in state.execute(
             "SELECT revision_id FROM exposures WHERE session_id = ? AND agent_id = ? AND at >= ?"
             " AND (? IS NULL OR at < ?) GROUP BY revision_id ORDER BY min(at)",
@@ -163,8 +167,8 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
         revisions.update(dict.fromkeys(found))
         entry: dict[str, Any] = {"session_id": session_id, "agent_id": agent_id, "subject_kind": kind, "via": via,
                                  "from_us": start or None, "until_us": until, "revision_ids": found}
-        if membership_id is not None:
-            entry["membership_id"] = membership_id
+        if evidence_id is not None:
+            entry["membership_id" if via == "membership" else "binding_id"] = evidence_id
         sessions.append(entry)
     return {"principal_id": principal_id, "sessions": sessions, "revision_ids": list(revisions)}
 

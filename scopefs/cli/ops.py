@@ -65,7 +65,7 @@ def cmd_audit_impact(args: argparse.Namespace) -> int:
     lines = []
     for s in found["sessions"]:
         lines.append(f"session {s['session_id']} ({s['subject_kind']}, agent {s['agent_id']}, via {s['via']}"
-                     + (f" {s['membership_id']}" if "membership_id" in s else "") + f"):"
+                     + "".join(f" {s[k]}" for k in ("membership_id", "binding_id") if k in s) + "):"
                      f" {len(s['revision_ids'])} revision(s)")
         lines.extend(f"  {r}" for r in s["revision_ids"])
     lines.append(f"{len(found['sessions'])} session(s), {len(found['revision_ids'])} distinct revision(s) exposed")
