@@ -203,11 +203,12 @@ def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any]
     may legitimately checkpoint its WAL into the main file, which changes
     bytes but not data. WAL/SHM files and the writer lock are left out;
     ``skip_tables`` leaves out tables a check expects to change (the audit).
-    Skipping the audit skips the exposure records too: both record what was
-    done (a read, a refusal), neither is state a refusal may not change.
+    Skipping the audit skips the exposure records and the search timings
+    too: all record what was done (a read, a refusal, a search), none is
+    state a refusal may not change.
     """
     if "audit" in skip_tables:
-        skip_tables = (*skip_tables, "exposures")
+        skip_tables = (*skip_tables, "exposures", "search_stats")
     out: dict[str, Any] = {}
     for dirpath, dirnames, filenames in os.walk(home):
         for name in sorted(dirnames + filenames):

@@ -55,7 +55,12 @@ def record(state: apsw.Connection, event: AuditEvent) -> None:
 def record_many(state: apsw.Connection, events: list[AuditEvent]) -> None:
     """Write several rows in one transaction (a mount's batched read exposures)."""
     with immediate(state):
-        state.executemany(_INSERT, [(None, *(getattr(e, c) for c in _COLUMNS)) for e in events])
+        insert_many(state, events)
+
+
+def insert_many(state: apsw.Connection, events: list[AuditEvent]) -> None:
+    """Insert rows inside the caller's open transaction (a search adds its timing to the same one)."""
+    state.executemany(_INSERT, [(None, *(getattr(e, c) for c in _COLUMNS)) for e in events])
 
 
 def record_quietly(state: apsw.Connection, event: AuditEvent) -> bool:

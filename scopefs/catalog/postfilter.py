@@ -23,6 +23,7 @@ class Postfilter:
         self._scope = scope
         self._decided: dict[tuple[str, str, bool, str, str], bool] = {}
         self._about: frozenset[str] | None = None
+        self.denied = 0  # candidate rows refused: the prefilter admitted them, the evaluator did not (a metric)
         if scope.about is not None:
             self._about = frozenset(row[0] for row in conn.execute(
                 "SELECT resource_id FROM resource_subjects WHERE agent_id = ? AND principal_id = ?",
@@ -35,6 +36,8 @@ class Postfilter:
         if found is None:
             found = self._decide(resource_id, store_id, live, revision_state, revision_id)
             self._decided[key] = found
+        if not found:
+            self.denied += 1
         return found
 
     def _decide(self, resource_id: str, store_id: str, live: bool, revision_state: str, revision_id: str) -> bool:

@@ -35,6 +35,7 @@ import logging
 import math
 import re
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ import apsw
 from scopefs.catalog import vectors
 from scopefs.catalog.access import Access, authorize_session
 from scopefs.catalog.artifacts import read_verified
-from scopefs.catalog.audit import record_many, record_quietly
+from scopefs.catalog.audit import record_quietly
 from scopefs.catalog.chunks import MAX_INDEXED_BYTES, snippet
 from scopefs.catalog.embedding import embedder_for
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
@@ -57,6 +58,7 @@ from scopefs.catalog.postfilter import Postfilter
 from scopefs.catalog.prefilter import Scope, predicate, scope_for
 from scopefs.catalog.printable import printable
 from scopefs.catalog.reasons import Reason
+from scopefs.catalog.searchstats import SearchStat, record_search
 from scopefs.catalog.stores import active_with_store
 
 log = logging.getLogger("scopefs.search")
@@ -248,6 +250,7 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     ``mode`` picks both arms (degrading to either, loudly) or exactly one
     (failing if it cannot answer).
     """
+    started = time.monotonic_ns()
     query, limit = check_query(query, limit)
     if mode not in MODES:
         raise BadInput(f"--mode must be one of {', '.join(MODES)}")
@@ -256,17 +259,20 @@ def search(home: Home, session_id: str, query: str, *, limit: int = DEFAULT_LIMI
     access = authorize_session(home, session_id, Op.READ, actor_id=actor_id)
     found: list[tuple[Hit, Access, str]] = []  # (hit, the access of its cell, its store)
     answered: dict[str, None] = {}
+    dropped = 0
     for cell in access.cells():  # the agent's own cell, then each shared pool of the view: one index each
         inside = access.in_cell(cell)
-        hits, stores, arms = _search_cell(home, inside, query, limit, mode, about)
+        hits, stores, arms, denied = _search_cell(home, inside, query, limit, mode, about)
+        dropped += denied
         found += [(hit, inside, store) for hit, store in zip(hits, stores, strict=True)]
         answered.update(dict.fromkeys(arms))
     found.sort(key=lambda f: (-f[0].score, f[0].path, f[0].start_line))
     kept = found[:limit]
     # Audited once merged and cut: a hit another cell outranked was never exposed.
     exposed = {(hit.revision_id, store): inside for hit, inside, store in kept}
-    record_many(home.state(), [inside.event("search", "allow", Reason.ALLOWED, store_id=store, revision_id=revision)
-                               for (revision, store), inside in exposed.items()])
+    events = [inside.event("search", "allow", Reason.ALLOWED, store_id=store, revision_id=revision)
+              for (revision, store), inside in exposed.items()]
+    record_search(home.state(), events, SearchStat((time.monotonic_ns() - started) // 1000, len(kept), dropped))
     return Outcome(tuple(hit for hit, _, _ in kept), tuple(answered))
 
 
@@ -277,8 +283,9 @@ UNSEARCHED = frozenset({"quarantine"})
 
 
 def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
-                 about: str | None) -> tuple[list[Hit], list[str], tuple[str, ...]]:
-    """The top ``limit`` authorized chunks of one cell's stores, each hit's store, and the arms that answered.
+                 about: str | None) -> tuple[list[Hit], list[str], tuple[str, ...], int]:
+    """The top ``limit`` authorized chunks of one cell's stores, each hit's store, the arms that answered,
+    and how many candidates the postfilter denied (for ``scopefs stats``).
 
     Not audited here: the caller audits what survives the merge of every cell.
     """
@@ -309,7 +316,7 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
             quota *= 4  # an unseen candidate could still outrank a result: walk further
     for revision_id in failed:  # only now: deleting rows mid-search would shift the arms' pages
         retire(conn, access.agent_id, revision_id)
-    return hits, [exposed[hit.revision_id] for hit in hits], tuple(arm.name for arm in arms)
+    return hits, [exposed[hit.revision_id] for hit in hits], tuple(arm.name for arm in arms), postfilter.denied
 
 
 def _settled(arms: list[_Arm], hits: list[Hit], limit: int) -> bool:

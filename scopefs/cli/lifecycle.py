@@ -101,6 +101,12 @@ def cmd_audit_exposures(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_query(args: argparse.Namespace) -> int:
+    from scopefs.cli.ops import cmd_audit_query
+
+    return cmd_audit_query(args)
+
+
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("derive", cmd_derive, "write stdin as a note derived from others, never wider than its sources")
     p.add_argument("session")
@@ -124,8 +130,10 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     p.add_argument("path")
     p.add_argument("--actor", metavar="PRINCIPAL")
 
-    audit = sub.add_parser("audit", help="what the audit and the exposure records say").add_subparsers(
-        dest="verb", required=True, parser_class=parser_class)
+    from scopefs.cli.ops import register_audit
+
+    audit = register_audit(command("audit", _audit_query, "query the redacted audit (filters below), or a subcommand:"
+                                   " exposures, impact, prune"), parser_class, command)
     p = command("exposures", cmd_audit_exposures, "which sessions were shown a note's revisions, and when", audit)
     p.add_argument("--agent", required=True)
     which = p.add_mutually_exclusive_group(required=True)

@@ -792,6 +792,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate.register(sub, command, _Parser)
 
+    from scopefs.cli import ops
+
+    ops.register(sub, command, _Parser)
+
     p = command("doctor", cmd_doctor, "check the artifact area against the catalog; --fix repairs")
     p.add_argument("--fix", action="store_true")
     p.add_argument("--agent")

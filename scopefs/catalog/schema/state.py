@@ -154,4 +154,34 @@ BEFORE UPDATE OF setting_id, principal_id, mode, enabled_at ON postbox_settings
 BEGIN SELECT RAISE(ABORT, 'a postbox setting is fixed; disable it and enable again'); END;
 """
 
-STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2, V3))  # 'SCST'
+# V4 (issue 17, one self-contained block): what ``scopefs stats`` needs that nothing else records: each search's
+# latency and how many candidates the postfilter dropped after the prefilter
+# admitted them. Numbers only (no query, session, principal or path), one row
+# per search, written in the transaction that already audits the search, and
+# bounded: that transaction keeps only the newest SEARCH_STATS_KEPT rows.
+V4 = """
+CREATE TABLE search_stats (
+    stat_id    INTEGER PRIMARY KEY,
+    at         INTEGER NOT NULL,
+    latency_us INTEGER NOT NULL CHECK (latency_us >= 0),
+    results    INTEGER NOT NULL CHECK (results >= 0),
+    dropped    INTEGER NOT NULL CHECK (dropped >= 0)
+) STRICT;
+
+-- Retention (``scopefs audit prune``): each prune's cutoff and what it
+-- removed, kept with the audit row that records it (its event_id is the
+-- prune_id), so a shortened history says so itself.
+CREATE TABLE audit_prunes (
+    prune_id      TEXT PRIMARY KEY,
+    at            INTEGER NOT NULL,
+    cutoff        INTEGER NOT NULL,
+    audit_rows    INTEGER NOT NULL CHECK (audit_rows >= 0),
+    exposure_rows INTEGER NOT NULL CHECK (exposure_rows >= 0)
+) STRICT;
+CREATE TRIGGER audit_prunes_immutable BEFORE UPDATE ON audit_prunes
+BEGIN SELECT RAISE(ABORT, 'prune records are never edited'); END;
+CREATE TRIGGER audit_prunes_no_delete BEFORE DELETE ON audit_prunes
+BEGIN SELECT RAISE(ABORT, 'prune records are never deleted'); END;
+"""
+
+STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2, V3, V4))  # 'SCST'

@@ -1,0 +1,38 @@
+"""Each search's latency and postfilter drops, for ``scopefs stats``.
+
+A search already opens one transaction on ``state.sqlite`` to audit the
+revisions it returned; its timing row rides in that same transaction, so
+recording it adds no commit, no sync and no round trip of its own. The row
+holds numbers only: no query, no session, no principal, no path. The table
+is bounded: the same transaction deletes all but the newest rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+
+from scopefs.catalog.audit import AuditEvent, insert_many
+from scopefs.catalog.clock import now_us
+from scopefs.catalog.db import immediate
+
+KEPT = 10_000  # newest rows kept: enough for stable percentiles, small enough to never matter
+
+
+@dataclass(frozen=True)
+class SearchStat:
+    latency_us: int
+    results: int
+    dropped: int  # candidates the prefilter admitted and the postfilter (the evaluator) denied
+
+
+def record_search(state: apsw.Connection, events: list[AuditEvent], stat: SearchStat) -> None:
+    """The search's audit rows and its timing row, in one transaction."""
+    with immediate(state):
+        insert_many(state, events)
+        state.execute("INSERT INTO search_stats (at, latency_us, results, dropped) VALUES (?, ?, ?, ?)",
+                      (now_us(), max(0, stat.latency_us), stat.results, stat.dropped))
+        stat_id = state.last_insert_rowid()
+        if stat_id > KEPT:
+            state.execute("DELETE FROM search_stats WHERE stat_id <= ?", (stat_id - KEPT,))

@@ -1,0 +1,217 @@
+"""``scopefs explain|audit|audit impact|audit prune|stats``: the operator's questions.
+
+Thin wiring: parse, call ``catalog.explain``, ``catalog.auditlog`` or
+``catalog.metrics`` (and ``sandbox.census`` for live mounts), print. Every
+value printed is an id, a reason code, a count or a time; no note content,
+query or snippet is ever read here. ``audit exposures`` lives with the
+lifecycle commands (``cli.lifecycle``); ``audit`` with no subcommand is the
+query, so both share one parser (``register_audit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.home import Home, resolve_home, validate_agent_name
+from scopefs.cli.output import emit
+
+Command = Any
+
+
+def _home(args: argparse.Namespace) -> Home:
+    return Home.open(resolve_home(args.home))
+
+
+# -- explain ------------------------------------------------------------------
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from scopefs.catalog.explain import explain
+
+    found = explain(_home(args), args.session, args.path)
+    emit(args.json, found.as_dict(), found.lines())
+    return 0
+
+
+# -- audit --------------------------------------------------------------------
+
+def cmd_audit_query(args: argparse.Namespace) -> int:
+    from scopefs.catalog.auditlog import Filters, parse_since, query
+    from scopefs.catalog.clock import now_us
+
+    home = _home(args)
+    agent = validate_agent_name(args.agent) if args.agent is not None else None
+    since = parse_since(args.since, now_us()) if args.since is not None else None
+    rows = query(home, Filters(agent, since, args.op, args.decision, args.reason, args.session, args.limit))
+    lines = [f"{r['at_us']} {r['agent_id'] or '-'} {r['operation']} {r['decision']} {r['reason']}"
+             f" session={r['session_id'] or '-'} subject={r['subject_kind'] or '-'} actor={r['actor_id'] or '-'}"
+             f" store={r['store_id'] or '-'} revision={r['revision_id'] or '-'}" for r in rows]
+    emit(args.json, {"rows": rows, "count": len(rows)}, lines or ["no matching audit rows"])
+    return 0
+
+
+def cmd_audit_impact(args: argparse.Namespace) -> int:
+    from scopefs.catalog.auditlog import impact
+
+    home = _home(args)
+    agent = validate_agent_name(args.agent) if args.agent is not None else None
+    found = impact(home, args.principal, agent)
+    lines = []
+    for s in found["sessions"]:
+        lines.append(f"session {s['session_id']} ({s['subject_kind']}, agent {s['agent_id']}, via {s['via']}"
+                     + "".join(f" {s[k]}" for k in ("membership_id", "binding_id") if k in s) + "):"
+                     f" {len(s['revision_ids'])} revision(s)")
+        lines.extend(f"  {r}" for r in s["revision_ids"])
+    lines.append(f"{len(found['sessions'])} session(s), {len(found['revision_ids'])} distinct revision(s) exposed")
+    emit(args.json, found, lines)
+    return 0
+
+
+def cmd_audit_prune(args: argparse.Namespace) -> int:
+    from scopefs.catalog.auditlog import prune
+
+    done = prune(_home(args), args.older_than, apply=args.yes)
+    verb = "removed" if done["applied"] else "would remove (run again with --yes)"
+    emit(args.json, done, [f"{verb}: {done['audit_rows']} audit row(s), {done['exposure_rows']} exposure row(s)"
+                           f" older than {args.older_than}"])
+    return 0
+
+
+def register_audit(audit: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser],
+                   command: Command) -> Any:
+    """The ``audit`` query's filters on ``audit`` itself, and its subcommands' parser (returned)."""
+    audit.set_defaults(func=cmd_audit_query)
+    audit.add_argument("--agent")
+    audit.add_argument("--since", metavar="DURATION|DATE", help="e.g. 7d, or 2026-01-31 (UTC)")
+    audit.add_argument("--op", metavar="OP", help="an operation, e.g. read, search, append")
+    audit.add_argument("--decision", metavar="allow|deny|error")
+    audit.add_argument("--reason", metavar="CODE", help="a stable reason code, e.g. outside-view")
+    audit.add_argument("--session", metavar="SESSION")
+    audit.add_argument("--limit", type=int, default=100, help="at most this many rows, newest first (default 100)")
+    verbs = audit.add_subparsers(dest="verb", required=False, parser_class=parser_class)
+    p = command("impact", cmd_audit_impact, "which sessions and revisions a principal's audience was shown", verbs)
+    p.add_argument("--principal", required=True)
+    p.add_argument("--agent")
+    p = command("prune", cmd_audit_prune, "remove audit and exposure rows older than a duration (preview without"
+                " --yes)", verbs)
+    p.add_argument("--older-than", required=True, metavar="DURATION")
+    p.add_argument("--yes", action="store_true", help="remove them; without it, only say how many would go")
+    return verbs
+
+
+# -- stats --------------------------------------------------------------------
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from scopefs.catalog.metrics import collect
+    from scopefs.sandbox.census import mounts_up
+
+    home = _home(args)
+    target = _check_target(args.prometheus) if args.prometheus is not None else None
+    metrics = collect(home)
+    metrics.mounts_up = mounts_up(home)
+    payload = metrics.as_dict()
+    if target is not None:
+        write_atomically(target, prometheus_text(payload))
+    emit(args.json, payload, _stat_lines(payload) + ([f"written: {target}"] if target is not None else []))
+    return 0
+
+
+def _check_target(name: str) -> Path:
+    """The Prometheus file: its folder must exist; the file itself, if it exists, must be a plain file."""
+    path = Path(os.path.abspath(name))
+    if not path.parent.is_dir():
+        raise BadInput(f"--prometheus: no such folder: {path.parent}")
+    if path.exists() and not path.is_file() or path.is_symlink():
+        raise BadInput("--prometheus: the target exists and is not a plain file")
+    return path
+
+
+def _stat_lines(p: dict[str, Any]) -> list[str]:
+    def q(lat: dict[str, float | None]) -> str:
+        return " ".join(f"{k}={'-' if v is None else f'{v * 1000:.2f}ms'}" for k, v in lat.items())
+
+    lines = [f"decision {d['op']} {d['decision']} {d['reason']}: {d['count']}" for d in p["decisions"]]
+    lines += [f"hash mismatches: {p['hash_mismatches']}", f"postfilter drops: {p['postfilter_drops']}",
+              f"searches: {p['search']['count']} ({q(p['search']['latency_seconds'])})",
+              f"writes: {p['write']['count']} ({q(p['write']['latency_seconds'])})"]
+    lines += [f"repair backlog {k}: {v}" for k, v in p["repair_backlog"].items()]
+    lines += [f"mounts up ({k}): {v}" for k, v in p["mounts_up"].items()]
+    return lines
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float | int | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "NaN"
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def prometheus_text(p: dict[str, Any]) -> str:
+    """The text exposition format: HELP and TYPE for every family, labels from fixed vocabularies only."""
+    out: list[str] = []
+
+    def family(name: str, kind: str, helptext: str, samples: list[tuple[dict[str, str], float | int | None]],
+               suffix: str = "") -> None:
+        out.append(f"# HELP scopefs_{name} {helptext}")
+        out.append(f"# TYPE scopefs_{name} {kind}")
+        for labels, value in samples:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            out.append(f"scopefs_{name}{suffix}{{{text}}} {_num(value)}" if text else
+                       f"scopefs_{name}{suffix} {_num(value)}")
+
+    family("audit_decisions", "gauge", "Audited decisions retained, by operation, decision and reason code.",
+           [({"op": d["op"], "decision": d["decision"], "reason": d["reason"]}, d["count"]) for d in p["decisions"]])
+    family("hash_mismatches", "gauge", "Reads and searches refused because an artifact failed verification.",
+           [({}, p["hash_mismatches"])])
+    family("postfilter_drops", "gauge", "Search candidates the prefilter admitted and the postfilter denied.",
+           [({}, p["postfilter_drops"])])
+    family("repair_backlog", "gauge", "What doctor would find, by kind.",
+           [({"kind": k}, v) for k, v in p["repair_backlog"].items()])
+    family("mounts_up", "gauge", "Live scopefs mounts of this home, by kind.",
+           [({"kind": k}, v) for k, v in p["mounts_up"].items()])
+    for name, key, helptext in (("search_latency_seconds", "search", "Search latency (recent searches)."),
+                                ("write_latency_seconds", "write", "Write latency, pending to active (recent).")):
+        lat = p[key]["latency_seconds"]
+        family(name, "summary", helptext, [({"quantile": str(int(k[1:]) / 100)}, v) for k, v in lat.items()])
+        out.append(f"scopefs_{name}_count {p[key]['count']}")
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A temporary file in the same folder, synced, renamed over ``path``, the folder synced: a reader sees the
+    old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o644)  # a metrics collector reads it; it holds no id and no content
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
+    p = command("explain", cmd_explain, "why a path of a session's view is writable, read-only, or not there")
+    p.add_argument("session")
+    p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
+    p = command("stats", cmd_stats, "operational numbers without content or ids (--prometheus FILE writes"
+                " the text format atomically)")
+    p.add_argument("--prometheus", metavar="FILE")

@@ -1,0 +1,61 @@
+"""How many mounts of a home are up now, counted without trusting the registry.
+
+The registry (``$SCOPEFS_HOME/mounts/``) keeps a record per mount started
+by ``scopefs mount`` and per kept sandbox mount (``scopefs session up``).
+A record outlives a server that was killed, so a record alone proves
+nothing: a mount counts only if its server process still runs (the pid
+names that server's module, so a reused pid does not count), the kernel
+shows a scopefs FUSE filesystem at its mount point, and (for plain
+mounts) the mount answers ``statvfs`` instead of ``ENOTCONN``. Mounts a
+``scopefs run`` starts for one command are tied to that command and are
+not recorded; they are not counted. Only counts leave this module: no
+session id, mount point or pid.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+from scopefs.catalog.home import Home
+from scopefs.sandbox import mounts
+
+SANDBOX_MODULE = "scopefs.sandbox.server"
+
+
+def _answers(mountpoint: str) -> bool:
+    """Whether the FUSE connection is alive: a dead server answers ``ENOTCONN``. A mount served to
+    another uid may refuse us (``EACCES``), which still proves its server answers."""
+    try:
+        os.statvfs(mountpoint)  # answered by the server itself, never from a cache
+    except OSError as exc:
+        return exc.errno != errno.ENOTCONN
+    return True
+
+
+def mounts_up(home: Home) -> dict[str, int]:
+    """{"mount": n, "sandbox": m}: live plain mounts and live kept sandbox mounts of this home."""
+    counts = {"mount": 0, "sandbox": 0}
+    registry = home.root / "mounts"
+    try:
+        names = sorted(os.listdir(registry))
+    except FileNotFoundError:
+        return counts
+    for name in names:
+        if "." in name:  # a ".log", ".lock" or unfinished ".tmp"
+            continue
+        try:
+            record = json.loads((registry / name).read_text())
+            pid, mountpoint = int(record["pid"]), str(record["mountpoint"])
+            module = str(record.get("module") or (SANDBOX_MODULE if name.startswith("sandbox-")
+                                                  else mounts.SERVER_MODULE))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not mounts.server_alive(pid, module) or mounts.mounted_fstype(mountpoint) != mounts.FSTYPE:
+            continue
+        if name.startswith("sandbox-"):
+            counts["sandbox"] += 1  # served to the sandbox uid only: its gate answers, not a statvfs from here
+        elif _answers(mountpoint):
+            counts["mount"] += 1
+    return counts
