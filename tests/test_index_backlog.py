@@ -160,3 +160,30 @@ def test_queued_revisions_that_were_tombstoned_or_tampered_get_no_rows(scenario:
     assert not {gone, tampered} & _indexed(cli.home)
     assert not {gone, tampered} & _queued(cli.home)
     assert not _search(scenario, scenario.alice_session, "forged words never indexed")
+
+
+def test_an_idle_mount_works_only_the_queue_of_the_stores_it_saved_to(scenario: Scenario, mounts: Mounts) -> None:
+    cli = scenario.cli
+    alice_revision = _deferred_write(scenario, scenario.alice_session, "private/notes/hers.md",
+                                     b"Alice's queued words (canary A11c)\n")
+    root = mounts.mount(scenario.bob_session)
+    (root / "private" / "his.md").write_bytes(b"Bob saves one note (canary B0bs)\n")
+    with catalog(cli.home) as conn:
+        bob_revision = conn.execute("SELECT v.revision_id FROM revisions v JOIN resources r USING (resource_id)"
+                                    " WHERE r.path = 'his.md' AND v.state = 'active'").fetchall()[0][0]
+    wait_until(lambda: bob_revision in _indexed(cli.home), timeout=30)
+    assert alice_revision in _queued(cli.home)  # Bob's mount neither did nor waited for Alice's work
+
+
+def test_a_search_catches_up_only_what_was_queued_before_it_began(scenario: Scenario) -> None:
+    earlier = _deferred_write(scenario, scenario.alice_session, "private/notes/early.md", b"early words\n")
+    with catalog(scenario.cli.home) as conn:
+        queued_at = conn.execute("SELECT queued_at FROM index_backlog WHERE revision_id = ?",
+                                 (earlier,)).fetchall()[0][0]
+    later = _deferred_write(scenario, scenario.alice_session, "private/notes/late.md", b"late words\n")
+    home = Home.open(scenario.cli.home)
+    try:
+        assert catch_up(home, "main", queued_by=queued_at) == 1
+    finally:
+        home.close()
+    assert earlier not in _queued(scenario.cli.home) and later in _queued(scenario.cli.home)

@@ -160,7 +160,7 @@ def backlog_count(conn: apsw.Connection, agent_id: str) -> int:
 
 
 def catch_up(home: Home, agent_id: str, store_ids: Collection[str] | None = None, *,
-             limit: int | None = None) -> int:
+             limit: int | None = None, queued_by: int | None = None) -> int:
     """Make the search rows of the revisions waiting in ``index_backlog``; how many left the queue.
 
     A close through a mount activates its revision without them (cutting
@@ -174,17 +174,21 @@ def catch_up(home: Home, agent_id: str, store_ids: Collection[str] | None = None
     the first read that verifies it indexes it. A queued revision no longer
     active (superseded by the next save) loses its rows instead; held ones
     are skipped. Cheap when the queue is empty: one indexed probe per store.
+    ``queued_by`` (``now_us``): only what was queued by then, so a search is
+    never held in the loop by saves that keep arriving in its stores.
     """
     conn = home.catalog(agent_id)
-    if store_ids is None:
-        sql, params = "SELECT revision_id FROM index_backlog WHERE agent_id = ? ORDER BY queued_at LIMIT ?", [agent_id]
-    else:
+    sql, params = "SELECT revision_id FROM index_backlog WHERE agent_id = ?", list[object]([agent_id])
+    if store_ids is not None:
         stores = sorted(set(store_ids))
         if not stores:
             return 0
-        marks = ",".join("?" * len(stores))
-        sql = f"SELECT revision_id FROM index_backlog WHERE agent_id = ? AND store_id IN ({marks}) LIMIT ?"
-        params = [agent_id, *stores]
+        sql += f" AND store_id IN ({','.join('?' * len(stores))})"
+        params.extend(stores)
+    if queued_by is not None:
+        sql += " AND queued_at <= ?"
+        params.append(queued_by)
+    sql += " ORDER BY queued_at LIMIT ?"
     taken = 0
     while limit is None or taken < limit:
         batch = _IN_BATCH if limit is None else min(_IN_BATCH, limit - taken)

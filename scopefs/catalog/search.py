@@ -48,6 +48,7 @@ from scopefs.catalog.access import Access, authorize_session
 from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.audit import record_quietly
 from scopefs.catalog.chunks import MAX_INDEXED_BYTES, snippet
+from scopefs.catalog.clock import now_us
 from scopefs.catalog.embedding import embedder_for
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
 from scopefs.catalog.home import Home
@@ -292,7 +293,8 @@ def _search_cell(home: Home, access: Access, query: str, limit: int, mode: str,
     conn = home.catalog(access.agent_id)
     searched = tuple(m for m in access.view.mounts if m.scope_kind not in UNSEARCHED)
     scope = scope_for(conn, access.agent_id, access.session.subject, searched, access.now, about, access.view.caps)
-    catch_up(home, access.agent_id, [store.store_id for store in scope.stores])  # closes a mount left unindexed
+    # What closes through a mount left unindexed in these stores, up to now (``catalog.index.catch_up``).
+    catch_up(home, access.agent_id, [store.store_id for store in scope.stores], queued_by=now_us())
     arms = _arms(conn, scope, query, mode)
     postfilter = Postfilter(conn, scope)
     hits: list[Hit] = []

@@ -75,7 +75,7 @@ class Commits:
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
         self._undrained: set[str] = set()  # cells whose outbox holds audit rows of saves made here
         self._unsynced: set[str] = set()  # cells with revisions committed here without a sync
-        self._unindexed: set[str] = set()  # cells with revisions committed here without search rows
+        self._unindexed: dict[str, set[str]] = {}  # cell -> its stores with revisions saved here without search rows
         self._last_commit = 0.0  # time.monotonic() of the last save committed here
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
@@ -326,7 +326,9 @@ class Commits:
         if not durable:
             self._undrained.add(cell_agent)
             self._unsynced.add(cell_agent)
-        self._unindexed.add(cell_agent)
+        note = self._mount.layers.note_for(saved.resource_id)  # the view shows it: the commit's trip refreshed it
+        if note is not None:
+            self._unindexed.setdefault(cell_agent, set()).add(note.store_id)
         self._last_commit = time.monotonic()
         return saved
 
@@ -367,10 +369,12 @@ class Commits:
         ``everything`` at unmount. A search made meanwhile catches its stores up itself."""
         mount = self._mount
         while self._unindexed and (everything or time.monotonic() - self._last_commit >= INDEX_IDLE_S):
-            cell = next(iter(self._unindexed))
-            taken = await mount.catalog(catch_up, mount.home, cell, limit=None if everything else INDEX_STEP)
+            cell, stores = next(iter(self._unindexed.items()))
+            # Only the stores saved to here: another scope's queue is not this mount's to work (nor to wait for).
+            taken = await mount.catalog(catch_up, mount.home, cell, frozenset(stores),
+                                        limit=None if everything else INDEX_STEP)
             if everything or taken < INDEX_STEP:
-                self._unindexed.discard(cell)
+                self._unindexed.pop(cell, None)
 
     async def drain(self) -> None:
         """Deliver the audit rows of the saves made here since the last drain."""

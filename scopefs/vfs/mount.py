@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import math
 import os
 import time
@@ -48,6 +49,7 @@ from scopefs.vfs.names import BadName, confusable, decode
 from scopefs.vfs.pages import drop_pages, drop_pages_of
 from scopefs.vfs.querytree import Results, is_query_path
 
+log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
 
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
@@ -139,11 +141,14 @@ class MountState:
 
         try:
             new = await self.catalog(fresh, self.home, old)
-        except Exception:
+        except Exception as exc:
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
                 self._apply(old.emptied(Reason.INVALID_CONTEXT))
+            if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
+                log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
+                return done
             raise
         self._last_sync_ok = time.monotonic()
         self._apply(new)
