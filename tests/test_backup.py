@@ -388,6 +388,29 @@ def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scen
     assert restored("read", scenario.bob_session, "private/notes/allergy.md").out == BOB_FACT
 
 
+def test_a_forget_after_a_cell_was_copied_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
+    """The cell is snapshotted and copied whole; the forget is acknowledged before the state database is taken:
+    the backup's last looks see the cell's forgets moved on and take it again, so the note is not restored."""
+    cli = scenario.cli
+    canary = b"Forget me after the copy: the gate code (canary G4te)\n"
+    cli.j("write", scenario.alice_session, "private/notes/b.md", stdin=canary)
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_CELL_DONE, "--json", "backup", str(dest)) as (proc, go):
+        cli.j("forget", scenario.alice_session, "private/notes/b.md")
+        os.write(go, b"x")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["resnapshots"] >= 1 and report["artifacts"] == 3
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert b"canary G4te" not in path.read_bytes(), path
+    restored = _restore(cli, dest, tmp_path / "restored")
+    assert restored("read", scenario.alice_session, "private/notes/b.md").code != 0
+    assert restored.j("search", scenario.alice_session, "gate code")["results"] == []
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
+
+
 def test_a_write_in_flight_at_the_snapshot_is_rolled_back_on_restore(scenario: Scenario, tmp_path: Path) -> None:
     """A writer parked after its pending revision and rename: the backup runs beside it (it takes no lock), and the
     restored home has the note as it was acknowledged, doctor-clean."""
