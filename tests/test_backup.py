@@ -534,3 +534,22 @@ def test_expect_manifest_refuses_a_rewritten_backup_before_anything_is_made(scen
     result = cli("restore", str(backup), "--home", str(tmp_path / "restored"), "--expect-manifest", "abc")
     assert result.code == 2 and not (tmp_path / "restored").exists()
 
+
+def test_a_malformed_locator_in_a_backup_is_an_integrity_failure(scenario: Scenario, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    conn = apsw.Connection(str(backup / "agents/main/catalog.sqlite"))
+    try:
+        triggers = conn.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger'"
+                                " AND tbl_name = 'revisions'").fetchall()
+        for name, _sql in triggers:
+            conn.execute(f'DROP TRIGGER "{name}"')
+        conn.execute("UPDATE revisions SET locator = '../../x' WHERE rowid = (SELECT min(rowid) FROM revisions"
+                     " WHERE state = 'active')")
+        for _name, sql in triggers:
+            conn.execute(sql)
+    finally:
+        conn.close()
+    _rewrite_manifest_hash(backup, "agents/main/catalog.sqlite")
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "malformed" in err

@@ -69,7 +69,7 @@ from scopefs.writer.backup import (
     sibling,
 )
 
-MAX_MANIFEST = 1 << 30
+MAX_MANIFEST = 256 << 20  # read whole: millions of artifacts fit, a runaway file does not
 SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 Progress = Callable[[str], None]
 
@@ -295,7 +295,11 @@ def _restore_artifacts(src_fd: int, root: Path, manifest: dict[str, Any], cells:
     restored: list[Artifact] = []
     named: set[tuple[str, str, str]] = set()
     for cell in cells:
-        keys, kept = artifacts_of(cell_dir(root, cell) / "catalog.sqlite", cell)
+        try:
+            keys, kept = artifacts_of(cell_dir(root, cell) / "catalog.sqlite", cell)
+        except StorageError:  # a store key or locator that is not ours ('../../x'): the backup's fault
+            raise IntegrityError("the backup's catalog names a malformed store or artifact; nothing was restored") \
+                from None
         scopes = cell_dir(root, cell) / "memory-scopes" / "v1"
         for key in keys:
             (scopes / key).mkdir(mode=0o700)
