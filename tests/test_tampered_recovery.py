@@ -80,3 +80,21 @@ def test_a_tampered_superseded_revision_stops_being_required(scenario: Scenario,
     assert cli("read", scenario.alice_session, NOTE).out == ALICE_V2
     cli.j("backup", str(tmp_path / "backup"))
 
+
+def test_a_forget_removes_the_quarantined_copy_of_its_note(scenario: Scenario) -> None:
+    cli = scenario.cli
+    canary = b"Quarantined then forgotten: the safe combination (canary Q4rn)\n"
+    cli.j("write", scenario.alice_session, "private/notes/safe.md", stdin=canary)
+    cli.j("write", scenario.alice_session, "private/notes/safe.md", stdin=canary + b"and more\n")
+    artifact = artifact_path(cli.home, scenario.alice, "notes/safe.md")
+    changed = _tamper(artifact)
+    cli("doctor", "--fix")
+    quarantine = _quarantine(scenario)
+    assert [p.read_bytes() for p in quarantine.iterdir()] == [changed]
+    assert cli("read", scenario.alice_session, "private/notes/safe.md").out == canary
+    cli.j("forget", scenario.alice_session, "private/notes/safe.md")
+    for path in quarantine.iterdir():
+        data = path.read_bytes()
+        assert b"Q4rn" not in data and b"safe combination" not in data.lower(), path
+    assert list(quarantine.iterdir()) == []
+    assert cli("--json", "doctor").code == 0
