@@ -388,6 +388,29 @@ def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scen
     assert restored("read", scenario.bob_session, "private/notes/allergy.md").out == BOB_FACT
 
 
+def test_a_forget_after_a_cell_was_copied_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
+    """The cell is snapshotted and copied whole; the forget is acknowledged before the state database is taken:
+    the backup's last looks see the cell's forgets moved on and take it again, so the note is not restored."""
+    cli = scenario.cli
+    canary = b"Forget me after the copy: the gate code (canary G4te)\n"
+    cli.j("write", scenario.alice_session, "private/notes/b.md", stdin=canary)
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_CELL_DONE, "--json", "backup", str(dest)) as (proc, go):
+        cli.j("forget", scenario.alice_session, "private/notes/b.md")
+        os.write(go, b"x")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["resnapshots"] >= 1 and report["artifacts"] == 3
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert b"canary G4te" not in path.read_bytes(), path
+    restored = _restore(cli, dest, tmp_path / "restored")
+    assert restored("read", scenario.alice_session, "private/notes/b.md").code != 0
+    assert restored.j("search", scenario.alice_session, "gate code")["results"] == []
+    assert restored("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT
+
+
 def test_a_write_in_flight_at_the_snapshot_is_rolled_back_on_restore(scenario: Scenario, tmp_path: Path) -> None:
     """A writer parked after its pending revision and rename: the backup runs beside it (it takes no lock), and the
     restored home has the note as it was acknowledged, doctor-clean."""
@@ -454,3 +477,79 @@ def test_a_manifest_that_is_not_ours_or_is_damaged_is_refused(scenario: Scenario
     empty.mkdir(mode=0o700)
     assert "not a scopefs backup" in _refused_restore(cli, empty, tmp_path / "restored", 2)
     assert "does not exist" in _refused_restore(cli, tmp_path / "nowhere", tmp_path / "restored", 2)
+
+
+def _rewrite_manifest_hash(backup: Path, rel: str) -> None:
+    """What someone who edits a backup's database does next: make the manifest name the new bytes."""
+    import hashlib
+    manifest_path = backup / "manifest.json"
+    manifest = json.loads(manifest_path.read_bytes())
+    data = (backup / rel).read_bytes()
+    for entry in manifest["databases"]:
+        if entry["path"] == rel:
+            entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    manifest_path.write_text(json.dumps(manifest, sort_keys=True, indent=1) + "\n")
+
+
+def _rebind_bob_to_alice(scenario: Scenario, state: Path, *, restore_trigger: bool) -> None:
+    conn = apsw.Connection(str(state))
+    try:
+        trigger = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'identity_bindings_immutable'"
+                               ).fetchall()[0][0]
+        conn.execute("DROP TRIGGER identity_bindings_immutable")
+        conn.execute("UPDATE identity_bindings SET principal_id = ? WHERE principal_id = ?",
+                     (scenario.alice, scenario.bob))
+        if restore_trigger:
+            conn.execute(trigger)
+    finally:
+        conn.close()
+
+
+def test_a_database_whose_schema_was_changed_is_refused(scenario: Scenario, tmp_path: Path) -> None:
+    """A trigger dropped (and a binding edited under it), the manifest rewritten to match: exit 4, nothing made."""
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    _rebind_bob_to_alice(scenario, backup / "state.sqlite", restore_trigger=False)
+    _rewrite_manifest_hash(backup, "state.sqlite")
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "does not have the schema of its version" in err
+
+
+def test_expect_manifest_refuses_a_rewritten_backup_before_anything_is_made(scenario: Scenario,
+                                                                            tmp_path: Path) -> None:
+    """A binding edited with its trigger put back and the manifest rewritten is whole and consistent: only the
+    digest kept apart from the backup tells it is not the one that was made."""
+    cli = scenario.cli
+    backup = tmp_path / "backup"
+    digest = _backup(cli, backup)["manifest_sha256"]
+    assert _restore(cli, backup, tmp_path / "first").home.exists()  # the right digest: restored
+    result = cli("restore", str(backup), "--home", str(tmp_path / "upper"), "--expect-manifest", digest.upper())
+    assert result.code == 0, result.err
+    _rebind_bob_to_alice(scenario, backup / "state.sqlite", restore_trigger=True)
+    _rewrite_manifest_hash(backup, "state.sqlite")
+    result = cli("restore", str(backup), "--home", str(tmp_path / "restored"), "--expect-manifest", digest)
+    assert result.code == 4 and "not the one expected" in result.err, result.err
+    assert not (tmp_path / "restored").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".restored.")]
+    result = cli("restore", str(backup), "--home", str(tmp_path / "restored"), "--expect-manifest", "abc")
+    assert result.code == 2 and not (tmp_path / "restored").exists()
+
+
+def test_a_malformed_locator_in_a_backup_is_an_integrity_failure(scenario: Scenario, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    conn = apsw.Connection(str(backup / "agents/main/catalog.sqlite"))
+    try:
+        triggers = conn.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger'"
+                                " AND tbl_name = 'revisions'").fetchall()
+        for name, _sql in triggers:
+            conn.execute(f'DROP TRIGGER "{name}"')
+        conn.execute("UPDATE revisions SET locator = '../../x' WHERE rowid = (SELECT min(rowid) FROM revisions"
+                     " WHERE state = 'active')")
+        for _name, sql in triggers:
+            conn.execute(sql)
+    finally:
+        conn.close()
+    _rewrite_manifest_hash(backup, "agents/main/catalog.sqlite")
+    err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+    assert "malformed" in err

@@ -154,23 +154,25 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert fixed.code == 4, fixed  # integrity failures cannot be repaired from here
     found = sorted((f["kind"], f["ref_id"], f["action"]) for f in fixed.findings)
     assert found == sorted([
-        ("tampered-artifact", alice_rev.revision_id, "quarantined"),  # moved aside, never re-hashed
+        # moved aside, never re-hashed: the revision is retired and the note is back at the one before
+        ("tampered-artifact", alice_rev.revision_id, "quarantined, rolled back"),
         ("missing-artifact", bob_rev.revision_id, None),
         ("orphan-file", channel_rev.store_id, "quarantined"),
     ])
     assert not orphan.exists() and not tampered.exists()
     assert sorted(p.read_bytes() for p in quarantine.iterdir()) == sorted([orphan_bytes, bytes(data)])
+    assert (quarantine / f"tampered-{alice_rev.revision_id}").read_bytes() == bytes(data)
 
-    for session in (base.alice_session, base.bob_session):
-        result = cli("read", session, "private/notes/allergy.md")
-        assert (result.code, result.out) == (4, b""), result
+    assert cli("read", base.alice_session, "private/notes/allergy.md", check=True).out == ALICE_FACT
+    result = cli("read", base.bob_session, "private/notes/allergy.md")
+    assert (result.code, result.out) == (4, b""), result
     assert cli("read", base.group_session, "channel/offsite.md", check=True).out == CHANNEL_FACT
     # Untouched history is not collateral damage.
     assert sha256(artifact_path(home, alice_v1).read_bytes()) == alice_v1.sha256
 
     again = doctor(cli)
     assert again.code == 4
-    assert again.kinds == Counter({"missing-artifact": 2})  # the tampered one stays unavailable
+    assert again.kinds == Counter({"missing-artifact": 1})  # the missing one cannot be repaired from here
 
 
 @pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE))

@@ -83,3 +83,21 @@ def check_served(home: Home, session_id: str, uid: int | None) -> None:
     session = load_session(home, session_id)
     if session.human and (uid is None or served_uid(home, session) != uid):
         raise BadInput("a browse session is served only to its own local user (scopefs browse)")
+
+
+def refuse_browse_session(home: Home, session_id: str) -> None:
+    """BadInput if ``session_id`` is a browse session: its changes are the person's, made through its mount.
+
+    A command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
+    ...) with it would be the operator's act recorded as the principal's,
+    with the origin ``human``. An unknown session is left to the command,
+    which refuses it as it always has.
+    """
+    from scopefs.catalog.sessions import load_session
+
+    try:
+        session = load_session(home, session_id)
+    except BadInput:
+        return
+    if session.human:
+        raise BadInput("a browse session writes only through its mount")

@@ -26,6 +26,9 @@ class Reason(StrEnum):
     # A revision committed without a disk sync whose artifact did not survive
     # a power loss: recovery rolled its note back to the revision before it.
     REVISION_LOST = "revision-lost"
+    # A committed revision whose artifact was changed outside scopefs:
+    # ``doctor --fix`` quarantined the file and rolled its note back the same way.
+    REVISION_TAMPERED = "revision-tampered"
     # Publishing into agent-shared/ or a role store needs a live publisher
     # grant for the session's verified subject; reading never implies it.
     NOT_PUBLISHER = "not-publisher"

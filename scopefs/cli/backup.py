@@ -50,7 +50,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from scopefs.writer.restore import restore_home
 
-    report = restore_home(Path(args.src), resolve_home(args.home), progress=_progress("restore"))
+    report = restore_home(Path(args.src), resolve_home(args.home), progress=_progress("restore"),
+                          expect_manifest=args.expect_manifest)
     emit(args.json, report.as_dict(),
          [f"restored into {report.home}: {len(report.cells)} cell(s), {report.artifacts} artifact(s) verified"
           f" ({report.artifact_bytes} bytes)", f"manifest sha256 {report.manifest_sha256}"])
@@ -63,3 +64,6 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     p = command("restore", cmd_restore, "restore the backup SRC into a new home (--home NEW, absent or empty),"
                 " verified whole before anything is readable")
     p.add_argument("src", metavar="SRC")
+    p.add_argument("--expect-manifest", metavar="SHA256", default=None,
+                   help="the manifest_sha256 the backup printed, kept where the backup's readers cannot change it:"
+                        " any other manifest is refused (exit 4) before anything is made")

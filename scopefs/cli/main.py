@@ -449,6 +449,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     home = _home(args)
     owner = _mount_owner(args)  # checked before anything else; the server's module is imported only for it
+    if load_session(home, args.session).human:  # served owner-only by ``scopefs browse``, never otherwise
+        raise BadInput("a browse session is mounted only by scopefs browse")
     check_served(home, args.session, None if owner is None else owner[0])
     shown: dict[str, object] = {} if owner is None else {"for_uid": owner[0], "for_gid": owner[1]}
     if args.foreground:
@@ -706,11 +708,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
         p.add_argument("--actor", metavar="PRINCIPAL", help="the principal causing this operation")
         if name == "write":
+            p.set_defaults(changes_as_session=True)
             p.add_argument("--origin", choices=("human", "capture"), default="human",
                            help="capture: machine-made from chat (envelope stripped, the human block kept)")
             p.add_argument("--valid-until", metavar="DATE|DURATION",
                            help="deny the note after this (YYYY-MM-DD, an ISO time, or e.g. 30d); front matter")
     p = command("rm", cmd_rm, "remove a note (a tombstone, as rm in a mount); notes derived from it are held")
+    p.set_defaults(changes_as_session=True)
     p.add_argument("session")
     p.add_argument("path")
     p.add_argument("--actor", metavar="PRINCIPAL")
@@ -733,6 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, helptext in (("add", "attach a verified subject (a principal id) to a note"),
                            ("remove", "detach a verified subject from a note")):
         p = command(verb, cmd_subject, helptext, subject)
+        p.set_defaults(changes_as_session=True)
         p.add_argument("session")
         p.add_argument("path")
         p.add_argument("principal")
@@ -826,6 +831,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
+        if getattr(args, "changes_as_session", False):  # the one place every such command passes
+            from scopefs.catalog.human import refuse_browse_session
+
+            refuse_browse_session(_home(args), args.session)
         code: int = args.func(args)
         return code
     except Denied as exc:

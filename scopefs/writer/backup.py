@@ -16,8 +16,13 @@ What a backup holds, laid out like a home (``catalog.home``) plus a manifest:
   consistent; each is hashed as it is copied and must match the snapshot.
   One that no longer does because the live catalog moved on (a ``forget``
   unlinked it between the snapshot and the copy) makes that cell snapshot
-  again, and what the new snapshot no longer names leaves the backup, so a
-  forget is never undone by the backup taken across it. A committed
+  again, and what the new snapshot no longer names leaves the backup. After
+  the state snapshot, and again as the last step before DEST is put in
+  place, every cell's live forgets are compared with its copy's; a cell
+  that forgot something since is taken again (then the state database),
+  until nothing moved (bounded: ``SNAPSHOT_ATTEMPTS``). So a forget
+  acknowledged before that last look is never undone by the backup; a
+  revocation made later may or may not be in it. A committed
   artifact that does not verify in the live home fails the backup (exit 4):
   a backup that could not be restored is never written. Staging files,
   quarantine, locks, mount registries and ``api.key`` are never copied;
@@ -351,9 +356,67 @@ def _back_up_cell(home: Home, root: Path, cell: str, copier: _Copier) -> int:
         keys, wanted = _snapshot_cell(home, root, cell)
         try:
             copier.copy_cell(cell, keys, wanted)
+            checkpoint(Step.BACKUP_CELL_DONE)
             return attempt
         except _Moved:
             continue
+    raise StorageError("the home kept changing under the backup (notes forgotten during every attempt); try again")
+
+
+_FORGET_MARK = "SELECT (SELECT count(*) FROM forgets), (SELECT count(*) FROM forgotten_revisions)"
+
+
+def _forget_mark(conn: apsw.Connection) -> tuple[int, int]:
+    """How far a catalog's forgets have gone: both counts only grow (a forget is never undone)."""
+    row = one(conn, _FORGET_MARK)
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _copy_forget_mark(root: Path, cell: str) -> tuple[int, int]:
+    conn = apsw.Connection(str(_catalog_path(root, cell)), flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW)
+    try:
+        return _forget_mark(conn)
+    finally:
+        conn.close()
+
+
+def _forgotten_since(home: Home, root: Path, cells: list[str]) -> list[str]:
+    """The cells whose live catalog forgot something after their copy was taken."""
+    return [c for c in cells if _forget_mark(home.catalog(c)) != _copy_forget_mark(root, c)]
+
+
+def _back_up_databases(home: Home, root: Path, copier: _Copier, say: Progress, cells: list[str],
+                       pending: list[str]) -> int:
+    """The ``pending`` catalogs, then ``state.sqlite``, until no forget moved a copied cell on; resnapshots.
+
+    ``cells`` (the cells copied so far) grows with every cell taken.
+
+    A cell is never looked at again once copied unless this asks: a forget
+    acknowledged while later cells (or the state database) were copied
+    would otherwise be missing from the backup and its note restored whole.
+    A cell taken again is taken before a new state snapshot, so the state
+    copy stays the newest file (an audit row handed on meanwhile is in one
+    of the two copies).
+    """
+    resnapshots = 0
+    say(f"snapshotting {len(pending)} catalog(s) and copying their artifacts")
+    for _ in range(SNAPSHOT_ATTEMPTS):
+        for cell in pending:
+            resnapshots += cell in cells
+            resnapshots += _back_up_cell(home, root, cell, copier)
+            if cell not in cells:
+                cells.append(cell)
+        say("snapshotting the state database")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root / "state.sqlite")
+        snapshot_db(home.state(), root / "state.sqlite")
+        # A cell added after the first look: its catalog is taken after the state copy names it.
+        late = [c for c in _cells_of(root / "state.sqlite") if c not in cells]
+        pending = late + _forgotten_since(home, root, cells)
+        if not pending:
+            return resnapshots
+        say(f"{len(pending)} cell(s) changed meanwhile (added, or a note forgotten): taking them again")
     raise StorageError("the home kept changing under the backup (notes forgotten during every attempt); try again")
 
 
@@ -403,24 +466,27 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
     try:
         (root / "agents").mkdir(mode=0o700)
         copier = _Copier(home, root)
-        cells, resnapshots = home.cells(), 0
-        say(f"snapshotting {len(cells)} catalog(s) and copying their artifacts")
-        for cell in cells:
-            resnapshots += _back_up_cell(home, root, cell, copier)
-        say("snapshotting the state database")
-        snapshot_db(home.state(), root / "state.sqlite")
-        late = [c for c in _cells_of(root / "state.sqlite") if c not in cells]
-        for cell in late:  # added after the first look: its catalog is newer than the state copy, never older
-            resnapshots += _back_up_cell(home, root, cell, copier)
-        cells += late
-        if copier.failed:
-            raise IntegrityError(f"{copier.failed} committed artifact(s) of the home do not verify; run"
-                                 " 'scopefs doctor'. No backup was written")
-        write_file(root / "hmac.key", read_secret(home.key_path, HMAC_KEY_BYTES))
-        say(f"writing the manifest ({len(copier.copied)} artifact(s))")
-        manifest = build_manifest(root, cells, list(copier.copied.values()))
-        data = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
-        write_file(root / MANIFEST, data)
+        cells: list[str] = []
+        pending, resnapshots = home.cells(), 0
+        for attempt in range(SNAPSHOT_ATTEMPTS + 1):
+            if attempt == SNAPSHOT_ATTEMPTS:
+                raise StorageError("the home kept changing under the backup (notes forgotten during every attempt);"
+                                   " try again")
+            resnapshots += _back_up_databases(home, root, copier, say, cells, pending)
+            if copier.failed:
+                raise IntegrityError(f"{copier.failed} committed artifact(s) of the home do not verify; run"
+                                     " 'scopefs doctor'. No backup was written")
+            for name in ("hmac.key", MANIFEST):  # written again when a late forget made the cells go again
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(root / name)
+            write_file(root / "hmac.key", read_secret(home.key_path, HMAC_KEY_BYTES))
+            say(f"writing the manifest ({len(copier.copied)} artifact(s))")
+            manifest = build_manifest(root, cells, list(copier.copied.values()))
+            data = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+            write_file(root / MANIFEST, data)
+            pending = _forgotten_since(home, root, cells)  # the last look, just before DEST is put in place
+            if not pending:
+                break
         for folder in {root, root / "agents", *(cell_dir(root, c).parent for c in cells),
                        *(cell_dir(root, c) for c in cells)}:
             fsync_dir(folder)

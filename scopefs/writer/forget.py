@@ -49,6 +49,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import RevisionRow, StoreRow, revision_by_id
 from scopefs.writer import lock
 from scopefs.writer.projections import revoke_rows
+from scopefs.writer.quarantine import remove_tampered
 from scopefs.writer.scrub import scrub, secure_delete
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.tombstone import tombstone_rows
@@ -296,7 +297,8 @@ def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan,
 
 
 def _unlink_artifacts(home: Home, agent_id: str, catalog: apsw.Connection, plan: Plan) -> None:
-    """The forgotten bytes leave the disk (after the commit: a crash before leaves unserved orphans)."""
+    """The forgotten bytes leave the disk, quarantined tampered copies too (after the commit: a crash before
+    leaves unserved orphans)."""
     for note in plan.notes:
         try:
             store_fd = open_store_dir(home, agent_id, note.store.path_key)
@@ -310,3 +312,5 @@ def _unlink_artifacts(home: Home, agent_id: str, catalog: apsw.Connection, plan:
                 os.fsync(store_fd)
         finally:
             os.close(store_fd)
+    with contextlib.suppress(OSError):  # a tampered copy doctor moved aside is the note's text too
+        remove_tampered(home, agent_id, [r for note in plan.notes for r in note.revisions])

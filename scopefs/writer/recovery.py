@@ -28,10 +28,14 @@ with ``fix`` repairs, everything that does not match the catalog:
 * committed revisions whose artifact is missing, unsafe or does not hash to
   the catalog: reported as integrity failures. They cannot be repaired from
   here and stay unreadable. A tampered artifact (changed behind the
-  broker's back, say by hand in the artifact area) is moved to the agent's
-  quarantine by ``fix``; its catalog hash is never rewritten to match, so
-  the revision stays unavailable (reported as missing from then on) until
-  the artifact is restored from a backup or the note is written again.
+  broker's back, say by hand in the artifact area) is moved by ``fix`` to
+  the agent's quarantine as ``tampered-<revision_id>`` (a forget of the
+  note removes it there too, ``writer.quarantine``); its catalog hash is
+  never rewritten to match. The revision is retired as a lost one is
+  (``writer.unsynced.roll_back_broken``, audited ``revision-tampered``):
+  an active one's note returns to its newest intact revision (or is
+  removed, with none), a superseded one stops being required, so doctor
+  and ``scopefs backup`` are clean again.
 
 Without ``fix`` nothing is changed. Findings carry our own ids only, never
 content or user-chosen paths.
@@ -64,6 +68,7 @@ from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
+from scopefs.writer.quarantine import tampered_name
 from scopefs.writer.scrub import scrub, unscrubbed
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
@@ -79,8 +84,9 @@ HINTS = {
     "unsynced-revision": "a note saved without a sync before the last restart reached the disk intact; "
                          "'scopefs doctor --fix' (or the next write, mount or read) syncs it",
     "tampered-artifact": "an artifact was changed outside scopefs: it is never served or trusted; "
-                         "'scopefs doctor --fix' moves it to the agent's quarantine (the note stays unavailable "
-                         "until restored from a backup or written again)",
+                         "'scopefs doctor --fix' moves it to the agent's quarantine and returns the note to its "
+                         "newest intact revision (removes it, with none); restore a backup to get the lost "
+                         "revision back",
     "missing-artifact": "the note's revision stays unavailable (EIO, exit 4): restore its artifact from a backup, "
                         "or write the note again",
     "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
@@ -132,10 +138,17 @@ def _pending_intents(home: Home, agent_id: str) -> list[_Intent]:
     return [_Intent(*row) for row in rows]
 
 
-def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str) -> None:
+def _to_quarantine(home: Home, agent_id: str, dirfd: int, name: str, as_name: str | None = None) -> None:
+    """Move ``name`` into the agent's quarantine, as ``as_name`` (a random name when None or taken)."""
     qfd = open_dir(home.quarantine_dir(agent_id))
     try:
-        renameat2_noreplace(dirfd, name, qfd, ids.random_token())
+        if as_name is None:
+            renameat2_noreplace(dirfd, name, qfd, ids.random_token())
+        else:
+            try:
+                renameat2_noreplace(dirfd, name, qfd, as_name)
+            except FileExistsError:
+                renameat2_noreplace(dirfd, name, qfd, f"{as_name}-{ids.random_token()}")
         os.fsync(qfd)
         os.fsync(dirfd)
     finally:
@@ -239,6 +252,7 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                    lost: frozenset[str]) -> list[Finding]:
     catalog = home.catalog(agent_id)
     findings: list[Finding] = []
+    tampered: list[str] = []
     revisions = {
         row[0]: (row[1], row[2], row[3], row[4])
         for row in catalog.execute(
@@ -295,21 +309,33 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                 fd = open_artifact(store_fd, locator)
             except IntegrityError as exc:
                 missing = isinstance(exc.__cause__, FileNotFoundError)
+                if missing and fix and _quarantined_as_tampered(home, agent_id, revision_id):
+                    tampered.append(revision_id)  # a fix that died between the move and the roll-back
+                    findings.append(Finding("tampered-artifact", agent_id, revision_id, "rolled back"))
+                    continue
                 findings.append(Finding("missing-artifact" if missing else "unsafe-artifact", agent_id, revision_id))
                 continue
             try:
                 verify(fd, size, sha256)
             except IntegrityError:
                 moved = None
-                if fix:  # moved aside, never re-hashed: the revision stays unavailable (a missing artifact)
-                    _to_quarantine(home, agent_id, store_fd, locator)
-                    moved = "quarantined"
+                if fix:  # moved aside, never re-hashed: the revision is retired below, as a lost one is
+                    _to_quarantine(home, agent_id, store_fd, locator, tampered_name(revision_id))
+                    tampered.append(revision_id)
+                    moved = "quarantined, rolled back"
                 findings.append(Finding("tampered-artifact", agent_id, revision_id, moved))
             finally:
                 os.close(fd)
     finally:
         os.close(store_fd)
+    if tampered:
+        unsynced.roll_back_broken(home, agent_id, tampered, Reason.REVISION_TAMPERED)
     return findings
+
+
+def _quarantined_as_tampered(home: Home, agent_id: str, revision_id: str) -> bool:
+    name = tampered_name(revision_id)
+    return name is not None and os.path.lexists(home.quarantine_dir(agent_id) / name)
 
 
 def inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:

@@ -6,11 +6,15 @@ NEW holds a complete home or nothing:
 
 1. SRC must be ours alone (as a home must be): a backup with loosened
    permissions is refused (exit 2); the manifest must be of a known format
-   version;
+   version, and the one expected when the caller kept its digest apart
+   (``--expect-manifest``): the manifest proves the backup whole, not who
+   made it;
 2. every database is copied and must match the manifest's SHA-256; each
    copy then passes ``PRAGMA integrity_check`` and ``foreign_key_check``,
-   has a known schema (a newer one is refused: upgrade scopefs first),
-   and the cells agree (each catalog is the cell it is filed as, and the
+   has a known schema (a newer one is refused: upgrade scopefs first)
+   whose tables, indexes and triggers are exactly those this scopefs builds
+   for its version (a dropped trigger, under which a row could have been
+   edited, is an integrity failure), and the cells agree (each catalog is the cell it is filed as, and the
    state database registers exactly the manifest's cells); the key has
    its length and hash;
 3. every artifact is copied while hashed, and must match both the manifest
@@ -32,6 +36,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable
@@ -46,7 +51,7 @@ from scopefs.catalog.digests import HASH_CHUNK
 from scopefs.catalog.errors import BadInput, IntegrityError, ScopefsError, StorageError
 from scopefs.catalog.fsafe import UnsafeEntry, fsync_dir, open_dir, open_dir_beneath, open_regular
 from scopefs.catalog.home import HMAC_KEY_BYTES, POOL_CELL_PREFIX, Home, validate_agent_name, validate_pool_name
-from scopefs.catalog.schema import SchemaKind
+from scopefs.catalog.schema import SchemaKind, ensure_schema, schema_text
 from scopefs.catalog.schema.agent import AGENT_SCHEMA
 from scopefs.catalog.schema.state import STATE_SCHEMA
 from scopefs.writer.backup import (
@@ -64,7 +69,8 @@ from scopefs.writer.backup import (
     sibling,
 )
 
-MAX_MANIFEST = 1 << 30
+MAX_MANIFEST = 256 << 20  # read whole: millions of artifacts fit, a runaway file does not
+SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 Progress = Callable[[str], None]
 
 
@@ -203,8 +209,21 @@ def _check_db(path: Path, kind: SchemaKind) -> None:
         if version > kind.latest:
             raise BadInput(f"the backup's {kind.name} is schema version {version}, newer than this scopefs"
                            f" ({kind.latest}); upgrade scopefs")
+        if schema_text(conn) != _fresh_schema(kind, version):
+            raise IntegrityError(f"a {kind.name} database of the backup does not have the schema of its version"
+                                 " (a table, index or trigger was changed); nothing was restored")
     finally:
         conn.close()
+
+
+def _fresh_schema(kind: SchemaKind, version: int) -> list[tuple[str, str, str]]:
+    """The schema this scopefs builds for ``kind`` at ``version``: a dropped or edited trigger shows against it."""
+    fresh = apsw.Connection(":memory:")
+    try:
+        ensure_schema(fresh, kind, upto=version)
+        return schema_text(fresh)
+    finally:
+        fresh.close()
 
 
 def _check_cells(root: Path, cells: list[str]) -> None:
@@ -276,7 +295,11 @@ def _restore_artifacts(src_fd: int, root: Path, manifest: dict[str, Any], cells:
     restored: list[Artifact] = []
     named: set[tuple[str, str, str]] = set()
     for cell in cells:
-        keys, kept = artifacts_of(cell_dir(root, cell) / "catalog.sqlite", cell)
+        try:
+            keys, kept = artifacts_of(cell_dir(root, cell) / "catalog.sqlite", cell)
+        except StorageError:  # a store key or locator that is not ours ('../../x'): the backup's fault
+            raise IntegrityError("the backup's catalog names a malformed store or artifact; nothing was restored") \
+                from None
         scopes = cell_dir(root, cell) / "memory-scopes" / "v1"
         for key in keys:
             (scopes / key).mkdir(mode=0o700)
@@ -333,17 +356,31 @@ def _settle(root: Path, cells: list[str]) -> int:
         home.close()
 
 
-def restore_home(src: Path, new: Path, *, progress: Progress | None = None) -> RestoreReport:
+def check_manifest_digest(value: str) -> str:
+    """A SHA-256 as ``scopefs backup`` prints it (64 hex digits), lower-cased; BadInput otherwise."""
+    if not SHA256_HEX.fullmatch(value):
+        raise BadInput("--expect-manifest takes the manifest_sha256 a backup printed (64 hex digits)")
+    return value.lower()
+
+
+def restore_home(src: Path, new: Path, *, progress: Progress | None = None,
+                 expect_manifest: str | None = None) -> RestoreReport:
     """Restore the backup at ``src`` into a new home at ``new`` (absent or empty); nothing is left there on failure.
 
     BadInput for a backup or target refused before anything was made;
-    IntegrityError (exit 4) for a backup whose content does not verify.
+    IntegrityError (exit 4) for a backup whose content does not verify, or
+    whose manifest is not ``expect_manifest`` (checked before anything is
+    made: the manifest proves the backup whole, only a digest kept apart
+    from it proves it is the one that was made).
     """
     say = progress or (lambda _line: None)
     src, new = src.absolute(), new.absolute()
+    expected = check_manifest_digest(expect_manifest) if expect_manifest is not None else None
     check_private_dir(src, "backup")
     _check_tree(src)
     manifest, digest = _read_manifest(src)
+    if expected is not None and digest != expected:
+        raise IntegrityError("the backup's manifest is not the one expected (--expect-manifest); nothing was restored")
     cells = _cells(manifest)
     check_target(new, "new home")
     check_apart(new, src, "new home", "the backup")

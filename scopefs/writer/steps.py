@@ -27,6 +27,7 @@ class Step(StrEnum):
     FORGOTTEN = "forgotten"  # committed; the forgotten artifacts are still on disk
     # A backup (``writer.backup``): a cell's catalog is snapshotted, its artifacts not yet copied.
     BACKUP_SNAPSHOT = "backup-snapshot"
+    BACKUP_CELL_DONE = "backup-cell-done"  # a cell snapshotted and copied; later cells and the state not yet
     # A migration (``writer.migrate``): between its phases, around the writes of its items.
     MIGRATION_BACKED_UP = "migration-backed-up"  # backup complete, run recorded, nothing copied yet
     MIGRATION_COPIED = "migration-copied"  # every item copied; hashes, index and denial matrix not yet checked
@@ -37,7 +38,8 @@ class Step(StrEnum):
 # their own).
 MIGRATION_STEPS: tuple[Step, ...] = (Step.MIGRATION_BACKED_UP, Step.MIGRATION_COPIED, Step.MIGRATION_VERIFIED)
 WRITE_STEPS: tuple[Step, ...] = tuple(
-    s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN, Step.BACKUP_SNAPSHOT, *MIGRATION_STEPS))
+    s for s in Step if s not in (Step.FORGETTING, Step.FORGOTTEN, Step.BACKUP_SNAPSHOT, Step.BACKUP_CELL_DONE,
+                               *MIGRATION_STEPS))
 
 _hook: Callable[[Step], None] | None = None
 

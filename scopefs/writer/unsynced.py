@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -217,7 +218,35 @@ def settle_restarted(home: Home, agent_id: str) -> list[Settled]:
     return [Settled(row.revision_id, row in lost) for row in rows]
 
 
-def _roll_back(home: Home, agent_id: str, lost: list[_Unsynced]) -> list[str]:
+_SELECT_REVISIONS = (
+    "SELECT v.revision_id, v.resource_id, v.state, v.locator, v.size, v.content_sha256, r.path_key, s.store_id"
+    " FROM revisions v JOIN resources res ON res.resource_id = v.resource_id JOIN stores s ON s.store_id = res.store_id"
+    " JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
+    " WHERE v.agent_id = ? AND v.revision_id IN (SELECT value FROM json_each(?)) ORDER BY v.created_at, v.revision_no"
+)
+
+
+def roll_back_broken(home: Home, agent_id: str, revision_ids: list[str], reason: Reason) -> list[str]:
+    """Retire committed revisions whose artifact is gone for good, as a lost one is; the revisions restored.
+
+    ``doctor --fix`` moves a tampered artifact to quarantine: its revision
+    can never be served again, so it is marked ``corrupt`` exactly like a
+    revision a power loss took (an active one's note returns to its newest
+    intact predecessor, or is tombstoned; a superseded one just stops being
+    required), audited with ``reason``. The caller holds the writer lock
+    exclusively.
+    """
+    rows = [_Unsynced(*row) for row in home.catalog(agent_id).execute(
+        _SELECT_REVISIONS, (agent_id, json.dumps(sorted(revision_ids))))]
+    restored = _roll_back(home, agent_id, rows, reason) if rows else []
+    if restored:
+        with contextlib.suppress(IntegrityError, StorageError):  # doctor reports what stays unindexed
+            index_again(home, agent_id, restored)
+    drain_quietly(home.state(), home.catalog(agent_id), agent_id)
+    return restored
+
+
+def _roll_back(home: Home, agent_id: str, lost: list[_Unsynced], reason: Reason = Reason.REVISION_LOST) -> list[str]:
     """Mark ``lost`` corrupt and give each note its newest intact revision back; the revisions restored.
 
     One transaction, oldest first, so a chain of lost revisions of one note
@@ -233,9 +262,9 @@ def _roll_back(home: Home, agent_id: str, lost: list[_Unsynced]) -> list[str]:
                 continue  # tombstoned since: nothing is served from it, nothing to restore
             catalog.execute("UPDATE revisions SET state = 'corrupt' WHERE revision_id = ?", (row.revision_id,))
             event_id = enqueue(catalog, agent_id, AuditEvent(
-                operation="recover", decision="error", reason=Reason.REVISION_LOST, agent_id=agent_id,
+                operation="recover", decision="error", reason=reason, agent_id=agent_id,
                 store_id=row.store_id, revision_id=row.revision_id))
-            settle(catalog, event_id, decision="error", reason=Reason.REVISION_LOST)
+            settle(catalog, event_id, decision="error", reason=reason)
             if row.state != "active":
                 continue
             previous = _newest_intact_before(catalog, row.revision_id, lost_ids)

@@ -1,0 +1,100 @@
+"""``doctor --fix`` on a tampered artifact: the revision is retired, the home is whole again, a forget clears all.
+
+Real homes, real files changed behind the broker's back. After the fix the
+changed bytes are in the agent's quarantine (named after their revision)
+and nowhere a reader reaches; the note is back at its newest intact
+revision (or gone, with none); ``doctor`` is clean and ``scopefs backup``
+works; a ``forget`` of the note leaves none of its text in the quarantine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+
+from tests.conftest import ALICE_FACT, BOB_FACT, Scenario, artifact_path
+
+NOTE = "private/notes/allergy.md"
+ALICE_V2 = b"Updated private fact: allergic to hazelnuts and pecans (canary A2v2)\n"
+
+
+def _tamper(path: Path) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x20  # same size: only the hash can tell
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _quarantine(scenario: Scenario) -> Path:
+    return scenario.cli.home / "agents" / "main" / "quarantine"
+
+
+def _audit_reasons(scenario: Scenario) -> list[str]:
+    conn = apsw.Connection(str(scenario.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return [str(r[0]) for r in conn.execute("SELECT reason FROM audit WHERE operation = 'recover'")]
+    finally:
+        conn.close()
+
+
+def test_a_fixed_tamper_leaves_doctor_clean_and_backups_working(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)  # alice: v1 superseded, v2 active
+    alice_v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    bob = artifact_path(cli.home, scenario.bob, "notes/allergy.md")  # bob: one revision only
+    changed = {_tamper(alice_v2), _tamper(bob)}
+    assert cli("--json", "doctor").code == 4
+    assert cli("backup", str(tmp_path / "refused")).code == 4
+
+    fixed = cli("--json", "doctor", "--fix")
+    assert fixed.code == 4, fixed.text  # what was found was an integrity failure
+    actions = sorted((f["kind"], f["action"]) for f in fixed.json()["findings"])
+    assert actions == [("tampered-artifact", "quarantined, rolled back")] * 2, actions
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+    assert _audit_reasons(scenario).count("revision-tampered") == 2
+    retired = sorted(f"tampered-{f['ref_id']}" for f in fixed.json()["findings"])
+    assert sorted(p.name for p in _quarantine(scenario).iterdir()) == retired
+
+    # alice's note is back at its intact revision; bob's had none, so it is gone; never the changed bytes
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    assert cli("read", scenario.bob_session, NOTE).code != 0
+    for session in (scenario.alice_session, scenario.bob_session):
+        assert cli("read", session, NOTE).out not in changed
+    report = cli.j("backup", str(tmp_path / "backup"))
+    assert report["artifacts"] == 2  # alice's first revision and the channel's note: no retired one is required
+    cli.j("write", scenario.bob_session, NOTE, stdin=BOB_FACT)  # written again: a new revision, served
+    assert cli("read", scenario.bob_session, NOTE).out == BOB_FACT
+    assert cli("--json", "doctor").code == 0
+    cli.j("backup", str(tmp_path / "backup2"))
+
+
+def test_a_tampered_superseded_revision_stops_being_required(scenario: Scenario, tmp_path: Path) -> None:
+    cli = scenario.cli
+    v1 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    _tamper(v1)  # now superseded
+    assert cli("--json", "doctor", "--fix").code == 4
+    assert cli("--json", "doctor").code == 0
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_V2
+    cli.j("backup", str(tmp_path / "backup"))
+
+
+def test_a_forget_removes_the_quarantined_copy_of_its_note(scenario: Scenario) -> None:
+    cli = scenario.cli
+    canary = b"Quarantined then forgotten: the safe combination (canary Q4rn)\n"
+    cli.j("write", scenario.alice_session, "private/notes/safe.md", stdin=canary)
+    cli.j("write", scenario.alice_session, "private/notes/safe.md", stdin=canary + b"and more\n")
+    artifact = artifact_path(cli.home, scenario.alice, "notes/safe.md")
+    changed = _tamper(artifact)
+    cli("doctor", "--fix")
+    quarantine = _quarantine(scenario)
+    assert [p.read_bytes() for p in quarantine.iterdir()] == [changed]
+    assert cli("read", scenario.alice_session, "private/notes/safe.md").out == canary
+    cli.j("forget", scenario.alice_session, "private/notes/safe.md")
+    for path in quarantine.iterdir():
+        data = path.read_bytes()
+        assert b"Q4rn" not in data and b"safe combination" not in data.lower(), path
+    assert list(quarantine.iterdir()) == []
+    assert cli("--json", "doctor").code == 0
