@@ -91,9 +91,9 @@ def test_session_keys_carry_a_binding_tuple_only_in_the_full_direct_shape() -> N
     assert parse_session_key("cron:nightly").kind == "other"
 
 
-def test_classification_is_structural_never_by_content(layout: tuple[Path, Path]) -> None:
+def test_classification_is_structural_never_by_content(tmp_path: Path) -> None:
     """The pure function, driven directly: rewriting a note to name another person changes nothing."""
-    ws, state = layout
+    ws, state = build_layout(tmp_path / "legacy", other_sender=CAROL_SENDER)
     bindings = {(CHANNEL, ACCOUNT, ALICE_SENDER): ("binding_a", "principal_alice")}
 
     def plan() -> dict[str, tuple[str, str]]:
@@ -103,18 +103,23 @@ def test_classification_is_structural_never_by_content(layout: tuple[Path, Path]
         return {i.key: (i.action, i.reason) for i in items}
 
     before = plan()
-    assert before["workspace/MEMORY.md"] == ("private", "owner-confirmed")
+    # Carol's DM resolves to nobody: she is someone other than the owner all the same (fail closed).
+    assert before["workspace/MEMORY.md"] == ("quarantine", "several-people")
     assert before["state/agents/main/sessions/s-alice.jsonl"] == ("private", "bound-dm-owner")
     assert before["state/agents/main/sessions/s-other.jsonl"] == ("quarantine", "unbound")
     assert before["workspace/reference/handbook.md"] == ("agent-shared", "admin-marked")
     (ws / "MEMORY.md").write_bytes(b"Bob's secret, says the text; Carol's too. group chat. shared.\n")
     assert plan() == before
-    # A second verified person in this agent's DMs: nobody's memory is decided any more.
     bindings[(CHANNEL, ACCOUNT, CAROL_SENDER)] = ("binding_c", "principal_carol")
     after = plan()
     assert after["workspace/MEMORY.md"] == ("quarantine", "several-people")
     assert after["state/agents/main/sessions/s-alice.jsonl"] == ("private", "bound-dm-owner")
     assert after["state/agents/main/sessions/s-other.jsonl"] == ("quarantine", "other-person")
+    # Alice alone in the DMs (the group and the shared main key are no DM partner): her memory.
+    (state / "agents" / "main" / "sessions" / "sessions.json").write_text(json.dumps(
+        {f"agent:main:{CHANNEL}:{ACCOUNT}:direct:{ALICE_SENDER}": {"sessionId": "s-alice"},
+         "agent:main:main": {"sessionId": "s-main"}}))
+    assert plan()["workspace/MEMORY.md"] == ("private", "owner-confirmed")
 
 
 def test_the_dry_run_classifies_every_file_and_changes_nothing(scenario: Scenario, layout: tuple[Path, Path]) -> None:
@@ -144,10 +149,8 @@ def test_the_dry_run_classifies_every_file_and_changes_nothing(scenario: Scenari
         "workspace/memory/escape.md": ("skip", "symlink"),
         "workspace/memory/bad-\\xff-name.md": ("skip", "name-not-utf8"),
         "workspace/reference/handbook.md": ("agent-shared", "admin-marked"),
-        "state/agents/main/sessions/s-other.jsonl": ("quarantine", "unbound"),
         "state/agents/main/sessions/s-group.jsonl": ("quarantine", "group-transcript"),
         "state/agents/main/sessions/s-main.jsonl": ("quarantine", "shared-main"),
-        "state/agents/main/sessions/s-noaccount.jsonl": ("quarantine", "dm-key-lacks-account"),
         "state/agents/main/sessions/s-orphan.jsonl": ("quarantine", "transcript-unreferenced"),
         "state/agents/main/sessions/s-old.jsonl.reset.2026-11-01T00-00-00Z": ("quarantine", "transcript-unreferenced"),
         "state/agents/main/sessions/sessions.json": ("skip", "session-metadata"),
@@ -419,3 +422,85 @@ def test_a_terminal_gets_a_progress_bar(scenario: Scenario, layout: tuple[Path, 
     assert proc.returncode == 0, drawn[-2000:]
     assert json.loads(proc.stdout)["cutover"] is True
     assert b"100%" in drawn and b"migrate: 1/" not in drawn
+
+
+_MEMORY_SOURCES = ("workspace/USER.md", "workspace/MEMORY.md", "workspace/DREAMS.md", "workspace/memory/2026-11-30.md")
+
+
+def _pure_plan(ws: Path, state: Path | None, bindings: dict | None = None) -> dict[str, tuple[str, str]]:
+    known = bindings if bindings is not None else {(CHANNEL, ACCOUNT, ALICE_SENDER): ("binding_a", "principal_alice")}
+    found = legacy.scan(str(ws), str(state) if state is not None else None, "main", ())
+    items = classify(found, owner="principal_alice", resolve=lambda *t: known.get(t), shared=(),
+                     openclaw_agent="main")
+    return {i.key: (i.action, i.reason) for i in items}
+
+
+def _memory_reasons(plan: dict[str, tuple[str, str]]) -> set[tuple[str, str]]:
+    return {plan[source] for source in _MEMORY_SOURCES}
+
+
+def test_an_unreadable_session_index_never_confirms_the_owner(tmp_path: Path) -> None:
+    """Who talked to the agent cannot be said: the memory waits in quarantine, whatever made the index unreadable."""
+    sessions_of = lambda state: state / "agents" / "main" / "sessions"  # noqa: E731
+    # A key over the bound.
+    ws, state = build_layout(tmp_path / "hostile")
+    index = sessions_of(state) / "sessions.json"
+    doc = json.loads(index.read_text())
+    doc["agent:main:" + "x" * (legacy.MAX_KEY_BYTES + 1)] = {"sessionId": "s-main"}
+    index.write_text(json.dumps(doc))
+    assert _memory_reasons(_pure_plan(ws, state)) == {("quarantine", "session-index-unreadable")}
+    # A FIFO where sessions.json belongs: listed and skipped, never opened for a blocking read.
+    ws, state = build_layout(tmp_path / "fifo")
+    index = sessions_of(state) / "sessions.json"
+    index.unlink()
+    os.mkfifo(index)
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert plan["state/agents/main/sessions/sessions.json"] == ("skip", "not-regular")
+    # A symlinked sessions folder: listed as what it is, nothing behind it read, no transcript decided.
+    ws, state = build_layout(tmp_path / "linked")
+    sessions_of(state).rename(tmp_path / "linked" / "elsewhere")
+    os.symlink(tmp_path / "linked" / "elsewhere", sessions_of(state))
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert plan["state/agents/main/sessions"] == ("skip", "symlink")
+    assert not any(k.startswith("state/agents/main/sessions/") for k in plan)
+    # A symlinked agents folder: listed once, both fixed paths behind it unread.
+    ws, state = build_layout(tmp_path / "agents-linked")
+    (state / "agents").rename(tmp_path / "agents-linked" / "agents-elsewhere")
+    os.symlink(tmp_path / "agents-linked" / "agents-elsewhere", state / "agents")
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert [k for k in plan if k.startswith("state/agents")] == ["state/agents"]
+
+
+def test_no_session_index_never_confirms_the_owner(scenario: Scenario, tmp_path: Path) -> None:
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    assert _memory_reasons(_pure_plan(ws, None)) == {("quarantine", "no-session-index")}
+    (state / "agents" / "main" / "sessions" / "sessions.json").unlink()
+    assert _memory_reasons(_pure_plan(ws, state)) == {("quarantine", "no-session-index")}
+    # The command without --state-dir and without ~/.openclaw: the same.
+    runner = dataclasses.replace(s.cli, env={"HOME": str(tmp_path / "nobody")})
+    items = _by_source(runner.j("migrate", "--agent", s.agent, "--workspace", str(ws), "--owner", s.alice))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "no-session-index")}
+
+
+def test_a_dm_with_anyone_but_the_owner_keeps_the_memory_from_the_owner(scenario: Scenario, tmp_path: Path) -> None:
+    """Unbound, revoked or account-less: a DM partner not proven to be the owner is someone else."""
+    s = scenario
+    ws, state = build_layout(tmp_path / "unbound", other_sender=CAROL_SENDER)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+    assert (items["state/agents/main/sessions/s-other.jsonl"]["action"],
+            items["state/agents/main/sessions/s-other.jsonl"]["reason"]) == ("quarantine", "unbound")
+    assert items["state/agents/main/sessions/s-alice.jsonl"]["action"] == "private"
+    ws, state = build_layout(tmp_path / "noaccount", no_account_dm=True)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+    assert items["state/agents/main/sessions/s-noaccount.jsonl"]["reason"] == "dm-key-lacks-account"
+    # Bob's DM while his binding was live; then revoked: he is still someone other than Alice.
+    ws, state = build_layout(tmp_path / "revoked", other_sender=BOB_SENDER)
+    s.cli.j("binding", "revoke", s.bob_binding)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}

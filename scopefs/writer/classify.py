@@ -6,10 +6,14 @@ from which file it is and which OpenClaw session key names a transcript:
 1. The workspace's memory (``USER.md``, ``MEMORY.md``/``memory.md``, daily
    notes, ``memory/**/*.md``, ``DREAMS.md`` without its machine blocks) goes
    to one person's ``private/`` only with ``--owner``, and only when no
-   other verified person talked to this agent: every direct-message key in
-   ``sessions.json`` that resolves through the binding table resolves to
-   that owner. Two verified people in one workspace: quarantine
-   (``several-people``), whoever asks.
+   other person is known to have talked to this agent: ``sessions.json``
+   was read whole from real folders (else ``no-session-index`` or
+   ``session-index-unreadable``: who talked here cannot be said), and
+   every direct-message key of this agent resolves through the binding
+   table to that owner. A DM key that resolves to nobody (never bound, or
+   its binding revoked) or that lacks the account to be resolved at all
+   counts as another person: fail closed. Anyone else in one workspace:
+   quarantine (``several-people``), whoever asks.
 2. A transcript goes to the owner's ``private/transcripts/`` only with a
    proven one-to-one binding: exactly one session key names it, the key
    carries channel, account and sender (``agent:<id>:<channel>:<account>:direct:<peer>``,
@@ -50,7 +54,7 @@ _DAILY = re.compile(r"memory/\d{4}-\d{2}-\d{2}(-[^/]{1,200})?\.md")
 # quarantine for review rather than becoming a second long-term memory.
 _LOWER_TWINS = {"memory.md": "MEMORY.md", "dreams.md": "DREAMS.md"}
 _SKIPPED_KINDS = {"symlink": "symlink", "other": "not-regular", "unnamed": "name-not-utf8",
-                  "too-large": "too-large"}
+                  "too-large": "too-large", "hard-link": "hard-link"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,10 @@ def parse_session_key(key: str) -> KeyShape:
 @dataclass(frozen=True)
 class _Transcripts:
     decided: dict[str, tuple[str, str | None, str | None]]  # session id -> (reason, binding, principal)
-    people: frozenset[str]  # verified principals that held a direct conversation with this agent
+    people: frozenset[str]  # principals that held a direct conversation with this agent; UNKNOWN: not resolved
+
+
+UNKNOWN_PERSON = ""  # a DM partner no live binding names: never the owner, as far as anyone can prove
 
 
 def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver) -> _Transcripts:
@@ -134,11 +141,12 @@ def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver)
     people: set[str] = set()
     for sid, keys in sessions.keys_by_session.items():
         shapes = [parse_session_key(k) for k in keys]
-        for shape in shapes:  # anyone verified behind any key counts as a person of this workspace
+        for shape in shapes:  # anyone behind any DM key counts as a person of this workspace
             if shape.kind == "dm" and shape.agent == openclaw_agent:
                 found = resolve(shape.channel, shape.account, shape.sender)
-                if found is not None:
-                    people.add(found[1])
+                people.add(found[1] if found is not None else UNKNOWN_PERSON)
+            elif shape.kind == "dm-incomplete" and shape.agent == openclaw_agent:
+                people.add(UNKNOWN_PERSON)  # no account: no binding can say it was the owner
         if len(keys) != 1:
             decided[sid] = ("ambiguous-key", None, None)
             continue
@@ -200,6 +208,10 @@ def classify(layout: Layout, *, owner: str | None, resolve: Resolver, shared: It
     t = _transcripts(layout.sessions, openclaw_agent, resolve)
     if owner is None:
         memory_reason = "no-owner"
+    elif not layout.sessions.present:
+        memory_reason = "no-session-index"
+    elif not layout.sessions.readable:
+        memory_reason = "session-index-unreadable"
     elif t.people - {owner}:
         memory_reason = "several-people"
     else:

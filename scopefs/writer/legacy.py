@@ -76,6 +76,7 @@ class SessionIndex:
 
     readable: bool
     keys_by_session: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    present: bool = True  # False: no state folder, or no ``sessions.json`` on the fixed path
 
 
 @dataclass
@@ -261,7 +262,7 @@ def _read_index(state_fd: int, sessions_parts: tuple[str, ...]) -> SessionIndex:
     try:
         raw = read_file_at(state_fd, (*sessions_parts, "sessions.json"), MAX_INDEX_BYTES)
     except FileNotFoundError:
-        return SessionIndex(True)
+        return SessionIndex(True, present=False)
     except OSError:
         return SessionIndex(False)
     try:
@@ -304,25 +305,70 @@ def scan(workspace: str, state_dir: str | None, openclaw_agent: str, shared: tup
         os.close(ws_fd)
     found = ws.found
     sessions_parts = ("agents", openclaw_agent, "sessions")
-    index = SessionIndex(True)
+    index = SessionIndex(True, present=False)  # no state folder: nobody can say who talked to this agent
     if state_dir is not None and os.path.isdir(state_dir):
         st = _Walker("state")
         state_fd = open_root(state_dir)
         try:
             index = _read_index(state_fd, sessions_parts)
-            for where in (list(sessions_parts), ["agents", openclaw_agent, "agent"]):
-                with _opened_parent(state_fd, where) as folder:
-                    if folder is not None:
+            for where in (list(sessions_parts), ["agents", openclaw_agent, "agent"], ["memory"]):
+                with _fixed_path(st, state_fd, where) as folder:
+                    if folder is None:
+                        continue
+                    if where == ["memory"]:
+                        for name in sorted(os.listdir(folder)):
+                            if name.startswith(f"{openclaw_agent}.sqlite"):
+                                st.entry(folder, os.fsencode(name), "memory/", 0, state_fd)
+                    else:
                         st.walk(folder, "/".join(where) + "/", 0, state_fd)
-            with _opened_parent(state_fd, ["memory"]) as folder:
-                if folder is not None:
-                    for name in sorted(os.listdir(folder)):
-                        if name.startswith(f"{openclaw_agent}.sqlite"):
-                            st.entry(folder, os.fsencode(name), "memory/", 0, state_fd)
         finally:
             os.close(state_fd)
         found = found + st.found
     return Layout(found, index, "/".join(sessions_parts))
+
+
+def _blocked(walker: _Walker, rel: str, kind: str) -> None:
+    if not any(f.rel == rel for f in walker.found):  # ``agents`` itself blocks two fixed paths: listed once
+        walker.add(Found(walker.area, rel, kind))
+
+
+@contextlib.contextmanager
+def _fixed_path(walker: _Walker, root_fd: int, parts: list[str]) -> Iterator[int | None]:
+    """A fixed folder of OpenClaw's state, each component a real folder; what stands in its way is listed.
+
+    A symlinked ``agents/<id>/sessions`` (or a FIFO where a folder belongs)
+    is neither followed nor silently passed over: it becomes an item of its
+    own (skipped, with its reason), and the session index behind it counts
+    as unreadable (``_read_index`` opens the same path without following).
+    """
+    fds: list[int] = []
+    try:
+        current = root_fd
+        for n, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=current, follow_symlinks=False)
+            except FileNotFoundError:
+                yield None
+                return
+            except OSError:
+                _blocked(walker, "/".join(parts[:n + 1]), "other")
+                yield None
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                _blocked(walker, "/".join(parts[:n + 1]), "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+                yield None
+                return
+            try:
+                current = open_dir_at(current, name)
+            except OSError:
+                _blocked(walker, "/".join(parts[:n + 1]), "other")
+                yield None
+                return
+            fds.append(current)
+        yield current
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 @contextlib.contextmanager
