@@ -504,3 +504,27 @@ def test_a_dm_with_anyone_but_the_owner_keeps_the_memory_from_the_owner(scenario
     s.cli.j("binding", "revoke", s.bob_binding)
     items = _by_source(s.cli.j(*_args(s, ws, state)))
     assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+
+
+def test_a_hard_link_out_of_the_workspace_is_skipped_not_copied(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    os.link(ws.parent / "outside-secret.md", ws / "memory" / "2026-11-28.md")  # a daily note's name, outside bytes
+    report = s.cli.j(*_args(s, ws, state))
+    item = _by_source(report)["workspace/memory/2026-11-28.md"]
+    assert (item["action"], item["reason"], item["destination"]) == ("skip", "hard-link", None)
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", report["plan_digest"]))
+    assert s.cli("read", s.alice_session, "private/memory/2026-11-28.md").code != 0
+    assert b"0ut5" not in s.cli("--json", "search", s.alice_session, "outside the workspace").out
+
+
+def test_the_dry_run_leaves_the_originals_access_times_alone(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    old = 1_577_836_800 * 10**9  # 2020-01-01: older than the mtime, so relatime would update it on a read
+    originals = [ws / "MEMORY.md", ws / "DREAMS.md", state / "agents" / "main" / "sessions" / "s-alice.jsonl",
+                 state / "agents" / "main" / "sessions" / "sessions.json"]
+    for path in originals:
+        os.utime(path, ns=(old, os.stat(path).st_mtime_ns))
+    assert s.cli("--json", *_args(s, ws, state)).code == 0
+    assert [os.stat(p).st_atime_ns for p in originals] == [old] * len(originals)

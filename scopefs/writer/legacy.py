@@ -15,8 +15,11 @@ machine-managed phase blocks, between ``<!-- openclaw:dreaming:<phase>:start -->
 and its ``:end -->``, are cut out as parts of their own (what the dreaming
 sweep wrote from short-term recall and transcripts), by the markers alone.
 Every folder is opened with ``O_NOFOLLOW`` below the root the operator
-named, so a symlink is reported, never followed; every count, size and
-depth is bounded. Nothing here writes.
+named, so a symlink is reported, never followed; a regular file with a
+second name (a hard link, which may reach out of the tree) is reported,
+not read for copying; files are opened with ``O_NOATIME`` where the
+kernel allows it, so a dry run leaves even their access times alone;
+every count, size and depth is bounded. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Found:
 
     area: str  # "workspace" or "state"
     rel: str  # relative path, '/'-separated; a name that is not UTF-8 is shown with backslash escapes
-    kind: str  # file | symlink | other | unnamed | too-large
+    kind: str  # file | symlink | hard-link | other | unnamed | too-large
     size: int = 0
     sha256: str = ""  # of the bytes this entry would copy (the part, for a part)
     utf8: bool = True
@@ -118,6 +121,19 @@ def _opened_dir(dir_fd: int, name: str | bytes) -> Iterator[int | None]:
         os.close(fd)
 
 
+class HardLinked(OSError):
+    """A regular file with more than one name: the other may lie outside the tree the operator named."""
+
+
+def _open_quietly(name: str, dir_fd: int) -> int:
+    """Opened read-only without following it, and without touching its atime when we may (the owner's files)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        return os.open(name, flags | os.O_NOATIME, dir_fd=dir_fd)
+    except PermissionError:  # O_NOATIME is only for the file's owner (or CAP_FOWNER): read it as anyone may
+        return os.open(name, flags, dir_fd=dir_fd)
+
+
 def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of a regular file below ``root_fd``, no component followed if it is a symlink."""
     fds: list[int] = []
@@ -126,10 +142,13 @@ def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYT
         for name in parts[:-1]:
             current = open_dir_at(current, name)
             fds.append(current)
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=current)
+        fd = _open_quietly(parts[-1], current)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError("not a regular file")
+            if st.st_nlink > 1:
+                raise HardLinked(parts[-1])
             chunks, size = [], 0
             while chunk := os.read(fd, CHUNK):
                 size += len(chunk)
@@ -189,6 +208,9 @@ class _Walker:
     def file(self, root_fd: int, rel: str) -> None:
         try:
             data = read_file_at(root_fd, tuple(rel.split("/")))
+        except HardLinked:
+            self.add(Found(self.area, rel, "hard-link"))
+            return
         except OSError:
             self.add(Found(self.area, rel, "other"))
             return
