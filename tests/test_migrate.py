@@ -528,3 +528,22 @@ def test_the_dry_run_leaves_the_originals_access_times_alone(scenario: Scenario,
         os.utime(path, ns=(old, os.stat(path).st_mtime_ns))
     assert s.cli("--json", *_args(s, ws, state)).code == 0
     assert [os.stat(p).st_atime_ns for p in originals] == [old] * len(originals)
+
+
+def test_no_mark_publishes_what_dreaming_took_from_transcripts(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """--shared on DREAMS.md or the dreaming folders: refused, exit 2, nothing changed; the pure rule agrees."""
+    s = scenario
+    ws, state = layout
+    before = snapshot(s.cli.home)
+    for rel in ("DREAMS.md", "dreams.md", "memory/.dreams/events.jsonl", "memory/dreaming/deep/2026-12-01.md"):
+        result = s.cli(*_args(s, ws, state, "--shared", rel))
+        assert result.code == 2 and "transcripts" in result.err, (rel, result.code, result.err)
+        assert len(result.err.strip().splitlines()) == 1
+    assert diff_snapshots(before, snapshot(s.cli.home)) == []
+    marked = ("memory/.dreams/events.jsonl", "memory/dreaming/deep/2026-12-01.md")
+    items = {i.key: i for i in classify(legacy.scan(str(ws), str(state), "main", marked), owner=None,
+                                        resolve=lambda *t: None, shared=marked, openclaw_agent="main")}
+    for rel in marked:
+        item = items[f"workspace/{rel}"]
+        assert (item.klass, item.action, item.reason) != ("reference", "agent-shared", "admin-marked"), rel
+        assert (item.action, item.reason) == ("quarantine", "transcript-derived"), rel

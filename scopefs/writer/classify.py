@@ -22,7 +22,9 @@ from which file it is and which OpenClaw session key names a transcript:
    person's, incomplete or unrecognised keys: quarantine. Everything
    transcript-derived (``memory/.dreams/``, the dreaming phase reports and
    blocks) is quarantined too.
-3. What the operator marks with ``--shared PATH`` goes to ``agent-shared/``.
+3. What the operator marks with ``--shared PATH`` goes to ``agent-shared/``,
+   unless it is transcript-derived (rule 2 wins; ``writer.migrate``
+   refuses such a mark outright).
 4. Anything else whose owner is not decided this way: quarantine, never
    ``agent-shared/``. The derived index databases are rebuilt, never
    copied; symlinks, special files, names that are not UTF-8, files over
@@ -162,6 +164,14 @@ def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver)
     return _Transcripts(decided, frozenset(people))
 
 
+TRANSCRIPT_DERIVED = frozenset({"dreaming-state", "dream-report", "dream-phase"})
+
+
+def transcript_derived(rel: str) -> bool:
+    """Whether a workspace path holds (or, ``DREAMS.md``, may hold) what the dreaming sweep took from transcripts."""
+    return rel in ("DREAMS.md", "dreams.md") or rel.startswith(("memory/.dreams/", "memory/dreaming/"))
+
+
 def _workspace_class(found: Found) -> str:
     rel = found.rel
     if rel == "USER.md":
@@ -219,8 +229,10 @@ def classify(layout: Layout, *, owner: str | None, resolve: Resolver, shared: It
     present = {f.rel for f in layout.found if f.area == "workspace"}
     items = []
     for found in layout.found:
-        if found.area == "workspace":
-            klass = "reference" if found.rel in marked else _workspace_class(found)
+        if found.area == "workspace":  # transcript-derived first: no mark makes it reference material
+            klass = _workspace_class(found)
+            if found.rel in marked and klass not in TRANSCRIPT_DERIVED:
+                klass = "reference"
         else:
             klass = _state_class(found, layout, openclaw_agent)
         action, reason, binding = _decide(found, klass, memory_reason, marked, present, layout, t, owner)
@@ -262,7 +274,7 @@ def _decide(found: Found, klass: str, memory_reason: str, marked: frozenset[str]
     if klass == "agent-runtime":
         return SKIP, "not-memory", None  # credentials, model settings: never copied
     if found.area == "workspace":
-        if klass in ("dreaming-state", "dream-report", "dream-phase"):
+        if klass in TRANSCRIPT_DERIVED:
             return QUARANTINE, "transcript-derived", None
         if found.part == "damaged":
             return QUARANTINE, "dream-markers-damaged", None

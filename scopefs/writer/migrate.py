@@ -62,7 +62,7 @@ from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
 from scopefs.writer import legacy
 from scopefs.writer.backup import backup_home
-from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify
+from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify, transcript_derived
 from scopefs.writer.derive import QUARANTINE as AGENT_QUARANTINE
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.transaction import Provenance, write_copy
@@ -116,11 +116,16 @@ def _check_owner(home: Home, owner: str | None) -> None:
 
 
 def _check_shared(shared: tuple[str, ...]) -> tuple[str, ...]:
+    """Clean paths, none of them transcript-derived: what the dreaming sweep wrote from transcripts is
+    quarantined whatever the operator marks (the seed's rule 2 before rule 3)."""
     for rel in shared:
         try:
             split_virtual_path(rel)
         except BadInput:
             raise BadInput(f"--shared takes a clean path relative to the workspace: {rel!r}") from None
+        if transcript_derived(rel):
+            raise BadInput(f"--shared cannot mark {rel}: it holds what the dreaming sweep derived from transcripts,"
+                           " which always goes to quarantine")
     return tuple(sorted(set(shared)))
 
 
