@@ -547,3 +547,22 @@ def test_no_mark_publishes_what_dreaming_took_from_transcripts(scenario: Scenari
         item = items[f"workspace/{rel}"]
         assert (item.klass, item.action, item.reason) != ("reference", "agent-shared", "admin-marked"), rel
         assert (item.action, item.reason) == ("quarantine", "transcript-derived"), rel
+
+
+def test_already_migrated_means_in_this_destination(scenario: Scenario, tmp_path: Path) -> None:
+    """The same bytes applied for Alice are not 'already migrated' for Bob: his run copies them into his store."""
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    for_bob = ["migrate", "--agent", s.agent, "--workspace", str(ws), "--owner", s.bob]
+    sessions = state / "agents" / "main" / "sessions"
+    (sessions / "sessions.json").write_text(json.dumps(  # the same workspace, now Bob's DM only
+        {f"agent:main:{CHANNEL}:{ACCOUNT}:direct:{BOB_SENDER}": {"sessionId": "s-bob"}}))
+    report = s.cli.j(*for_bob, "--state-dir", str(state))
+    items = _by_source(report)
+    assert (items["workspace/MEMORY.md"]["destination"], items["workspace/MEMORY.md"]["status"]) \
+        == ("private/MEMORY.md", "to-copy")
+    s.cli.j(*for_bob, "--state-dir", str(state), "--apply", "--confirm", report["plan_digest"])
+    assert s.cli("read", s.bob_session, "private/MEMORY.md", check=True).out == MEMORY
+    assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == MEMORY

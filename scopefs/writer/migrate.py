@@ -138,18 +138,30 @@ def _resolver(home: Home) -> Callable[[str, str, str], tuple[str, str] | None]:
     return resolve
 
 
-def source_key(home: Home, agent_id: str, item: Item) -> str:
-    """The item's source, keyed with the home's secret: its path never reaches the catalog."""
-    return lookup_key(home.hmac_key(), "migration-source", agent_id, item.key).hex()
+def source_key(home: Home, agent_id: str, owner: str | None, item: Item) -> str:
+    """The item's source and destination, keyed with the home's secret: its path never reaches the catalog.
+
+    The destination (store and path) is part of the key: the same bytes
+    from the same path are "already migrated" only where this run would
+    put them, never because they sit in another person's store (another
+    ``--owner``, or a second workspace with identical files).
+    """
+    scope_kind, audience = _destination_store(owner, item.action)
+    return lookup_key(home.hmac_key(), "migration-source", agent_id, item.key, scope_kind, audience,
+                      "/".join(item.inner)).hex()
 
 
-def _store_of(plan: Plan, action: str) -> tuple[str, str]:
+def _destination_store(owner: str | None, action: str) -> tuple[str, str]:
     if action == PRIVATE:
-        assert plan.owner is not None
-        return "user", plan.owner
+        assert owner is not None
+        return "user", owner
     if action == SHARED:
         return "agent-shared", AGENT_SHARED_AUDIENCE
     return AGENT_QUARANTINE
+
+
+def _store_of(plan: Plan, action: str) -> tuple[str, str]:
+    return _destination_store(plan.owner, action)
 
 
 def _taken(home: Home, agent_id: str, owner: str | None, item: Item) -> bool:
@@ -163,12 +175,11 @@ def _taken(home: Home, agent_id: str, owner: str | None, item: Item) -> bool:
     if item.action not in (PRIVATE, SHARED):
         return False
     catalog = home.catalog(agent_id)
-    key = source_key(home, agent_id, item)
+    key = source_key(home, agent_id, owner, item)
     if one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND sha256 = ?",
            (agent_id, key, item.sha256)) is not None:
         return False
-    scope_kind, audience = ("user", owner or "") if item.action == PRIVATE else ("agent-shared", AGENT_SHARED_AUDIENCE)
-    store = find_store(catalog, agent_id, scope_kind, audience)
+    store = find_store(catalog, agent_id, *_destination_store(owner, item.action))
     if store is None:
         return False
     resource = find_resource(catalog, agent_id, store.store_id, "/".join(item.inner))
@@ -208,12 +219,19 @@ def make_plan(home: Home, agent_id: str, workspace: str, *, state_dir: str | Non
 
 
 def _migrated(home: Home, plan: Plan) -> dict[str, str]:
+    """Items whose bytes already sit where this plan puts them (the key names the destination; the join checks it)."""
     catalog = home.catalog(plan.agent_id)
     done = {}
     for item in plan.items:
-        if item.action in COPIED and one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ?"
-                                                  " AND sha256 = ?",
-                                         (plan.agent_id, source_key(home, plan.agent_id, item), item.sha256)):
+        if item.action not in COPIED:
+            continue
+        scope_kind, audience = _store_of(plan, item.action)
+        if one(catalog, "SELECT 1 FROM migration_items m JOIN revisions r USING (revision_id) JOIN resources res"
+                        " ON res.resource_id = r.resource_id JOIN stores s ON s.store_id = res.store_id"
+                        " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ? AND s.scope_kind = ?"
+                        " AND s.audience_id = ? AND res.path = ?",
+               (plan.agent_id, source_key(home, plan.agent_id, plan.owner, item), item.sha256, scope_kind, audience,
+                "/".join(item.inner))):
             done[item.key] = "already-migrated"
     return done
 
@@ -301,7 +319,7 @@ def _verify(home: Home, plan: Plan) -> int:
                            " JOIN revisions r USING (revision_id) JOIN resources res ON res.resource_id = r.resource_id"
                            " JOIN stores s ON s.store_id = res.store_id JOIN storage_roots sr USING (storage_root_id)"
                            " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ?",
-                  (plan.agent_id, source_key(home, plan.agent_id, item), item.sha256))
+                  (plan.agent_id, source_key(home, plan.agent_id, plan.owner, item), item.sha256))
         if row is None:
             bad += 1
             continue
@@ -407,7 +425,7 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
             raise access.refuse(Op.IMPORT, problem)
         for n, item in enumerate(todo, 1):
             if item.key not in status:
-                key = source_key(home, agent, item)
+                key = source_key(home, agent, plan.owner, item)
                 write_copy(access, *_store_of(plan, item.action), item.inner, _read_item(plan, item),
                            _provenance(home, plan, item, key))
                 status[item.key] = "copied"
