@@ -41,12 +41,12 @@ from typing import Any
 
 import apsw
 
-from scopefs.catalog.access import current_access
+from scopefs.catalog.access import Access, current_access
 from scopefs.catalog.artifacts import open_artifact, open_store_dir
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.digests import hash_fd
-from scopefs.catalog.errors import BadInput, Conflict, IntegrityError, ScopefsError, storage_error
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError, storage_error
 from scopefs.catalog.fsafe import fsync_dir
 from scopefs.catalog.groups import role_memberships
 from scopefs.catalog.home import Home, validate_agent_name
@@ -218,22 +218,20 @@ def make_plan(home: Home, agent_id: str, workspace: str, *, state_dir: str | Non
     return Plan(agent_id, oc_agent, owner, shared, workspace, state_dir, items, digest)
 
 
-def _migrated(home: Home, plan: Plan) -> dict[str, str]:
-    """Items whose bytes already sit where this plan puts them (the key names the destination; the join checks it)."""
-    catalog = home.catalog(plan.agent_id)
-    done = {}
-    for item in plan.items:
-        if item.action not in COPIED:
-            continue
-        scope_kind, audience = _store_of(plan, item.action)
-        if one(catalog, "SELECT 1 FROM migration_items m JOIN revisions r USING (revision_id) JOIN resources res"
-                        " ON res.resource_id = r.resource_id JOIN stores s ON s.store_id = res.store_id"
-                        " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ? AND s.scope_kind = ?"
-                        " AND s.audience_id = ? AND res.path = ?",
+def _migrated_to(home: Home, plan: Plan, item: Item) -> bool:
+    """Whether the item's bytes already sit where it goes (the key names the destination; the join checks it)."""
+    scope_kind, audience = _store_of(plan, item.action)
+    return one(home.catalog(plan.agent_id),
+               "SELECT 1 FROM migration_items m JOIN revisions r USING (revision_id) JOIN resources res"
+               " ON res.resource_id = r.resource_id JOIN stores s ON s.store_id = res.store_id"
+               " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ? AND s.scope_kind = ?"
+               " AND s.audience_id = ? AND res.path = ?",
                (plan.agent_id, source_key(home, plan.agent_id, plan.owner, item), item.sha256, scope_kind, audience,
-                "/".join(item.inner))):
-            done[item.key] = "already-migrated"
-    return done
+                "/".join(item.inner))) is not None
+
+
+def _migrated(home: Home, plan: Plan) -> dict[str, str]:
+    return {i.key: "already-migrated" for i in plan.items if i.action in COPIED and _migrated_to(home, plan, i)}
 
 
 def preview(home: Home, plan: Plan) -> Report:
@@ -265,8 +263,34 @@ def _read_item(plan: Plan, item: Item) -> bytes:
     return data
 
 
-def _provenance(home: Home, plan: Plan, item: Item, key: str) -> Provenance:
-    def authority(_catalog: apsw.Connection, _activating: bool) -> Decision:
+def _occupied(catalog: apsw.Connection, plan: Plan, item: Item, key: str) -> bool:
+    """Whether the destination holds an active note this source did not put there (read inside the commit).
+
+    The plan's ``_taken`` saw the destination when it was made; the owner
+    may have saved a note there since (between the rescan of ``--apply``
+    and this item's copy). Vacant, or holding this source's own earlier
+    copy (a changed source, a resumed run), is the only state a copy may
+    replace.
+    """
+    store = find_store(catalog, plan.agent_id, *_store_of(plan, item.action))
+    resource = find_resource(catalog, plan.agent_id, store.store_id, "/".join(item.inner)) if store else None
+    current = active_revision(catalog, plan.agent_id, resource.resource_id) if resource is not None else None
+    if current is None:
+        return False
+    return one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND revision_id = ?",
+               (plan.agent_id, key, current.revision_id)) is None
+
+
+def _provenance(home: Home, plan: Plan, item: Item, key: str, occupied: list[bool]) -> Provenance:
+    """The copy's authority, re-made in both commits: the destination still vacant, the owner's evidence live.
+
+    ``occupied`` is set when the destination was found written by someone
+    else: the caller then sends the item to quarantine instead.
+    """
+    def authority(catalog: apsw.Connection, _activating: bool) -> Decision:
+        if _occupied(catalog, plan, item, key):
+            occupied.append(True)
+            return Decision(False, Reason.REVISION_STALE)
         if item.action != PRIVATE:
             return ALLOW  # agent-shared by the operator's mark, quarantine by nobody's: no person's evidence
         assert plan.owner is not None
@@ -308,13 +332,16 @@ def _backup(home: Home, plan: Plan) -> Path:
     return final
 
 
-def _verify(home: Home, plan: Plan) -> int:
+def _verify(home: Home, plan: Plan, diverted: dict[str, Item]) -> int:
     """Every copied item's active revision holds the reviewed bytes, on disk and in the catalog."""
     catalog = home.catalog(plan.agent_id)
     bad = checked = 0
-    for item in plan.items:
-        if item.action not in COPIED:
+    for planned in plan.items:
+        if planned.action not in COPIED:
             continue
+        item = diverted.get(planned.key, planned)
+        if item.action not in COPIED:
+            continue  # sent to quarantine, but its path did not fit there: skipped, nothing to check
         row = one(catalog, "SELECT r.content_sha256, r.locator, r.state, sr.path_key FROM migration_items m"
                            " JOIN revisions r USING (revision_id) JOIN resources res ON res.resource_id = r.resource_id"
                            " JOIN stores s ON s.store_id = res.store_id JOIN storage_roots sr USING (storage_root_id)"
@@ -343,6 +370,25 @@ def _verify(home: Home, plan: Plan) -> int:
     if bad:
         raise IntegrityError(f"migration verification failed: {bad} item(s) do not match their source; no cutover")
     return checked
+
+
+def _copy(home: Home, plan: Plan, access: Access, item: Item, diverted: dict[str, Item]) -> str:
+    """One item through the write transaction; its status. A destination written since goes to quarantine."""
+    occupied: list[bool] = []
+    data = _read_item(plan, item)
+    try:
+        write_copy(access, *_store_of(plan, item.action), item.inner, data,
+                   _provenance(home, plan, item, source_key(home, plan.agent_id, plan.owner, item), occupied))
+        return "copied"
+    except Denied:
+        if not occupied:
+            raise
+    moved = item.quarantined("destination-exists")
+    diverted[item.key] = moved
+    if moved.action in COPIED and not _migrated_to(home, plan, moved):
+        write_copy(access, *_store_of(plan, moved.action), moved.inner, data,
+                   _provenance(home, plan, moved, source_key(home, plan.agent_id, plan.owner, moved), []))
+    return "quarantined-destination-exists"
 
 
 def denial_matrix(home: Home, plan: Plan) -> dict[str, Any]:
@@ -418,6 +464,7 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
                         " VALUES (?, ?, ?, ?)", (plan.digest, agent, plan.owner, now_us()))
     checkpoint(Step.MIGRATION_BACKED_UP)
     todo = [i for i in plan.items if i.action in COPIED]
+    diverted: dict[str, Item] = {}  # item key -> the item sent to quarantine instead (its destination was taken)
     session = open_session(home, agent, SharedMain())
     try:
         access, problem = current_access(home, session.session_id)
@@ -425,16 +472,13 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
             raise access.refuse(Op.IMPORT, problem)
         for n, item in enumerate(todo, 1):
             if item.key not in status:
-                key = source_key(home, agent, plan.owner, item)
-                write_copy(access, *_store_of(plan, item.action), item.inner, _read_item(plan, item),
-                           _provenance(home, plan, item, key))
-                status[item.key] = "copied"
+                status[item.key] = _copy(home, plan, access, item, diverted)
             if progress is not None:
                 progress(n, len(todo), item, status[item.key])
     finally:
         close_session(home, session.session_id)
     checkpoint(Step.MIGRATION_COPIED)
-    _verify(home, plan)
+    _verify(home, plan, diverted)
     reindexed = reindex(home, agent)
     matrix = denial_matrix(home, plan)
     checkpoint(Step.MIGRATION_VERIFIED)
