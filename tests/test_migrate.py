@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import pty
-import stat
 import subprocess
 from pathlib import Path
 
@@ -212,12 +211,9 @@ def test_apply_copies_verifies_reindexes_and_cuts_over(scenario: Scenario, layou
     assert _rows(s, "SELECT count(*) FROM migration_runs WHERE cutover_at IS NOT NULL") == [(1,)]
     keys = [k for (k,) in _rows(s, "SELECT source_key FROM migration_items")]
     assert not any("MEMORY" in k or "workspace" in k for k in keys)
-    # The backup: made first, 0700, a consistent copy of the home before the copies.
-    backup = Path(report["backup"])
-    assert backup.is_relative_to(s.cli.home / "migrations")
-    assert stat.S_IMODE(os.stat(backup).st_mode) == 0o700
-    with db_copy(backup / "agents" / s.agent / "catalog.sqlite") as conn:
-        assert conn.execute("SELECT count(*) FROM migration_items").fetchall() == [(0,)]
+    # The backup served the run until its cutover; after it, it is gone (forget could never reach it).
+    assert report["backup"] is None and report["backup_removed"] is True
+    assert not list((s.cli.home / "migrations").glob("*/backup*"))
     # The audit holds no content and no raw id.
     audit = (s.cli.home / "state.sqlite").read_bytes()
     for needle in (*CANARIES, CAROL_SENDER.encode()):
@@ -566,3 +562,47 @@ def test_already_migrated_means_in_this_destination(scenario: Scenario, tmp_path
     s.cli.j(*for_bob, "--state-dir", str(state), "--apply", "--confirm", report["plan_digest"])
     assert s.cli("read", s.bob_session, "private/MEMORY.md", check=True).out == MEMORY
     assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == MEMORY
+
+
+def test_after_cutover_no_backup_keeps_what_forget_removes(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    # A second migration after USER.md changed: its backup would hold the first run's copy of MEMORY.md.
+    (ws / "USER.md").write_bytes(b"# User\n- revised in OpenClaw\n")
+    second = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    result = s.cli(*_args(s, ws, state, "--apply", "--confirm", second))
+    assert result.code == 0, result.err
+    s.cli.j("forget", s.alice_session, "private/MEMORY.md")
+    for path in s.cli.home.rglob("*"):
+        if path.is_file():
+            assert b"M3m0" not in path.read_bytes(), path
+    assert b"pre-migration backup was removed" in result.out
+    assert not list((s.cli.home / "migrations").iterdir())
+
+
+def test_doctor_reports_a_migration_backup_left_behind(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """A crash between the cutover and the backup's removal: a notice; --fix (or the same apply) removes it."""
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    leftover = s.cli.home / "migrations" / digest[:32] / "backup"
+
+    def left_behind() -> dict:
+        leftover.mkdir(parents=True, mode=0o700)
+        (leftover / "state.sqlite").write_bytes(b"an old copy")
+        result = s.cli("--json", "doctor")
+        assert result.code == 0, result.err  # a notice fails nothing
+        found = [f for f in result.json()["findings"] if f["kind"] == "migration-backup"]
+        assert len(found) == 1 and found[0]["notice"] is True and "forget" in found[0]["hint"]
+        return found[0]
+
+    left_behind()
+    fixed = [f for f in s.cli.j("doctor", "--fix")["findings"] if f["kind"] == "migration-backup"]
+    assert fixed[0]["action"] == "removed" and not leftover.exists()
+    left_behind()
+    assert s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))["backup"] is None  # the same apply
+    assert not leftover.exists()
+    assert s.cli.j("doctor")["findings"] == []

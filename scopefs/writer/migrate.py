@@ -64,6 +64,7 @@ from scopefs.writer import legacy
 from scopefs.writer.backup import backup_home
 from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify, transcript_derived
 from scopefs.writer.derive import QUARANTINE as AGENT_QUARANTINE
+from scopefs.writer.recovery import drop_migration_backup, migration_run_dir
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.transaction import Provenance, write_copy
 
@@ -88,11 +89,12 @@ class Report:
     plan: Plan
     applied: bool
     status: dict[str, str]  # item key -> status
-    backup: str | None = None
+    backup: str | None = None  # None once the cutover is recorded: the backup is removed then
     cutover: bool = False
     reindexed: int | None = None
     denial_matrix: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    backup_removed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         p = self.plan
@@ -101,7 +103,8 @@ class Report:
         for i in p.items:
             by_action[i.action] = by_action.get(i.action, 0) + 1
         return {"agent_id": p.agent_id, "openclaw_agent": p.openclaw_agent, "owner_principal_id": p.owner,
-                "plan_digest": p.digest, "applied": self.applied, "backup": self.backup, "cutover": self.cutover,
+                "plan_digest": p.digest, "applied": self.applied, "backup": self.backup,
+                "backup_removed": self.backup_removed, "cutover": self.cutover,
                 "reindexed_revisions": self.reindexed, "denial_matrix": self.denial_matrix,
                 "summary": dict(sorted(by_action.items())), "items": items}
 
@@ -312,8 +315,8 @@ def _provenance(home: Home, plan: Plan, item: Item, key: str, occupied: list[boo
 
 def _backup(home: Home, plan: Plan) -> Path:
     """The home as it was before this plan's first copy: made once, reused by a resumed run."""
-    runs = home.root / "migrations"
-    run_dir = runs / plan.digest[:32]
+    run_dir = migration_run_dir(home, plan.digest)
+    runs = run_dir.parent
     final, partial = run_dir / "backup", run_dir / "backup.partial"
     if final.is_dir():
         return final
@@ -330,6 +333,21 @@ def _backup(home: Home, plan: Plan) -> Path:
     except OSError as exc:
         raise storage_error("cannot write the migration backup", exc) from exc
     return final
+
+
+def _drop_backup(home: Home, plan: Plan) -> str | None:
+    """After the cutover: the backup (a full copy of the home, out of ``forget``'s reach) goes; its path if it stays.
+
+    It exists to roll back or resume a run that has not reached its
+    cutover; past that, keeping every note's old bytes in a second place
+    would undo every later ``forget``. A removal that fails leaves it for
+    ``doctor`` to report (``migration-backup``) and ``doctor --fix`` to retry.
+    """
+    try:
+        drop_migration_backup(home, plan.digest)
+    except OSError:
+        return str(migration_run_dir(home, plan.digest) / "backup")
+    return None
 
 
 def _verify(home: Home, plan: Plan, diverted: dict[str, Item]) -> int:
@@ -456,9 +474,9 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
     run = one(catalog, "SELECT cutover_at FROM migration_runs WHERE agent_id = ? AND plan_digest = ?",
               (agent, plan.digest))
     status = _migrated(home, plan)
-    if run is not None and run[0] is not None:
-        return Report(plan, True, status, cutover=True)
-    backup = _backup(home, plan)
+    if run is not None and run[0] is not None:  # done; a backup a crash left behind after the cutover goes now
+        return Report(plan, True, status, _drop_backup(home, plan), cutover=True)
+    _backup(home, plan)  # before the first copy; removed again once the cutover is recorded
     with immediate(catalog):
         catalog.execute("INSERT OR IGNORE INTO migration_runs (plan_digest, agent_id, owner_principal_id, started_at)"
                         " VALUES (?, ?, ?, ?)", (plan.digest, agent, plan.owner, now_us()))
@@ -485,4 +503,5 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
     with immediate(catalog):  # the cutover marker: one row, one transaction
         catalog.execute("UPDATE migration_runs SET cutover_at = ? WHERE agent_id = ? AND plan_digest = ?"
                         " AND cutover_at IS NULL", (now_us(), agent, plan.digest))
-    return Report(plan, True, status, str(backup), True, reindexed.revisions, matrix)
+    kept = _drop_backup(home, plan)
+    return Report(plan, True, status, kept, True, reindexed.revisions, matrix, backup_removed=kept is None)
