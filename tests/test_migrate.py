@@ -519,7 +519,8 @@ def test_the_dry_run_leaves_the_originals_access_times_alone(scenario: Scenario,
     ws, state = layout
     old = 1_577_836_800 * 10**9  # 2020-01-01: older than the mtime, so relatime would update it on a read
     originals = [ws / "MEMORY.md", ws / "DREAMS.md", state / "agents" / "main" / "sessions" / "s-alice.jsonl",
-                 state / "agents" / "main" / "sessions" / "sessions.json"]
+                 state / "agents" / "main" / "sessions" / "sessions.json", ws, ws / "memory",
+                 state / "agents" / "main" / "sessions"]  # folders too: a listing is an access
     for path in originals:
         os.utime(path, ns=(old, os.stat(path).st_mtime_ns))
     assert s.cli("--json", *_args(s, ws, state)).code == 0

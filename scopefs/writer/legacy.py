@@ -96,14 +96,26 @@ def _display(name: bytes) -> tuple[str, bool]:
         return name.decode("utf-8", "backslashreplace"), False
 
 
+def _noatime_open(name: str | bytes, flags: int, dir_fd: int | None) -> int:
+    """``os.open`` with ``O_NOATIME`` (a listing or read leaves the owner's access times alone), else without.
+
+    ``O_NOATIME`` is only for the file's owner (or CAP_FOWNER): EPERM means
+    we read as anyone may, and the kernel's own atime policy applies.
+    """
+    try:
+        return os.open(name, flags | os.O_NOATIME, dir_fd=dir_fd)
+    except PermissionError:
+        return os.open(name, flags, dir_fd=dir_fd)
+
+
 def open_dir_at(dir_fd: int | None, name: str | bytes) -> int:
-    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    return _noatime_open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd)
 
 
 def open_root(path: str) -> int:
     """The root the operator named (followed once, as they named it); BadInput if it is not a folder."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _noatime_open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, None)
     except OSError:
         raise BadInput(f"not a readable folder: {path}") from None
 
@@ -125,15 +137,6 @@ class HardLinked(OSError):
     """A regular file with more than one name: the other may lie outside the tree the operator named."""
 
 
-def _open_quietly(name: str, dir_fd: int) -> int:
-    """Opened read-only without following it, and without touching its atime when we may (the owner's files)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        return os.open(name, flags | os.O_NOATIME, dir_fd=dir_fd)
-    except PermissionError:  # O_NOATIME is only for the file's owner (or CAP_FOWNER): read it as anyone may
-        return os.open(name, flags, dir_fd=dir_fd)
-
-
 def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of a regular file below ``root_fd``, no component followed if it is a symlink."""
     fds: list[int] = []
@@ -142,7 +145,7 @@ def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYT
         for name in parts[:-1]:
             current = open_dir_at(current, name)
             fds.append(current)
-        fd = _open_quietly(parts[-1], current)
+        fd = _noatime_open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, current)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
