@@ -157,25 +157,36 @@ import os, subprocess, sys
 from scopefs.writer import steps
 from scopefs.cli.main import main
 
-scopefs, session = sys.argv[1], sys.argv[2]
+scopefs, session, target, nth = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+seen = 0
 
 def edit_after_the_rescan(step):
-    if step.value == "migration-backed-up":  # the plan is made and matched; no item is copied yet
+    global seen
+    if step.value == target:
+        seen += 1
+    if step.value == target and seen == nth:
         subprocess.run([scopefs, "write", session, "private/MEMORY.md"], input=b"Alice's edit, saved mid-run\n",
                        check=True, env=os.environ, capture_output=True)
 
 steps.set_hook(edit_after_the_rescan)
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[5:]))
 """
 
 
-def test_a_note_the_owner_saves_during_the_run_is_never_overwritten(scenario: Scenario, tmp_path: Path) -> None:
-    """The destination is checked inside the commit, not only at plan time: the owner's edit stays active."""
+@pytest.mark.parametrize(("step", "nth"), [(Step.MIGRATION_BACKED_UP, 1), (Step.PENDING, 2)],
+                         ids=["before-the-copy", "between-the-copys-commits"])
+def test_a_note_the_owner_saves_during_the_run_is_never_overwritten(scenario: Scenario, tmp_path: Path,
+                                                                    step: Step, nth: int) -> None:
+    """The destination is checked inside the commit, not only at plan time: the owner's edit stays active.
+
+    Saved after the rescan and before MEMORY.md's copy (its first commit
+    sees it), or between that copy's two commits (the activation does).
+    """
     s = scenario
     ws, state = build_layout(tmp_path / "legacy")
     plan = s.cli.j(*_args(s, ws, state))
     argv = ["--json", *_args(s, ws, state, "--apply", "--confirm", plan["plan_digest"])]
-    proc = subprocess.run([sys.executable, "-c", _EDITOR, SCOPEFS, s.alice_session, *argv],
+    proc = subprocess.run([sys.executable, "-c", _EDITOR, SCOPEFS, s.alice_session, step.value, str(nth), *argv],
                           capture_output=True, cwd=REPO, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(s.cli.home)})
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")

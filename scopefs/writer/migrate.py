@@ -394,12 +394,16 @@ def _copy(home: Home, plan: Plan, access: Access, item: Item, diverted: dict[str
     """One item through the write transaction; its status. A destination written since goes to quarantine."""
     occupied: list[bool] = []
     data = _read_item(plan, item)
+    key = source_key(home, plan.agent_id, plan.owner, item)
     try:
         write_copy(access, *_store_of(plan, item.action), item.inner, data,
-                   _provenance(home, plan, item, source_key(home, plan.agent_id, plan.owner, item), occupied))
+                   _provenance(home, plan, item, key, occupied))
         return "copied"
     except Denied:
         if not occupied:
+            raise
+    except Conflict:  # saved between this copy's two commits: the activation saw its base move
+        if not _occupied(home.catalog(plan.agent_id), plan, item, key):
             raise
     moved = item.quarantined("destination-exists")
     diverted[item.key] = moved
