@@ -8,7 +8,9 @@ write transaction (trust origin ``migration``, operation ``import``, an
 item row naming the source by a keyed digest of its path and the SHA-256
 of its bytes, written with the activation), verify every hash, rebuild
 the agent's index, run the denial matrix and commit the cutover marker in
-one transaction.
+one transaction. The backup then goes: it exists to roll back or resume a
+run that has not reached cutover, and a full copy of the home would keep
+every note out of ``forget``'s reach.
 
 The plan's digest covers the agent, the owner, the admin-marked paths and
 every item with its class, action, destination, reason and hashes; if any
@@ -25,7 +27,10 @@ for the run: a shared-main (ambiguous) session, which can read nothing but
 ``agent-shared/`` and is closed when the run ends. The authority for a
 private copy is re-decided inside both commits of every write: the owner
 is still active with a live binding, and a transcript's own binding is
-still live, so a revocation landing mid-run wins.
+still live, so a revocation landing mid-run wins; and for every copy,
+the destination is still vacant or holds this source's own earlier copy,
+so a note the owner saves mid-run is never superseded (the item goes to
+quarantine instead).
 """
 
 from __future__ import annotations
