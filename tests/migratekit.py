@@ -7,9 +7,10 @@ machine state under ``memory/.dreams/`` and a phase report, a reference
 file the operator marks ``--shared``, a symlink pointing out of the
 workspace, a file whose bytes are not UTF-8 and one whose name is not.
 State dir: ``agents/main/sessions/sessions.json`` naming transcripts for
-Alice's DM (bound to Alice in the scenario), another person's DM (Carol,
-never bound; or Bob, bound, for "two people in one workspace"), a group,
-the shared main key and an account-less DM key; a reset archive and an
+Alice's DM (bound to Alice in the scenario), a group and the shared main
+key; on request another person's DM (Carol, never bound; or Bob, bound)
+and an account-less DM key, either of which makes the workspace's memory
+no longer Alice's alone; a reset archive and an
 unreferenced transcript; the two derived index databases (real SQLite).
 """
 
@@ -63,8 +64,9 @@ def _sqlite(path: Path) -> None:
     conn.close()
 
 
-def build_layout(root: Path, *, other_sender: str = CAROL_SENDER, agent: str = "main") -> tuple[Path, Path]:
-    """(workspace, state dir) under ``root``; ``other_sender`` is whose DM sits beside Alice's."""
+def build_layout(root: Path, *, other_sender: str | None = None, no_account_dm: bool = False,
+                 agent: str = "main") -> tuple[Path, Path]:
+    """(workspace, state dir) under ``root``; ``other_sender``: whose DM sits beside Alice's, if anyone's."""
     ws, state = root / "workspace", root / "openclaw"
     _write(ws / "USER.md", USER)
     _write(ws / "MEMORY.md", MEMORY)
@@ -87,11 +89,13 @@ def build_layout(root: Path, *, other_sender: str = CAROL_SENDER, agent: str = "
     sessions = state / "agents" / agent / "sessions"
     keys = {
         f"agent:{agent}:{CHANNEL}:{ACCOUNT}:direct:{ALICE_SENDER}": "s-alice",
-        f"agent:{agent}:{CHANNEL}:{ACCOUNT}:direct:{other_sender}": "s-other",
         f"agent:{agent}:{CHANNEL}:group:{GROUP_CONVERSATION}": "s-group",
         f"agent:{agent}:main": "s-main",
-        f"agent:{agent}:{CHANNEL}:direct:{ALICE_SENDER}": "s-noaccount",
     }
+    if other_sender is not None:
+        keys[f"agent:{agent}:{CHANNEL}:{ACCOUNT}:direct:{other_sender}"] = "s-other"
+    if no_account_dm:
+        keys[f"agent:{agent}:{CHANNEL}:direct:{ALICE_SENDER}"] = "s-noaccount"
     _write(sessions / "sessions.json", json.dumps(
         {key: {"sessionId": sid, "updatedAt": 1764633600000} for key, sid in keys.items()}, indent=2).encode())
     _write(sessions / "s-alice.jsonl", ALICE_TRANSCRIPT)

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import pty
-import stat
 import subprocess
 from pathlib import Path
 
@@ -91,9 +90,9 @@ def test_session_keys_carry_a_binding_tuple_only_in_the_full_direct_shape() -> N
     assert parse_session_key("cron:nightly").kind == "other"
 
 
-def test_classification_is_structural_never_by_content(layout: tuple[Path, Path]) -> None:
+def test_classification_is_structural_never_by_content(tmp_path: Path) -> None:
     """The pure function, driven directly: rewriting a note to name another person changes nothing."""
-    ws, state = layout
+    ws, state = build_layout(tmp_path / "legacy", other_sender=CAROL_SENDER)
     bindings = {(CHANNEL, ACCOUNT, ALICE_SENDER): ("binding_a", "principal_alice")}
 
     def plan() -> dict[str, tuple[str, str]]:
@@ -103,18 +102,23 @@ def test_classification_is_structural_never_by_content(layout: tuple[Path, Path]
         return {i.key: (i.action, i.reason) for i in items}
 
     before = plan()
-    assert before["workspace/MEMORY.md"] == ("private", "owner-confirmed")
+    # Carol's DM resolves to nobody: she is someone other than the owner all the same (fail closed).
+    assert before["workspace/MEMORY.md"] == ("quarantine", "several-people")
     assert before["state/agents/main/sessions/s-alice.jsonl"] == ("private", "bound-dm-owner")
     assert before["state/agents/main/sessions/s-other.jsonl"] == ("quarantine", "unbound")
     assert before["workspace/reference/handbook.md"] == ("agent-shared", "admin-marked")
     (ws / "MEMORY.md").write_bytes(b"Bob's secret, says the text; Carol's too. group chat. shared.\n")
     assert plan() == before
-    # A second verified person in this agent's DMs: nobody's memory is decided any more.
     bindings[(CHANNEL, ACCOUNT, CAROL_SENDER)] = ("binding_c", "principal_carol")
     after = plan()
     assert after["workspace/MEMORY.md"] == ("quarantine", "several-people")
     assert after["state/agents/main/sessions/s-alice.jsonl"] == ("private", "bound-dm-owner")
     assert after["state/agents/main/sessions/s-other.jsonl"] == ("quarantine", "other-person")
+    # Alice alone in the DMs (the group and the shared main key are no DM partner): her memory.
+    (state / "agents" / "main" / "sessions" / "sessions.json").write_text(json.dumps(
+        {f"agent:main:{CHANNEL}:{ACCOUNT}:direct:{ALICE_SENDER}": {"sessionId": "s-alice"},
+         "agent:main:main": {"sessionId": "s-main"}}))
+    assert plan()["workspace/MEMORY.md"] == ("private", "owner-confirmed")
 
 
 def test_the_dry_run_classifies_every_file_and_changes_nothing(scenario: Scenario, layout: tuple[Path, Path]) -> None:
@@ -144,10 +148,8 @@ def test_the_dry_run_classifies_every_file_and_changes_nothing(scenario: Scenari
         "workspace/memory/escape.md": ("skip", "symlink"),
         "workspace/memory/bad-\\xff-name.md": ("skip", "name-not-utf8"),
         "workspace/reference/handbook.md": ("agent-shared", "admin-marked"),
-        "state/agents/main/sessions/s-other.jsonl": ("quarantine", "unbound"),
         "state/agents/main/sessions/s-group.jsonl": ("quarantine", "group-transcript"),
         "state/agents/main/sessions/s-main.jsonl": ("quarantine", "shared-main"),
-        "state/agents/main/sessions/s-noaccount.jsonl": ("quarantine", "dm-key-lacks-account"),
         "state/agents/main/sessions/s-orphan.jsonl": ("quarantine", "transcript-unreferenced"),
         "state/agents/main/sessions/s-old.jsonl.reset.2026-11-01T00-00-00Z": ("quarantine", "transcript-unreferenced"),
         "state/agents/main/sessions/sessions.json": ("skip", "session-metadata"),
@@ -209,12 +211,9 @@ def test_apply_copies_verifies_reindexes_and_cuts_over(scenario: Scenario, layou
     assert _rows(s, "SELECT count(*) FROM migration_runs WHERE cutover_at IS NOT NULL") == [(1,)]
     keys = [k for (k,) in _rows(s, "SELECT source_key FROM migration_items")]
     assert not any("MEMORY" in k or "workspace" in k for k in keys)
-    # The backup: made first, 0700, a consistent copy of the home before the copies.
-    backup = Path(report["backup"])
-    assert backup.is_relative_to(s.cli.home / "migrations")
-    assert stat.S_IMODE(os.stat(backup).st_mode) == 0o700
-    with db_copy(backup / "agents" / s.agent / "catalog.sqlite") as conn:
-        assert conn.execute("SELECT count(*) FROM migration_items").fetchall() == [(0,)]
+    # The backup served the run until its cutover; after it, it is gone (forget could never reach it).
+    assert report["backup"] is None and report["backup_removed"] is True
+    assert not list((s.cli.home / "migrations").glob("*/backup*"))
     # The audit holds no content and no raw id.
     audit = (s.cli.home / "state.sqlite").read_bytes()
     for needle in (*CANARIES, CAROL_SENDER.encode()):
@@ -419,3 +418,192 @@ def test_a_terminal_gets_a_progress_bar(scenario: Scenario, layout: tuple[Path, 
     assert proc.returncode == 0, drawn[-2000:]
     assert json.loads(proc.stdout)["cutover"] is True
     assert b"100%" in drawn and b"migrate: 1/" not in drawn
+
+
+_MEMORY_SOURCES = ("workspace/USER.md", "workspace/MEMORY.md", "workspace/DREAMS.md", "workspace/memory/2026-11-30.md")
+
+
+def _pure_plan(ws: Path, state: Path | None, bindings: dict | None = None) -> dict[str, tuple[str, str]]:
+    known = bindings if bindings is not None else {(CHANNEL, ACCOUNT, ALICE_SENDER): ("binding_a", "principal_alice")}
+    found = legacy.scan(str(ws), str(state) if state is not None else None, "main", ())
+    items = classify(found, owner="principal_alice", resolve=lambda *t: known.get(t), shared=(),
+                     openclaw_agent="main")
+    return {i.key: (i.action, i.reason) for i in items}
+
+
+def _memory_reasons(plan: dict[str, tuple[str, str]]) -> set[tuple[str, str]]:
+    return {plan[source] for source in _MEMORY_SOURCES}
+
+
+def test_an_unreadable_session_index_never_confirms_the_owner(tmp_path: Path) -> None:
+    """Who talked to the agent cannot be said: the memory waits in quarantine, whatever made the index unreadable."""
+    sessions_of = lambda state: state / "agents" / "main" / "sessions"  # noqa: E731
+    # A key over the bound.
+    ws, state = build_layout(tmp_path / "hostile")
+    index = sessions_of(state) / "sessions.json"
+    doc = json.loads(index.read_text())
+    doc["agent:main:" + "x" * (legacy.MAX_KEY_BYTES + 1)] = {"sessionId": "s-main"}
+    index.write_text(json.dumps(doc))
+    assert _memory_reasons(_pure_plan(ws, state)) == {("quarantine", "session-index-unreadable")}
+    # A FIFO where sessions.json belongs: listed and skipped, never opened for a blocking read.
+    ws, state = build_layout(tmp_path / "fifo")
+    index = sessions_of(state) / "sessions.json"
+    index.unlink()
+    os.mkfifo(index)
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert plan["state/agents/main/sessions/sessions.json"] == ("skip", "not-regular")
+    # A symlinked sessions folder: listed as what it is, nothing behind it read, no transcript decided.
+    ws, state = build_layout(tmp_path / "linked")
+    sessions_of(state).rename(tmp_path / "linked" / "elsewhere")
+    os.symlink(tmp_path / "linked" / "elsewhere", sessions_of(state))
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert plan["state/agents/main/sessions"] == ("skip", "symlink")
+    assert not any(k.startswith("state/agents/main/sessions/") for k in plan)
+    # A symlinked agents folder: listed once, both fixed paths behind it unread.
+    ws, state = build_layout(tmp_path / "agents-linked")
+    (state / "agents").rename(tmp_path / "agents-linked" / "agents-elsewhere")
+    os.symlink(tmp_path / "agents-linked" / "agents-elsewhere", state / "agents")
+    plan = _pure_plan(ws, state)
+    assert _memory_reasons(plan) == {("quarantine", "session-index-unreadable")}
+    assert [k for k in plan if k.startswith("state/agents")] == ["state/agents"]
+
+
+def test_no_session_index_never_confirms_the_owner(scenario: Scenario, tmp_path: Path) -> None:
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    assert _memory_reasons(_pure_plan(ws, None)) == {("quarantine", "no-session-index")}
+    (state / "agents" / "main" / "sessions" / "sessions.json").unlink()
+    assert _memory_reasons(_pure_plan(ws, state)) == {("quarantine", "no-session-index")}
+    # The command without --state-dir and without ~/.openclaw: the same.
+    runner = dataclasses.replace(s.cli, env={"HOME": str(tmp_path / "nobody")})
+    items = _by_source(runner.j("migrate", "--agent", s.agent, "--workspace", str(ws), "--owner", s.alice))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "no-session-index")}
+
+
+def test_a_dm_with_anyone_but_the_owner_keeps_the_memory_from_the_owner(scenario: Scenario, tmp_path: Path) -> None:
+    """Unbound, revoked or account-less: a DM partner not proven to be the owner is someone else."""
+    s = scenario
+    ws, state = build_layout(tmp_path / "unbound", other_sender=CAROL_SENDER)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+    assert (items["state/agents/main/sessions/s-other.jsonl"]["action"],
+            items["state/agents/main/sessions/s-other.jsonl"]["reason"]) == ("quarantine", "unbound")
+    assert items["state/agents/main/sessions/s-alice.jsonl"]["action"] == "private"
+    ws, state = build_layout(tmp_path / "noaccount", no_account_dm=True)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+    assert items["state/agents/main/sessions/s-noaccount.jsonl"]["reason"] == "dm-key-lacks-account"
+    # Bob's DM while his binding was live; then revoked: he is still someone other than Alice.
+    ws, state = build_layout(tmp_path / "revoked", other_sender=BOB_SENDER)
+    s.cli.j("binding", "revoke", s.bob_binding)
+    items = _by_source(s.cli.j(*_args(s, ws, state)))
+    assert {(items[k]["action"], items[k]["reason"]) for k in _MEMORY_SOURCES} == {("quarantine", "several-people")}
+
+
+def test_a_hard_link_out_of_the_workspace_is_skipped_not_copied(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    os.link(ws.parent / "outside-secret.md", ws / "memory" / "2026-11-28.md")  # a daily note's name, outside bytes
+    report = s.cli.j(*_args(s, ws, state))
+    item = _by_source(report)["workspace/memory/2026-11-28.md"]
+    assert (item["action"], item["reason"], item["destination"]) == ("skip", "hard-link", None)
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", report["plan_digest"]))
+    assert s.cli("read", s.alice_session, "private/memory/2026-11-28.md").code != 0
+    assert b"0ut5" not in s.cli("--json", "search", s.alice_session, "outside the workspace").out
+
+
+def test_the_dry_run_leaves_the_originals_access_times_alone(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    old = 1_577_836_800 * 10**9  # 2020-01-01: older than the mtime, so relatime would update it on a read
+    originals = [ws / "MEMORY.md", ws / "DREAMS.md", state / "agents" / "main" / "sessions" / "s-alice.jsonl",
+                 state / "agents" / "main" / "sessions" / "sessions.json", ws, ws / "memory",
+                 state / "agents" / "main" / "sessions"]  # folders too: a listing is an access
+    for path in originals:
+        os.utime(path, ns=(old, os.stat(path).st_mtime_ns))
+    assert s.cli("--json", *_args(s, ws, state)).code == 0
+    assert [os.stat(p).st_atime_ns for p in originals] == [old] * len(originals)
+
+
+def test_no_mark_publishes_what_dreaming_took_from_transcripts(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """--shared on DREAMS.md or the dreaming folders: refused, exit 2, nothing changed; the pure rule agrees."""
+    s = scenario
+    ws, state = layout
+    before = snapshot(s.cli.home)
+    for rel in ("DREAMS.md", "dreams.md", "memory/.dreams/events.jsonl", "memory/dreaming/deep/2026-12-01.md"):
+        result = s.cli(*_args(s, ws, state, "--shared", rel))
+        assert result.code == 2 and "transcripts" in result.err, (rel, result.code, result.err)
+        assert len(result.err.strip().splitlines()) == 1
+    assert diff_snapshots(before, snapshot(s.cli.home)) == []
+    marked = ("memory/.dreams/events.jsonl", "memory/dreaming/deep/2026-12-01.md")
+    items = {i.key: i for i in classify(legacy.scan(str(ws), str(state), "main", marked), owner=None,
+                                        resolve=lambda *t: None, shared=marked, openclaw_agent="main")}
+    for rel in marked:
+        item = items[f"workspace/{rel}"]
+        assert (item.klass, item.action, item.reason) != ("reference", "agent-shared", "admin-marked"), rel
+        assert (item.action, item.reason) == ("quarantine", "transcript-derived"), rel
+
+
+def test_already_migrated_means_in_this_destination(scenario: Scenario, tmp_path: Path) -> None:
+    """The same bytes applied for Alice are not 'already migrated' for Bob: his run copies them into his store."""
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    for_bob = ["migrate", "--agent", s.agent, "--workspace", str(ws), "--owner", s.bob]
+    sessions = state / "agents" / "main" / "sessions"
+    (sessions / "sessions.json").write_text(json.dumps(  # the same workspace, now Bob's DM only
+        {f"agent:main:{CHANNEL}:{ACCOUNT}:direct:{BOB_SENDER}": {"sessionId": "s-bob"}}))
+    report = s.cli.j(*for_bob, "--state-dir", str(state))
+    items = _by_source(report)
+    assert (items["workspace/MEMORY.md"]["destination"], items["workspace/MEMORY.md"]["status"]) \
+        == ("private/MEMORY.md", "to-copy")
+    s.cli.j(*for_bob, "--state-dir", str(state), "--apply", "--confirm", report["plan_digest"])
+    assert s.cli("read", s.bob_session, "private/MEMORY.md", check=True).out == MEMORY
+    assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == MEMORY
+
+
+def test_after_cutover_no_backup_keeps_what_forget_removes(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    # A second migration after USER.md changed: its backup would hold the first run's copy of MEMORY.md.
+    (ws / "USER.md").write_bytes(b"# User\n- revised in OpenClaw\n")
+    second = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    result = s.cli(*_args(s, ws, state, "--apply", "--confirm", second))
+    assert result.code == 0, result.err
+    s.cli.j("forget", s.alice_session, "private/MEMORY.md")
+    for path in s.cli.home.rglob("*"):
+        if path.is_file():
+            assert b"M3m0" not in path.read_bytes(), path
+    assert b"pre-migration backup was removed" in result.out
+    assert not list((s.cli.home / "migrations").iterdir())
+
+
+def test_doctor_reports_a_migration_backup_left_behind(scenario: Scenario, layout: tuple[Path, Path]) -> None:
+    """A crash between the cutover and the backup's removal: a notice; --fix (or the same apply) removes it."""
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    leftover = s.cli.home / "migrations" / digest[:32] / "backup"
+
+    def left_behind() -> dict:
+        leftover.mkdir(parents=True, mode=0o700)
+        (leftover / "state.sqlite").write_bytes(b"an old copy")
+        result = s.cli("--json", "doctor")
+        assert result.code == 0, result.err  # a notice fails nothing
+        found = [f for f in result.json()["findings"] if f["kind"] == "migration-backup"]
+        assert len(found) == 1 and found[0]["notice"] is True and "forget" in found[0]["hint"]
+        return found[0]
+
+    left_behind()
+    fixed = [f for f in s.cli.j("doctor", "--fix")["findings"] if f["kind"] == "migration-backup"]
+    assert fixed[0]["action"] == "removed" and not leftover.exists()
+    left_behind()
+    assert s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))["backup"] is None  # the same apply
+    assert not leftover.exists()
+    assert s.cli.j("doctor")["findings"] == []

@@ -10,6 +10,7 @@ command, run again, finishes the plan with exactly one copy per source.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.writer.steps import MIGRATION_STEPS, Step
-from tests.conftest import Scenario, db_copy
+from tests.conftest import SCOPEFS, Scenario, db_copy
 from tests.crashkit import REPO, catalog_path
 from tests.migratekit import CANARIES, build_layout, tree_hash
 from tests.test_migrate import PRIVATE_EXPECTED, _args
@@ -88,8 +89,7 @@ def test_a_migration_killed_midway_resumes_without_duplicates_or_exposure(scenar
     for destination, data in PRIVATE_EXPECTED.values():
         assert s.cli("read", s.alice_session, destination, check=True).out == data
         assert s.cli("read", s.bob_session, destination).code == 3
-    backups = list((s.cli.home / "migrations").glob("*/backup"))
-    assert len(backups) == 1 and not list((s.cli.home / "migrations").glob("*/backup.partial"))
+    assert not list((s.cli.home / "migrations").glob("*/backup*"))  # past the cutover the backup is gone
     assert tree_hash(ws.parent) == tree_before
     s.cli("doctor", "--fix", check=True)  # a staged file of the killed write, if any, as after any killed write
     assert s.cli("doctor", check=True).code == 0
@@ -106,9 +106,8 @@ def test_a_run_killed_while_backing_up_starts_its_backup_again(scenario: Scenari
     partial.mkdir(parents=True, mode=0o700)
     (partial / "state.sqlite").write_bytes(b"half a database")
     report = s.cli.j(*_args(s, ws, state, "--apply", "--confirm", plan["plan_digest"]))
-    assert not partial.exists()
-    backup = Path(report["backup"])
-    assert (backup / "state.sqlite").read_bytes()[:16] == b"SQLite format 3\0"
+    assert not partial.exists() and report["cutover"] is True
+    assert report["backup"] is None and not partial.parent.exists()
     shutil.rmtree(tmp_path / "legacy")
 
 
@@ -151,3 +150,58 @@ def test_a_binding_revoked_mid_run_stops_the_private_copies(scenario: Scenario, 
     assert _count(s, "SELECT count(*) FROM revisions WHERE state = 'pending'") == 0
     assert _count(s, "SELECT count(*) FROM migration_runs WHERE cutover_at IS NOT NULL") == 0
     assert s.cli(*argv).code == 2  # the owner has no live binding any more: refused before anything
+
+
+_EDITOR = r"""
+import os, subprocess, sys
+from scopefs.writer import steps
+from scopefs.cli.main import main
+
+scopefs, session, target, nth = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+seen = 0
+
+def edit_after_the_rescan(step):
+    global seen
+    if step.value == target:
+        seen += 1
+    if step.value == target and seen == nth:
+        subprocess.run([scopefs, "write", session, "private/MEMORY.md"], input=b"Alice's edit, saved mid-run\n",
+                       check=True, env=os.environ, capture_output=True)
+
+steps.set_hook(edit_after_the_rescan)
+sys.exit(main(sys.argv[5:]))
+"""
+
+
+@pytest.mark.parametrize(("step", "nth"), [(Step.MIGRATION_BACKED_UP, 1), (Step.PENDING, 2)],
+                         ids=["before-the-copy", "between-the-copys-commits"])
+def test_a_note_the_owner_saves_during_the_run_is_never_overwritten(scenario: Scenario, tmp_path: Path,
+                                                                    step: Step, nth: int) -> None:
+    """The destination is checked inside the commit, not only at plan time: the owner's edit stays active.
+
+    Saved after the rescan and before MEMORY.md's copy (its first commit
+    sees it), or between that copy's two commits (the activation does).
+    """
+    s = scenario
+    ws, state = build_layout(tmp_path / "legacy")
+    plan = s.cli.j(*_args(s, ws, state))
+    argv = ["--json", *_args(s, ws, state, "--apply", "--confirm", plan["plan_digest"])]
+    proc = subprocess.run([sys.executable, "-c", _EDITOR, SCOPEFS, s.alice_session, step.value, str(nth), *argv],
+                          capture_output=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(s.cli.home)})
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    report = json.loads(proc.stdout)
+    assert report["cutover"] is True
+    item = next(i for i in report["items"] if i["source"] == "workspace/MEMORY.md")
+    assert item["status"] == "quarantined-destination-exists"
+    assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == b"Alice's edit, saved mid-run\n"
+    # The legacy bytes wait in quarantine, recorded as this run's item; the rest of the plan landed as planned.
+    assert _count(s, "SELECT count(*) FROM migration_items") == sum(1 for i in plan["items"] if i["destination"])
+    for destination, data in PRIVATE_EXPECTED.values():
+        if destination != "private/MEMORY.md":
+            assert s.cli("read", s.alice_session, destination, check=True).out == data
+    # A new dry run plans what the run did: MEMORY.md to quarantine, already there; the edit still stands.
+    again = next(i for i in s.cli.j(*_args(s, ws, state))["items"] if i["source"] == "workspace/MEMORY.md")
+    assert (again["action"], again["reason"], again["status"]) == ("quarantine", "destination-exists",
+                                                                   "already-migrated")
+    assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == b"Alice's edit, saved mid-run\n"

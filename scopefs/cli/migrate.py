@@ -61,9 +61,14 @@ def _lines(payload: dict[str, Any]) -> list[str]:
     if not payload["applied"]:
         out.append("nothing was changed; after review, apply exactly this plan with: --apply --confirm"
                    f" {payload['plan_digest']}")
+    elif payload["backup_removed"]:
+        out.append("cutover recorded; the pre-migration backup was removed (it served only to roll back or resume"
+                   " a run that had not reached cutover)")
+    elif payload["backup"]:
+        out.append(f"cutover recorded; the pre-migration backup could not be removed: {payload['backup']}"
+                   " ('scopefs doctor --fix' retries)")
     else:
-        out.append(f"cutover recorded; backup at {payload['backup']}" if payload["backup"] else
-                   "this plan was applied already; nothing changed")
+        out.append("this plan was applied already; nothing changed")
     return out
 
 

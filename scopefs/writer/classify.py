@@ -6,10 +6,14 @@ from which file it is and which OpenClaw session key names a transcript:
 1. The workspace's memory (``USER.md``, ``MEMORY.md``/``memory.md``, daily
    notes, ``memory/**/*.md``, ``DREAMS.md`` without its machine blocks) goes
    to one person's ``private/`` only with ``--owner``, and only when no
-   other verified person talked to this agent: every direct-message key in
-   ``sessions.json`` that resolves through the binding table resolves to
-   that owner. Two verified people in one workspace: quarantine
-   (``several-people``), whoever asks.
+   other person is known to have talked to this agent: ``sessions.json``
+   was read whole from real folders (else ``no-session-index`` or
+   ``session-index-unreadable``: who talked here cannot be said), and
+   every direct-message key of this agent resolves through the binding
+   table to that owner. A DM key that resolves to nobody (never bound, or
+   its binding revoked) or that lacks the account to be resolved at all
+   counts as another person: fail closed. Anyone else in one workspace:
+   quarantine (``several-people``), whoever asks.
 2. A transcript goes to the owner's ``private/transcripts/`` only with a
    proven one-to-one binding: exactly one session key names it, the key
    carries channel, account and sender (``agent:<id>:<channel>:<account>:direct:<peer>``,
@@ -18,7 +22,9 @@ from which file it is and which OpenClaw session key names a transcript:
    person's, incomplete or unrecognised keys: quarantine. Everything
    transcript-derived (``memory/.dreams/``, the dreaming phase reports and
    blocks) is quarantined too.
-3. What the operator marks with ``--shared PATH`` goes to ``agent-shared/``.
+3. What the operator marks with ``--shared PATH`` goes to ``agent-shared/``,
+   unless it is transcript-derived (rule 2 wins; ``writer.migrate``
+   refuses such a mark outright).
 4. Anything else whose owner is not decided this way: quarantine, never
    ``agent-shared/``. The derived index databases are rebuilt, never
    copied; symlinks, special files, names that are not UTF-8, files over
@@ -50,7 +56,7 @@ _DAILY = re.compile(r"memory/\d{4}-\d{2}-\d{2}(-[^/]{1,200})?\.md")
 # quarantine for review rather than becoming a second long-term memory.
 _LOWER_TWINS = {"memory.md": "MEMORY.md", "dreams.md": "DREAMS.md"}
 _SKIPPED_KINDS = {"symlink": "symlink", "other": "not-regular", "unnamed": "name-not-utf8",
-                  "too-large": "too-large"}
+                  "too-large": "too-large", "hard-link": "hard-link"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,10 @@ def parse_session_key(key: str) -> KeyShape:
 @dataclass(frozen=True)
 class _Transcripts:
     decided: dict[str, tuple[str, str | None, str | None]]  # session id -> (reason, binding, principal)
-    people: frozenset[str]  # verified principals that held a direct conversation with this agent
+    people: frozenset[str]  # principals that held a direct conversation with this agent; UNKNOWN: not resolved
+
+
+UNKNOWN_PERSON = ""  # a DM partner no live binding names: never the owner, as far as anyone can prove
 
 
 def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver) -> _Transcripts:
@@ -134,11 +143,12 @@ def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver)
     people: set[str] = set()
     for sid, keys in sessions.keys_by_session.items():
         shapes = [parse_session_key(k) for k in keys]
-        for shape in shapes:  # anyone verified behind any key counts as a person of this workspace
+        for shape in shapes:  # anyone behind any DM key counts as a person of this workspace
             if shape.kind == "dm" and shape.agent == openclaw_agent:
                 found = resolve(shape.channel, shape.account, shape.sender)
-                if found is not None:
-                    people.add(found[1])
+                people.add(found[1] if found is not None else UNKNOWN_PERSON)
+            elif shape.kind == "dm-incomplete" and shape.agent == openclaw_agent:
+                people.add(UNKNOWN_PERSON)  # no account: no binding can say it was the owner
         if len(keys) != 1:
             decided[sid] = ("ambiguous-key", None, None)
             continue
@@ -152,6 +162,14 @@ def _transcripts(sessions: SessionIndex, openclaw_agent: str, resolve: Resolver)
             decided[sid] = ({"main": "shared-main", "group": "group-transcript", "dm-incomplete":
                              "dm-key-lacks-account"}.get(shape.kind, "unrecognized-key"), None, None)
     return _Transcripts(decided, frozenset(people))
+
+
+TRANSCRIPT_DERIVED = frozenset({"dreaming-state", "dream-report", "dream-phase"})
+
+
+def transcript_derived(rel: str) -> bool:
+    """Whether a workspace path holds (or, ``DREAMS.md``, may hold) what the dreaming sweep took from transcripts."""
+    return rel in ("DREAMS.md", "dreams.md") or rel.startswith(("memory/.dreams/", "memory/dreaming/"))
 
 
 def _workspace_class(found: Found) -> str:
@@ -200,6 +218,10 @@ def classify(layout: Layout, *, owner: str | None, resolve: Resolver, shared: It
     t = _transcripts(layout.sessions, openclaw_agent, resolve)
     if owner is None:
         memory_reason = "no-owner"
+    elif not layout.sessions.present:
+        memory_reason = "no-session-index"
+    elif not layout.sessions.readable:
+        memory_reason = "session-index-unreadable"
     elif t.people - {owner}:
         memory_reason = "several-people"
     else:
@@ -207,8 +229,10 @@ def classify(layout: Layout, *, owner: str | None, resolve: Resolver, shared: It
     present = {f.rel for f in layout.found if f.area == "workspace"}
     items = []
     for found in layout.found:
-        if found.area == "workspace":
-            klass = "reference" if found.rel in marked else _workspace_class(found)
+        if found.area == "workspace":  # transcript-derived first: no mark makes it reference material
+            klass = _workspace_class(found)
+            if found.rel in marked and klass not in TRANSCRIPT_DERIVED:
+                klass = "reference"
         else:
             klass = _state_class(found, layout, openclaw_agent)
         action, reason, binding = _decide(found, klass, memory_reason, marked, present, layout, t, owner)
@@ -250,7 +274,7 @@ def _decide(found: Found, klass: str, memory_reason: str, marked: frozenset[str]
     if klass == "agent-runtime":
         return SKIP, "not-memory", None  # credentials, model settings: never copied
     if found.area == "workspace":
-        if klass in ("dreaming-state", "dream-report", "dream-phase"):
+        if klass in TRANSCRIPT_DERIVED:
             return QUARANTINE, "transcript-derived", None
         if found.part == "damaged":
             return QUARANTINE, "dream-markers-damaged", None

@@ -15,8 +15,11 @@ machine-managed phase blocks, between ``<!-- openclaw:dreaming:<phase>:start -->
 and its ``:end -->``, are cut out as parts of their own (what the dreaming
 sweep wrote from short-term recall and transcripts), by the markers alone.
 Every folder is opened with ``O_NOFOLLOW`` below the root the operator
-named, so a symlink is reported, never followed; every count, size and
-depth is bounded. Nothing here writes.
+named, so a symlink is reported, never followed; a regular file with a
+second name (a hard link, which may reach out of the tree) is reported,
+not read for copying; files are opened with ``O_NOATIME`` where the
+kernel allows it, so a dry run leaves even their access times alone;
+every count, size and depth is bounded. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Found:
 
     area: str  # "workspace" or "state"
     rel: str  # relative path, '/'-separated; a name that is not UTF-8 is shown with backslash escapes
-    kind: str  # file | symlink | other | unnamed | too-large
+    kind: str  # file | symlink | hard-link | other | unnamed | too-large
     size: int = 0
     sha256: str = ""  # of the bytes this entry would copy (the part, for a part)
     utf8: bool = True
@@ -76,6 +79,7 @@ class SessionIndex:
 
     readable: bool
     keys_by_session: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    present: bool = True  # False: no state folder, or no ``sessions.json`` on the fixed path
 
 
 @dataclass
@@ -92,14 +96,26 @@ def _display(name: bytes) -> tuple[str, bool]:
         return name.decode("utf-8", "backslashreplace"), False
 
 
+def _noatime_open(name: str | bytes, flags: int, dir_fd: int | None) -> int:
+    """``os.open`` with ``O_NOATIME`` (a listing or read leaves the owner's access times alone), else without.
+
+    ``O_NOATIME`` is only for the file's owner (or CAP_FOWNER): EPERM means
+    we read as anyone may, and the kernel's own atime policy applies.
+    """
+    try:
+        return os.open(name, flags | os.O_NOATIME, dir_fd=dir_fd)
+    except PermissionError:
+        return os.open(name, flags, dir_fd=dir_fd)
+
+
 def open_dir_at(dir_fd: int | None, name: str | bytes) -> int:
-    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    return _noatime_open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd)
 
 
 def open_root(path: str) -> int:
     """The root the operator named (followed once, as they named it); BadInput if it is not a folder."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _noatime_open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, None)
     except OSError:
         raise BadInput(f"not a readable folder: {path}") from None
 
@@ -117,6 +133,10 @@ def _opened_dir(dir_fd: int, name: str | bytes) -> Iterator[int | None]:
         os.close(fd)
 
 
+class HardLinked(OSError):
+    """A regular file with more than one name: the other may lie outside the tree the operator named."""
+
+
 def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of a regular file below ``root_fd``, no component followed if it is a symlink."""
     fds: list[int] = []
@@ -125,10 +145,13 @@ def read_file_at(root_fd: int, parts: tuple[str, ...], limit: int = MAX_FILE_BYT
         for name in parts[:-1]:
             current = open_dir_at(current, name)
             fds.append(current)
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=current)
+        fd = _noatime_open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, current)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError("not a regular file")
+            if st.st_nlink > 1:
+                raise HardLinked(parts[-1])
             chunks, size = [], 0
             while chunk := os.read(fd, CHUNK):
                 size += len(chunk)
@@ -188,6 +211,9 @@ class _Walker:
     def file(self, root_fd: int, rel: str) -> None:
         try:
             data = read_file_at(root_fd, tuple(rel.split("/")))
+        except HardLinked:
+            self.add(Found(self.area, rel, "hard-link"))
+            return
         except OSError:
             self.add(Found(self.area, rel, "other"))
             return
@@ -261,7 +287,7 @@ def _read_index(state_fd: int, sessions_parts: tuple[str, ...]) -> SessionIndex:
     try:
         raw = read_file_at(state_fd, (*sessions_parts, "sessions.json"), MAX_INDEX_BYTES)
     except FileNotFoundError:
-        return SessionIndex(True)
+        return SessionIndex(True, present=False)
     except OSError:
         return SessionIndex(False)
     try:
@@ -304,25 +330,70 @@ def scan(workspace: str, state_dir: str | None, openclaw_agent: str, shared: tup
         os.close(ws_fd)
     found = ws.found
     sessions_parts = ("agents", openclaw_agent, "sessions")
-    index = SessionIndex(True)
+    index = SessionIndex(True, present=False)  # no state folder: nobody can say who talked to this agent
     if state_dir is not None and os.path.isdir(state_dir):
         st = _Walker("state")
         state_fd = open_root(state_dir)
         try:
             index = _read_index(state_fd, sessions_parts)
-            for where in (list(sessions_parts), ["agents", openclaw_agent, "agent"]):
-                with _opened_parent(state_fd, where) as folder:
-                    if folder is not None:
+            for where in (list(sessions_parts), ["agents", openclaw_agent, "agent"], ["memory"]):
+                with _fixed_path(st, state_fd, where) as folder:
+                    if folder is None:
+                        continue
+                    if where == ["memory"]:
+                        for name in sorted(os.listdir(folder)):
+                            if name.startswith(f"{openclaw_agent}.sqlite"):
+                                st.entry(folder, os.fsencode(name), "memory/", 0, state_fd)
+                    else:
                         st.walk(folder, "/".join(where) + "/", 0, state_fd)
-            with _opened_parent(state_fd, ["memory"]) as folder:
-                if folder is not None:
-                    for name in sorted(os.listdir(folder)):
-                        if name.startswith(f"{openclaw_agent}.sqlite"):
-                            st.entry(folder, os.fsencode(name), "memory/", 0, state_fd)
         finally:
             os.close(state_fd)
         found = found + st.found
     return Layout(found, index, "/".join(sessions_parts))
+
+
+def _blocked(walker: _Walker, rel: str, kind: str) -> None:
+    if not any(f.rel == rel for f in walker.found):  # ``agents`` itself blocks two fixed paths: listed once
+        walker.add(Found(walker.area, rel, kind))
+
+
+@contextlib.contextmanager
+def _fixed_path(walker: _Walker, root_fd: int, parts: list[str]) -> Iterator[int | None]:
+    """A fixed folder of OpenClaw's state, each component a real folder; what stands in its way is listed.
+
+    A symlinked ``agents/<id>/sessions`` (or a FIFO where a folder belongs)
+    is neither followed nor silently passed over: it becomes an item of its
+    own (skipped, with its reason), and the session index behind it counts
+    as unreadable (``_read_index`` opens the same path without following).
+    """
+    fds: list[int] = []
+    try:
+        current = root_fd
+        for n, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=current, follow_symlinks=False)
+            except FileNotFoundError:
+                yield None
+                return
+            except OSError:
+                _blocked(walker, "/".join(parts[:n + 1]), "other")
+                yield None
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                _blocked(walker, "/".join(parts[:n + 1]), "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+                yield None
+                return
+            try:
+                current = open_dir_at(current, name)
+            except OSError:
+                _blocked(walker, "/".join(parts[:n + 1]), "other")
+                yield None
+                return
+            fds.append(current)
+        yield current
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ write transaction (trust origin ``migration``, operation ``import``, an
 item row naming the source by a keyed digest of its path and the SHA-256
 of its bytes, written with the activation), verify every hash, rebuild
 the agent's index, run the denial matrix and commit the cutover marker in
-one transaction.
+one transaction. The backup then goes: it exists to roll back or resume a
+run that has not reached cutover, and a full copy of the home would keep
+every note out of ``forget``'s reach.
 
 The plan's digest covers the agent, the owner, the admin-marked paths and
 every item with its class, action, destination, reason and hashes; if any
@@ -25,7 +27,10 @@ for the run: a shared-main (ambiguous) session, which can read nothing but
 ``agent-shared/`` and is closed when the run ends. The authority for a
 private copy is re-decided inside both commits of every write: the owner
 is still active with a live binding, and a transcript's own binding is
-still live, so a revocation landing mid-run wins.
+still live, so a revocation landing mid-run wins; and for every copy,
+the destination is still vacant or holds this source's own earlier copy,
+so a note the owner saves mid-run is never superseded (the item goes to
+quarantine instead).
 """
 
 from __future__ import annotations
@@ -41,12 +46,12 @@ from typing import Any
 
 import apsw
 
-from scopefs.catalog.access import current_access
+from scopefs.catalog.access import Access, current_access
 from scopefs.catalog.artifacts import open_artifact, open_store_dir
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.digests import hash_fd
-from scopefs.catalog.errors import BadInput, Conflict, IntegrityError, ScopefsError, storage_error
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, ScopefsError, storage_error
 from scopefs.catalog.fsafe import fsync_dir
 from scopefs.catalog.groups import role_memberships
 from scopefs.catalog.home import Home, validate_agent_name
@@ -62,8 +67,9 @@ from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
 from scopefs.writer import legacy
 from scopefs.writer.backup import backup_home
-from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify
+from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify, transcript_derived
 from scopefs.writer.derive import QUARANTINE as AGENT_QUARANTINE
+from scopefs.writer.recovery import drop_migration_backup, migration_run_dir
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.transaction import Provenance, write_copy
 
@@ -88,11 +94,12 @@ class Report:
     plan: Plan
     applied: bool
     status: dict[str, str]  # item key -> status
-    backup: str | None = None
+    backup: str | None = None  # None once the cutover is recorded: the backup is removed then
     cutover: bool = False
     reindexed: int | None = None
     denial_matrix: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    backup_removed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         p = self.plan
@@ -101,7 +108,8 @@ class Report:
         for i in p.items:
             by_action[i.action] = by_action.get(i.action, 0) + 1
         return {"agent_id": p.agent_id, "openclaw_agent": p.openclaw_agent, "owner_principal_id": p.owner,
-                "plan_digest": p.digest, "applied": self.applied, "backup": self.backup, "cutover": self.cutover,
+                "plan_digest": p.digest, "applied": self.applied, "backup": self.backup,
+                "backup_removed": self.backup_removed, "cutover": self.cutover,
                 "reindexed_revisions": self.reindexed, "denial_matrix": self.denial_matrix,
                 "summary": dict(sorted(by_action.items())), "items": items}
 
@@ -116,11 +124,16 @@ def _check_owner(home: Home, owner: str | None) -> None:
 
 
 def _check_shared(shared: tuple[str, ...]) -> tuple[str, ...]:
+    """Clean paths, none of them transcript-derived: what the dreaming sweep wrote from transcripts is
+    quarantined whatever the operator marks (the seed's rule 2 before rule 3)."""
     for rel in shared:
         try:
             split_virtual_path(rel)
         except BadInput:
             raise BadInput(f"--shared takes a clean path relative to the workspace: {rel!r}") from None
+        if transcript_derived(rel):
+            raise BadInput(f"--shared cannot mark {rel}: it holds what the dreaming sweep derived from transcripts,"
+                           " which always goes to quarantine")
     return tuple(sorted(set(shared)))
 
 
@@ -133,18 +146,30 @@ def _resolver(home: Home) -> Callable[[str, str, str], tuple[str, str] | None]:
     return resolve
 
 
-def source_key(home: Home, agent_id: str, item: Item) -> str:
-    """The item's source, keyed with the home's secret: its path never reaches the catalog."""
-    return lookup_key(home.hmac_key(), "migration-source", agent_id, item.key).hex()
+def source_key(home: Home, agent_id: str, owner: str | None, item: Item) -> str:
+    """The item's source and destination, keyed with the home's secret: its path never reaches the catalog.
+
+    The destination (store and path) is part of the key: the same bytes
+    from the same path are "already migrated" only where this run would
+    put them, never because they sit in another person's store (another
+    ``--owner``, or a second workspace with identical files).
+    """
+    scope_kind, audience = _destination_store(owner, item.action)
+    return lookup_key(home.hmac_key(), "migration-source", agent_id, item.key, scope_kind, audience,
+                      "/".join(item.inner)).hex()
 
 
-def _store_of(plan: Plan, action: str) -> tuple[str, str]:
+def _destination_store(owner: str | None, action: str) -> tuple[str, str]:
     if action == PRIVATE:
-        assert plan.owner is not None
-        return "user", plan.owner
+        assert owner is not None
+        return "user", owner
     if action == SHARED:
         return "agent-shared", AGENT_SHARED_AUDIENCE
     return AGENT_QUARANTINE
+
+
+def _store_of(plan: Plan, action: str) -> tuple[str, str]:
+    return _destination_store(plan.owner, action)
 
 
 def _taken(home: Home, agent_id: str, owner: str | None, item: Item) -> bool:
@@ -158,12 +183,11 @@ def _taken(home: Home, agent_id: str, owner: str | None, item: Item) -> bool:
     if item.action not in (PRIVATE, SHARED):
         return False
     catalog = home.catalog(agent_id)
-    key = source_key(home, agent_id, item)
+    key = source_key(home, agent_id, owner, item)
     if one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND sha256 = ?",
            (agent_id, key, item.sha256)) is not None:
         return False
-    scope_kind, audience = ("user", owner or "") if item.action == PRIVATE else ("agent-shared", AGENT_SHARED_AUDIENCE)
-    store = find_store(catalog, agent_id, scope_kind, audience)
+    store = find_store(catalog, agent_id, *_destination_store(owner, item.action))
     if store is None:
         return False
     resource = find_resource(catalog, agent_id, store.store_id, "/".join(item.inner))
@@ -202,15 +226,20 @@ def make_plan(home: Home, agent_id: str, workspace: str, *, state_dir: str | Non
     return Plan(agent_id, oc_agent, owner, shared, workspace, state_dir, items, digest)
 
 
+def _migrated_to(home: Home, plan: Plan, item: Item) -> bool:
+    """Whether the item's bytes already sit where it goes (the key names the destination; the join checks it)."""
+    scope_kind, audience = _store_of(plan, item.action)
+    return one(home.catalog(plan.agent_id),
+               "SELECT 1 FROM migration_items m JOIN revisions r USING (revision_id) JOIN resources res"
+               " ON res.resource_id = r.resource_id JOIN stores s ON s.store_id = res.store_id"
+               " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ? AND s.scope_kind = ?"
+               " AND s.audience_id = ? AND res.path = ?",
+               (plan.agent_id, source_key(home, plan.agent_id, plan.owner, item), item.sha256, scope_kind, audience,
+                "/".join(item.inner))) is not None
+
+
 def _migrated(home: Home, plan: Plan) -> dict[str, str]:
-    catalog = home.catalog(plan.agent_id)
-    done = {}
-    for item in plan.items:
-        if item.action in COPIED and one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ?"
-                                                  " AND sha256 = ?",
-                                         (plan.agent_id, source_key(home, plan.agent_id, item), item.sha256)):
-            done[item.key] = "already-migrated"
-    return done
+    return {i.key: "already-migrated" for i in plan.items if i.action in COPIED and _migrated_to(home, plan, i)}
 
 
 def preview(home: Home, plan: Plan) -> Report:
@@ -242,8 +271,34 @@ def _read_item(plan: Plan, item: Item) -> bytes:
     return data
 
 
-def _provenance(home: Home, plan: Plan, item: Item, key: str) -> Provenance:
-    def authority(_catalog: apsw.Connection, _activating: bool) -> Decision:
+def _occupied(catalog: apsw.Connection, plan: Plan, item: Item, key: str) -> bool:
+    """Whether the destination holds an active note this source did not put there (read inside the commit).
+
+    The plan's ``_taken`` saw the destination when it was made; the owner
+    may have saved a note there since (between the rescan of ``--apply``
+    and this item's copy). Vacant, or holding this source's own earlier
+    copy (a changed source, a resumed run), is the only state a copy may
+    replace.
+    """
+    store = find_store(catalog, plan.agent_id, *_store_of(plan, item.action))
+    resource = find_resource(catalog, plan.agent_id, store.store_id, "/".join(item.inner)) if store else None
+    current = active_revision(catalog, plan.agent_id, resource.resource_id) if resource is not None else None
+    if current is None:
+        return False
+    return one(catalog, "SELECT 1 FROM migration_items WHERE agent_id = ? AND source_key = ? AND revision_id = ?",
+               (plan.agent_id, key, current.revision_id)) is None
+
+
+def _provenance(home: Home, plan: Plan, item: Item, key: str, occupied: list[bool]) -> Provenance:
+    """The copy's authority, re-made in both commits: the destination still vacant, the owner's evidence live.
+
+    ``occupied`` is set when the destination was found written by someone
+    else: the caller then sends the item to quarantine instead.
+    """
+    def authority(catalog: apsw.Connection, _activating: bool) -> Decision:
+        if _occupied(catalog, plan, item, key):
+            occupied.append(True)
+            return Decision(False, Reason.REVISION_STALE)
         if item.action != PRIVATE:
             return ALLOW  # agent-shared by the operator's mark, quarantine by nobody's: no person's evidence
         assert plan.owner is not None
@@ -265,8 +320,8 @@ def _provenance(home: Home, plan: Plan, item: Item, key: str) -> Provenance:
 
 def _backup(home: Home, plan: Plan) -> Path:
     """The home as it was before this plan's first copy: made once, reused by a resumed run."""
-    runs = home.root / "migrations"
-    run_dir = runs / plan.digest[:32]
+    run_dir = migration_run_dir(home, plan.digest)
+    runs = run_dir.parent
     final, partial = run_dir / "backup", run_dir / "backup.partial"
     if final.is_dir():
         return final
@@ -285,18 +340,36 @@ def _backup(home: Home, plan: Plan) -> Path:
     return final
 
 
-def _verify(home: Home, plan: Plan) -> int:
+def _drop_backup(home: Home, plan: Plan) -> str | None:
+    """After the cutover: the backup (a full copy of the home, out of ``forget``'s reach) goes; its path if it stays.
+
+    It exists to roll back or resume a run that has not reached its
+    cutover; past that, keeping every note's old bytes in a second place
+    would undo every later ``forget``. A removal that fails leaves it for
+    ``doctor`` to report (``migration-backup``) and ``doctor --fix`` to retry.
+    """
+    try:
+        drop_migration_backup(home, plan.digest)
+    except OSError:
+        return str(migration_run_dir(home, plan.digest) / "backup")
+    return None
+
+
+def _verify(home: Home, plan: Plan, diverted: dict[str, Item]) -> int:
     """Every copied item's active revision holds the reviewed bytes, on disk and in the catalog."""
     catalog = home.catalog(plan.agent_id)
     bad = checked = 0
-    for item in plan.items:
-        if item.action not in COPIED:
+    for planned in plan.items:
+        if planned.action not in COPIED:
             continue
+        item = diverted.get(planned.key, planned)
+        if item.action not in COPIED:
+            continue  # sent to quarantine, but its path did not fit there: skipped, nothing to check
         row = one(catalog, "SELECT r.content_sha256, r.locator, r.state, sr.path_key FROM migration_items m"
                            " JOIN revisions r USING (revision_id) JOIN resources res ON res.resource_id = r.resource_id"
                            " JOIN stores s ON s.store_id = res.store_id JOIN storage_roots sr USING (storage_root_id)"
                            " WHERE m.agent_id = ? AND m.source_key = ? AND m.sha256 = ?",
-                  (plan.agent_id, source_key(home, plan.agent_id, item), item.sha256))
+                  (plan.agent_id, source_key(home, plan.agent_id, plan.owner, item), item.sha256))
         if row is None:
             bad += 1
             continue
@@ -320,6 +393,29 @@ def _verify(home: Home, plan: Plan) -> int:
     if bad:
         raise IntegrityError(f"migration verification failed: {bad} item(s) do not match their source; no cutover")
     return checked
+
+
+def _copy(home: Home, plan: Plan, access: Access, item: Item, diverted: dict[str, Item]) -> str:
+    """One item through the write transaction; its status. A destination written since goes to quarantine."""
+    occupied: list[bool] = []
+    data = _read_item(plan, item)
+    key = source_key(home, plan.agent_id, plan.owner, item)
+    try:
+        write_copy(access, *_store_of(plan, item.action), item.inner, data,
+                   _provenance(home, plan, item, key, occupied))
+        return "copied"
+    except Denied:
+        if not occupied:
+            raise
+    except Conflict:  # saved between this copy's two commits: the activation saw its base move
+        if not _occupied(home.catalog(plan.agent_id), plan, item, key):
+            raise
+    moved = item.quarantined("destination-exists")
+    diverted[item.key] = moved
+    if moved.action in COPIED and not _migrated_to(home, plan, moved):
+        write_copy(access, *_store_of(plan, moved.action), moved.inner, data,
+                   _provenance(home, plan, moved, source_key(home, plan.agent_id, plan.owner, moved), []))
+    return "quarantined-destination-exists"
 
 
 def denial_matrix(home: Home, plan: Plan) -> dict[str, Any]:
@@ -387,14 +483,15 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
     run = one(catalog, "SELECT cutover_at FROM migration_runs WHERE agent_id = ? AND plan_digest = ?",
               (agent, plan.digest))
     status = _migrated(home, plan)
-    if run is not None and run[0] is not None:
-        return Report(plan, True, status, cutover=True)
-    backup = _backup(home, plan)
+    if run is not None and run[0] is not None:  # done; a backup a crash left behind after the cutover goes now
+        return Report(plan, True, status, _drop_backup(home, plan), cutover=True)
+    _backup(home, plan)  # before the first copy; removed again once the cutover is recorded
     with immediate(catalog):
         catalog.execute("INSERT OR IGNORE INTO migration_runs (plan_digest, agent_id, owner_principal_id, started_at)"
                         " VALUES (?, ?, ?, ?)", (plan.digest, agent, plan.owner, now_us()))
     checkpoint(Step.MIGRATION_BACKED_UP)
     todo = [i for i in plan.items if i.action in COPIED]
+    diverted: dict[str, Item] = {}  # item key -> the item sent to quarantine instead (its destination was taken)
     session = open_session(home, agent, SharedMain())
     try:
         access, problem = current_access(home, session.session_id)
@@ -402,20 +499,18 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
             raise access.refuse(Op.IMPORT, problem)
         for n, item in enumerate(todo, 1):
             if item.key not in status:
-                key = source_key(home, agent, item)
-                write_copy(access, *_store_of(plan, item.action), item.inner, _read_item(plan, item),
-                           _provenance(home, plan, item, key))
-                status[item.key] = "copied"
+                status[item.key] = _copy(home, plan, access, item, diverted)
             if progress is not None:
                 progress(n, len(todo), item, status[item.key])
     finally:
         close_session(home, session.session_id)
     checkpoint(Step.MIGRATION_COPIED)
-    _verify(home, plan)
+    _verify(home, plan, diverted)
     reindexed = reindex(home, agent)
     matrix = denial_matrix(home, plan)
     checkpoint(Step.MIGRATION_VERIFIED)
     with immediate(catalog):  # the cutover marker: one row, one transaction
         catalog.execute("UPDATE migration_runs SET cutover_at = ? WHERE agent_id = ? AND plan_digest = ?"
                         " AND cutover_at IS NULL", (now_us(), agent, plan.digest))
-    return Report(plan, True, status, str(backup), True, reindexed.revisions, matrix)
+    kept = _drop_backup(home, plan)
+    return Report(plan, True, status, kept, True, reindexed.revisions, matrix, backup_removed=kept is None)

@@ -45,8 +45,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import apsw
 
@@ -76,6 +78,10 @@ INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-ar
 HINTS = {
     "unscrubbed-forget": "a forget was interrupted before the catalog's index and log were rewritten without "
                          "the forgotten text; 'scopefs doctor --fix' (or the next forget) finishes it",
+    "migration-backup": "a pre-migration backup (a full copy of the home as it was before 'scopefs migrate "
+                        "--apply') is still present: 'forget' never reaches it. It is kept until the migration "
+                        "records its cutover (a resumed run or a rollback needs it); after cutover, "
+                        "'scopefs doctor --fix' removes it",
     "expired-note": "a note past its valid-until (or superseded): denied to every reader; write it again to "
                     "renew it, or forget or remove it",
     "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
@@ -420,6 +426,7 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             failed = reindex(home, agent_id, only_stale=True).failed
             action = "reindexed" + (f" ({len(failed)} failed verification and stay unsearchable)" if failed else "")
         findings.append(Finding("unindexed-revisions", agent_id, None, action))
+    findings += _migration_backups(home, agent_id, fix)
     findings += [Finding("expired-note", agent_id, revision_id, notice=True)
                  for revision_id in expired_revisions(catalog, agent_id, now_us())]
     if unscrubbed(catalog, agent_id):  # a forget died before its text left the catalog's files
@@ -432,6 +439,47 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             drain(home.state(), catalog, agent_id)
             action = "drained"
         findings.append(Finding("undrained-audit", agent_id, None, action))
+    return findings
+
+
+def migration_run_dir(home: Home, plan_digest: str) -> Path:
+    """Where a migration run keeps its backup of the home (``writer.migrate``)."""
+    return home.root / "migrations" / plan_digest[:32]
+
+
+def drop_migration_backup(home: Home, plan_digest: str) -> None:
+    """Remove a run's backup (and a half-made one): only once its cutover is recorded. OSError if it stays."""
+    run_dir = migration_run_dir(home, plan_digest)
+    for name in ("backup", "backup.partial"):
+        if (run_dir / name).exists():
+            shutil.rmtree(run_dir / name)
+    with contextlib.suppress(FileNotFoundError):
+        run_dir.rmdir()
+        fd = open_dir(str(run_dir.parent))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _migration_backups(home: Home, agent_id: str, fix: bool) -> list[Finding]:
+    """A notice per migration run of this agent whose backup is still on disk; ``fix`` drops it after cutover."""
+    findings = []
+    runs = home.catalog(agent_id).execute("SELECT plan_digest, cutover_at FROM migration_runs WHERE agent_id = ?"
+                                          " ORDER BY started_at", (agent_id,)).fetchall()
+    for row in runs:
+        digest, cutover_at = str(row[0]), row[1]
+        run_dir = migration_run_dir(home, digest)
+        if not ((run_dir / "backup").exists() or (run_dir / "backup.partial").exists()):
+            continue
+        action = None
+        if fix and cutover_at is not None:
+            try:
+                drop_migration_backup(home, digest)
+                action = "removed"
+            except OSError:
+                action = None
+        findings.append(Finding("migration-backup", agent_id, None, action, notice=True))
     return findings
 
 
