@@ -148,7 +148,7 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
         state.execute("UPDATE audit SET at = at - 30 * ? WHERE audit_id IN (SELECT value FROM json_each(?))",
                       (DAY_US, str(old_ids)))
         row = state.execute("SELECT session_id, agent_id, revision_id, resource_id, at FROM exposures"
-                            " LIMIT 1").fetchall()[0]
+                            " WHERE session_id = ? LIMIT 1", (s.alice_session,)).fetchall()[0]
         insert = ("INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id,"
                   " resource_id, at) VALUES ('r', ?, ?, ?, 'read', ?, ?, ?)")
         state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], row[4] - 30 * DAY_US))
@@ -159,6 +159,7 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
         exposures_before = state.execute("SELECT count(*) FROM exposures").fetchall()[0][0]
     finally:
         state.close()
+    s.cli("session", "close", s.alice_session, check=True)  # only a closed session's runs have ended
     before = snapshot(s.cli.home)
     preview = s.cli.j("audit", "prune", "--older-than", "7d")
     assert preview["applied"] is False
@@ -185,3 +186,35 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
     again = s.cli.j("audit", "prune", "--older-than", "7d", "--yes")
     assert (again["audit_rows"], again["exposure_rows"]) == (0, 0)
     assert s.cli.j("audit", "--op", "audit-prune")["count"] == 2
+
+
+def test_prune_keeps_every_exposure_row_of_a_session_still_open_however_idle(scenario: Scenario) -> None:
+    """An idle run is not an ended one: pruning its old rows would shrink its exposure revision, and a
+    receipt older than a later read could then look current again."""
+    import time
+
+    from scopefs.catalog.auditlog import prune
+    from scopefs.catalog.exposures import Exposed, record
+    from scopefs.catalog.home import Home
+
+    s = scenario
+    _activity(s)
+    seen = [Exposed(f"v_{n}", "r_note") for n in ("one", "two", "three")]  # the table holds ids only, no FK
+    home = Home.open(s.cli.home)
+    try:
+        def run(session: str, exposed: list[Exposed]) -> int:
+            return record(home, session_id=session, agent_id=s.agent, run_id="run-1", operation="read",
+                          exposed=exposed, policy_revision=None).exposure_revision
+
+        assert run(s.alice_session, seen[:2]) == 2
+        assert run(s.group_session, seen[:2]) == 2
+        s.cli("session", "close", s.group_session, check=True)
+        time.sleep(2.2)
+        preview = prune(home, "2s", apply=False)
+        done = prune(home, "2s", apply=True)
+        assert preview["exposure_rows"] == done["exposure_rows"]
+        kept = {r[0] for r in home.state().execute("SELECT DISTINCT session_id FROM exposures")}
+        assert s.alice_session in kept and s.group_session not in kept  # the closed session's idle run went
+        assert run(s.alice_session, seen[2:3]) == 3  # never shrinks: the open session's run kept its rows
+    finally:
+        home.close()
