@@ -29,6 +29,7 @@ from tests.conftest import (
     MIKE2_SENDER,
     Scenario,
     artifact_path,
+    diff_snapshots,
     snapshot,
 )
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
@@ -158,7 +159,7 @@ def test_the_prometheus_file_parses_and_is_replaced_atomically(scenario: Scenari
     _activity(s)
     prom = tmp_path / "metrics" / "scopefs.prom"
     prom.parent.mkdir()
-    prom.write_text("an older file\n")
+    prom.write_text("# HELP scopefs_hash_mismatches an older file this command wrote\n")
     first_inode = prom.stat().st_ino
     done = s.cli.j("stats", "--prometheus", str(prom))
     families = parse_prometheus(prom.read_text())
@@ -193,6 +194,38 @@ def test_a_bad_prometheus_target_is_bad_input_and_changes_nothing(scenario: Scen
         assert bad.code == 2 and bad.out == b"", target
     assert elsewhere.read_text() == "keep me\n" and link.is_symlink()
     assert sorted(os.listdir(tmp_path)) == ["afolder", "elsewhere", "home", "link.prom"]
+
+
+def test_stats_never_replaces_a_file_of_the_home_or_one_it_did_not_write(scenario: Scenario, tmp_path: Path) -> None:
+    """A rename over any plain file destroys it: the home's own key and database, or an unrelated file, are
+    refused (exit 2, nothing changed); an empty file or an earlier Prometheus file is replaced, its mode kept."""
+    s = scenario
+    home = s.cli.home
+    before = snapshot(home)
+    modes = {name: stat.S_IMODE((home / name).stat().st_mode) for name in ("hmac.key", "state.sqlite")}
+    via_link = tmp_path / "to-home"
+    via_link.symlink_to(home)
+    for target in (home / "hmac.key", home / "state.sqlite", via_link / "hmac.key", home / "new.prom",
+                   home / "agents" / s.agent / "catalog.sqlite"):
+        bad = s.cli("stats", "--prometheus", str(target))
+        assert bad.code == 2 and bad.out == b"" and "inside the scopefs home" in bad.err, target
+    assert diff_snapshots(before, snapshot(home)) == []
+    assert {name: stat.S_IMODE((home / name).stat().st_mode) for name in modes} == modes
+    assert not (home / "new.prom").exists()
+    unrelated = tmp_path / "notes.txt"
+    unrelated.write_text("keep me\n")
+    bad = s.cli("stats", "--prometheus", str(unrelated))
+    assert bad.code == 2 and bad.out == b"" and unrelated.read_text() == "keep me\n"
+    previous = tmp_path / "scopefs.prom"
+    s.cli("stats", "--prometheus", str(previous), check=True)
+    assert stat.S_IMODE(previous.stat().st_mode) == 0o644  # a new file
+    previous.chmod(0o640)
+    s.cli("stats", "--prometheus", str(previous), check=True)
+    assert stat.S_IMODE(previous.stat().st_mode) == 0o640 and parse_prometheus(previous.read_text())
+    empty = tmp_path / "empty.prom"
+    empty.touch()
+    s.cli("stats", "--prometheus", str(empty), check=True)
+    assert parse_prometheus(empty.read_text())
 
 
 def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
