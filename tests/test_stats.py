@@ -242,6 +242,27 @@ def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario,
     mounts.umount(where)  # clears the stale mount the killed server left
 
 
+def test_a_stopped_mount_server_is_not_up_and_never_hangs_stats(scenario: Scenario,
+                                                                 mounts: Mounts) -> None:  # noqa: F811
+    """A SIGSTOPped server never answers statvfs; the census gives up after its deadline and counts it down."""
+    import time
+
+    s = scenario
+    where = mounts.mount(s.alice_session)
+    records = [p for p in (s.cli.home / "mounts").iterdir() if "." not in p.name]
+    pid = json.loads(records[0].read_text())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = s.cli("--json", "stats", timeout=30)
+        assert done.code == 0 and json.loads(done.out)["mounts_up"] == {"mount": 0, "sandbox": 0}
+        assert time.monotonic() - started < 20
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0}  # answering again once resumed
+    mounts.umount(where)
+
+
 def test_a_kept_sandbox_mount_counts_while_it_is_up(scenario: Scenario) -> None:
     s = scenario
     s.cli("session", "up", s.alice_session, check=True)
