@@ -290,3 +290,30 @@ def test_search_timings_stay_bounded_and_ride_in_the_search_audit(scenario: Scen
         assert home.state().execute("SELECT count(*) FROM audit WHERE operation = 'search'").fetchall()[0][0] == 5
     finally:
         home.close()
+
+
+def test_a_search_that_exposed_nothing_records_its_timing_without_a_disk_sync(scenario: Scenario) -> None:
+    """The timing row alone is a metric: no fdatasync for it. A search that exposed something still syncs
+    the commit that audits it (the timing row rides along, adding none)."""
+    from scopefs.catalog.home import Home
+    from scopefs.catalog.search import search
+    from tests.faultkit import FaultPlan, faulty_vfs
+
+    plan = FaultPlan()  # counts xWrite and xSync, fails nothing
+    with faulty_vfs(plan) as vfs:
+        home = Home.open(scenario.cli.home, vfs=vfs)
+        try:
+            search(home, scenario.alice_session, "allergic")  # opens every connection before counting
+            plan.armed = True
+            assert search(home, scenario.alice_session, "zebra xylophone quasar").hits == ()
+            plan.armed = False
+            assert plan.counts["xWrite"] > 0 and plan.counts["xSync"] == 0, plan.counts
+            plan.counts = {"xWrite": 0, "xSync": 0}
+            plan.armed = True
+            assert search(home, scenario.alice_session, "allergic").hits
+            plan.armed = False
+            assert plan.counts["xSync"] > 0, plan.counts  # the search audit stays durable
+            rows = home.state().execute("SELECT results FROM search_stats ORDER BY stat_id").fetchall()
+            assert [r[0] for r in rows] == [1, 0, 1]
+        finally:
+            home.close()
