@@ -21,6 +21,7 @@ from tests.conftest import (
     Scenario,
     snapshot,
 )
+from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 SECRETS = [ALICE_FACT.strip(), BOB_FACT.strip(), CHANNEL_FACT.strip(), b"hazelnuts", b"Lisbon",
            ALICE_SENDER.encode(), BOB_SENDER.encode(), ACCOUNT.encode(), GROUP_CONVERSATION.encode()]
@@ -117,6 +118,29 @@ def test_impact_lists_what_a_removed_member_and_a_revoked_binding_were_exposed_t
     # Mike never saw anything.
     assert s.cli.j("audit", "impact", "--principal", s.mike1) == {"principal_id": s.mike1, "sessions": [],
                                                                   "revision_ids": []}
+
+
+def test_impact_counts_a_mount_read_made_just_before_the_removal(scenario: Scenario,
+                                                                 mounts: Mounts) -> None:  # noqa: F811
+    """A mount records its reads about once a second; each row keeps the read's own time, not the flush's,
+    so a read in the last second before a member's removal stays inside the membership's window."""
+    from scopefs.catalog.clock import now_us
+
+    s = scenario
+    where = mounts.mount(s.group_session)
+    assert (where / "channel" / "offsite.md").read_bytes() == CHANNEL_FACT
+    read_by = now_us()
+    s.cli.j("member", "remove", s.conversation, s.bob)
+    state = apsw.Connection(str(s.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = wait_until(lambda: state.execute("SELECT at FROM exposures WHERE session_id = ? AND run_id = 'mount'",
+                                                (s.group_session,)).fetchall())
+        assert len(rows) == 1 and rows[0][0] <= read_by  # the read's time, not the later flush
+    finally:
+        state.close()
+    group = {x["session_id"]: x for x in s.cli.j("audit", "impact", "--principal", s.bob)["sessions"]}
+    assert group[s.group_session]["revision_ids"] == [_revisions(s)["channel/offsite.md"]]
+    mounts.umount(where)
 
 
 def _revisions(s: Scenario) -> dict[object, str]:

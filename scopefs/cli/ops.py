@@ -97,7 +97,8 @@ def register_audit(audit: argparse.ArgumentParser, parser_class: type[argparse.A
     audit.add_argument("--session", metavar="SESSION")
     audit.add_argument("--limit", type=int, default=100, help="at most this many rows, newest first (default 100)")
     verbs = audit.add_subparsers(dest="verb", required=False, parser_class=parser_class)
-    p = command("impact", cmd_audit_impact, "which sessions and revisions a principal's audience was shown", verbs)
+    p = command("impact", cmd_audit_impact, "which sessions and revisions a principal's audience was shown"
+                " (each exposure at the time it was served)", verbs)
     p.add_argument("--principal", required=True)
     p.add_argument("--agent")
     p = command("prune", cmd_audit_prune, "remove audit and exposure rows older than a duration (preview without"
