@@ -245,7 +245,8 @@ def write_atomically(path: Path, text: str, mode: int = NEW_FILE_MODE) -> None:
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("explain", cmd_explain, "why a path of a session's view is writable, read-only, or not there")
     p.add_argument("session")
-    p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
+    p.add_argument("path", help="a virtual path, e.g. private/notes/x.md (the mount's .search and .history"
+                   " folders are not covered)")
     p = command("stats", cmd_stats, "operational numbers without content or ids (--prometheus FILE writes"
                 " the text format atomically; refuses a file in the home or one it did not write)")
     p.add_argument("--prometheus", metavar="FILE")
