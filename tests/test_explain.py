@@ -150,6 +150,9 @@ def test_folders_above_the_view_roots_are_folders_as_ls_shows_them(scenario: Sce
     assert "roles" not in ls(s.bob_session)
     assert _both(s, s.bob_session, "roles") == _both(s, s.bob_session, "private/never.md")
     assert _both(s, child, "agent") == _both(s, child, "private/never.md")  # outside the cap
+    # The mount's own .search and .history folders are out of explain's scope (documented): absent.
+    for name in (".search", ".history"):
+        assert _both(s, s.alice_session, name) == _both(s, s.alice_session, "private/never.md")
 
 
 # -- the verdict is the view's -------------------------------------------------
