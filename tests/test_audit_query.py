@@ -21,6 +21,7 @@ from tests.conftest import (
     Scenario,
     snapshot,
 )
+from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 SECRETS = [ALICE_FACT.strip(), BOB_FACT.strip(), CHANNEL_FACT.strip(), b"hazelnuts", b"Lisbon",
            ALICE_SENDER.encode(), BOB_SENDER.encode(), ACCOUNT.encode(), GROUP_CONVERSATION.encode()]
@@ -119,6 +120,29 @@ def test_impact_lists_what_a_removed_member_and_a_revoked_binding_were_exposed_t
                                                                   "revision_ids": []}
 
 
+def test_impact_counts_a_mount_read_made_just_before_the_removal(scenario: Scenario,
+                                                                 mounts: Mounts) -> None:  # noqa: F811
+    """A mount records its reads about once a second; each row keeps the read's own time, not the flush's,
+    so a read in the last second before a member's removal stays inside the membership's window."""
+    from scopefs.catalog.clock import now_us
+
+    s = scenario
+    where = mounts.mount(s.group_session)
+    assert (where / "channel" / "offsite.md").read_bytes() == CHANNEL_FACT
+    read_by = now_us()
+    s.cli.j("member", "remove", s.conversation, s.bob)
+    state = apsw.Connection(str(s.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = wait_until(lambda: state.execute("SELECT at FROM exposures WHERE session_id = ? AND run_id = 'mount'",
+                                                (s.group_session,)).fetchall())
+        assert len(rows) == 1 and rows[0][0] <= read_by  # the read's time, not the later flush
+    finally:
+        state.close()
+    group = {x["session_id"]: x for x in s.cli.j("audit", "impact", "--principal", s.bob)["sessions"]}
+    assert group[s.group_session]["revision_ids"] == [_revisions(s)["channel/offsite.md"]]
+    mounts.umount(where)
+
+
 def _revisions(s: Scenario) -> dict[object, str]:
     conn = apsw.Connection(str(s.cli.home / "agents" / s.agent / "catalog.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
@@ -148,7 +172,7 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
         state.execute("UPDATE audit SET at = at - 30 * ? WHERE audit_id IN (SELECT value FROM json_each(?))",
                       (DAY_US, str(old_ids)))
         row = state.execute("SELECT session_id, agent_id, revision_id, resource_id, at FROM exposures"
-                            " LIMIT 1").fetchall()[0]
+                            " WHERE session_id = ? LIMIT 1", (s.alice_session,)).fetchall()[0]
         insert = ("INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id,"
                   " resource_id, at) VALUES ('r', ?, ?, ?, 'read', ?, ?, ?)")
         state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], row[4] - 30 * DAY_US))
@@ -159,6 +183,7 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
         exposures_before = state.execute("SELECT count(*) FROM exposures").fetchall()[0][0]
     finally:
         state.close()
+    s.cli("session", "close", s.alice_session, check=True)  # only a closed session's runs have ended
     before = snapshot(s.cli.home)
     preview = s.cli.j("audit", "prune", "--older-than", "7d")
     assert preview["applied"] is False
@@ -185,3 +210,35 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
     again = s.cli.j("audit", "prune", "--older-than", "7d", "--yes")
     assert (again["audit_rows"], again["exposure_rows"]) == (0, 0)
     assert s.cli.j("audit", "--op", "audit-prune")["count"] == 2
+
+
+def test_prune_keeps_every_exposure_row_of_a_session_still_open_however_idle(scenario: Scenario) -> None:
+    """An idle run is not an ended one: pruning its old rows would shrink its exposure revision, and a
+    receipt older than a later read could then look current again."""
+    import time
+
+    from scopefs.catalog.auditlog import prune
+    from scopefs.catalog.exposures import Exposed, record
+    from scopefs.catalog.home import Home
+
+    s = scenario
+    _activity(s)
+    seen = [Exposed(f"v_{n}", "r_note") for n in ("one", "two", "three")]  # the table holds ids only, no FK
+    home = Home.open(s.cli.home)
+    try:
+        def run(session: str, exposed: list[Exposed]) -> int:
+            return record(home, session_id=session, agent_id=s.agent, run_id="run-1", operation="read",
+                          exposed=exposed, policy_revision=None).exposure_revision
+
+        assert run(s.alice_session, seen[:2]) == 2
+        assert run(s.group_session, seen[:2]) == 2
+        s.cli("session", "close", s.group_session, check=True)
+        time.sleep(2.2)
+        preview = prune(home, "2s", apply=False)
+        done = prune(home, "2s", apply=True)
+        assert preview["exposure_rows"] == done["exposure_rows"]
+        kept = {r[0] for r in home.state().execute("SELECT DISTINCT session_id FROM exposures")}
+        assert s.alice_session in kept and s.group_session not in kept  # the closed session's idle run went
+        assert run(s.alice_session, seen[2:3]) == 3  # never shrinks: the open session's run kept its rows
+    finally:
+        home.close()

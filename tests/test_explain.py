@@ -123,12 +123,44 @@ def test_explain_changes_nothing_and_rejects_bad_input(scenario: Scenario) -> No
     assert snapshot(s.cli.home) == before  # not even an audit row: explain exposes nothing
 
 
+def test_folders_above_the_view_roots_are_folders_as_ls_shows_them(scenario: Scenario) -> None:
+    """``roles/``, ``projections/`` and a child's ``private/`` above its cap are listed by the session's own
+    ``ls``: explain calls each a read-only folder, and for a session without such a root they stay absent."""
+    s = scenario
+    s.cli.j("role", "add", "eng")
+    s.cli.j("member", "add", "role:eng", s.alice)
+    child = s.cli.j("session", "open", "--agent", s.agent, "--child-of", s.alice_session,
+                    "--cap", "private/notes/**")["session_id"]
+
+    def ls(session: str, path: str = "") -> list[str]:
+        return [e["name"] for e in s.cli.j("ls", session, *([path] if path else []))["entries"]]
+
+    assert "roles" in ls(s.alice_session) and ls(child) == ["private"] and ls(child, "private") == ["notes"]
+    for session, path in ((s.alice_session, "roles"), (child, "private")):
+        found = s.cli.j("explain", session, path)
+        assert (found["verdict"], found["kind"], found["path"]) == ("read-only", "folder", path), found
+        text = s.cli("explain", session, path)
+        assert text.code == 0 and text.out.startswith(f"{path}: read-only (folder)\n".encode())
+    assert s.cli.j("explain", child, "private/notes")["kind"] == "folder"
+    # Every folder each session's ls shows at the top is one explain knows.
+    for session in (s.alice_session, s.bob_session, s.group_session, child):
+        for name in ls(session):
+            assert s.cli.j("explain", session, name)["kind"] == "folder", (session, name)
+    # Bob has no role: for him roles/ is exactly a path that never existed.
+    assert "roles" not in ls(s.bob_session)
+    assert _both(s, s.bob_session, "roles") == _both(s, s.bob_session, "private/never.md")
+    assert _both(s, child, "agent") == _both(s, child, "private/never.md")  # outside the cap
+    # The mount's own .search and .history folders are out of explain's scope (documented): absent.
+    for name in (".search", ".history"):
+        assert _both(s, s.alice_session, name) == _both(s, s.alice_session, "private/never.md")
+
+
 # -- the verdict is the view's -------------------------------------------------
 
 _NAMES = st.sampled_from(["notes/allergy.md", "offsite.md", "notes", "runbook.md", "never.md", "notes/never.md",
                           "gone.md", "stale.md", ""])
 _ROOTS = st.sampled_from(["private", "channel", "agent-shared", "roles/eng", "postbox", "projections/channel",
-                          "agent"])
+                          "agent", "roles", "projections"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,7 +177,8 @@ def test_explain_agrees_with_the_mounted_picture(prepared: tuple[Scenario, Path]
         picture = build(home, session)
         parts = tuple(path.split("/"))
         shown_note = parts in picture.notes
-        shown_folder = parts in {tuple(r.split("/")) for r in picture.access.view.roots()} or any(
+        roots = {tuple(r.split("/")) for r in picture.access.view.roots()}
+        shown_folder = any(r[: len(parts)] == parts for r in roots) or any(  # a root, or a folder above one
             n[: len(parts)] == parts and len(n) > len(parts) for n in picture.notes)
         if shown_note:
             assert found.verdict in ("writable", "read-only") and found.kind == "note"

@@ -29,6 +29,7 @@ from tests.conftest import (
     MIKE2_SENDER,
     Scenario,
     artifact_path,
+    diff_snapshots,
     snapshot,
 )
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
@@ -158,7 +159,7 @@ def test_the_prometheus_file_parses_and_is_replaced_atomically(scenario: Scenari
     _activity(s)
     prom = tmp_path / "metrics" / "scopefs.prom"
     prom.parent.mkdir()
-    prom.write_text("an older file\n")
+    prom.write_text("# HELP scopefs_hash_mismatches an older file this command wrote\n")
     first_inode = prom.stat().st_ino
     done = s.cli.j("stats", "--prometheus", str(prom))
     families = parse_prometheus(prom.read_text())
@@ -195,6 +196,38 @@ def test_a_bad_prometheus_target_is_bad_input_and_changes_nothing(scenario: Scen
     assert sorted(os.listdir(tmp_path)) == ["afolder", "elsewhere", "home", "link.prom"]
 
 
+def test_stats_never_replaces_a_file_of_the_home_or_one_it_did_not_write(scenario: Scenario, tmp_path: Path) -> None:
+    """A rename over any plain file destroys it: the home's own key and database, or an unrelated file, are
+    refused (exit 2, nothing changed); an empty file or an earlier Prometheus file is replaced, its mode kept."""
+    s = scenario
+    home = s.cli.home
+    before = snapshot(home)
+    modes = {name: stat.S_IMODE((home / name).stat().st_mode) for name in ("hmac.key", "state.sqlite")}
+    via_link = tmp_path / "to-home"
+    via_link.symlink_to(home)
+    for target in (home / "hmac.key", home / "state.sqlite", via_link / "hmac.key", home / "new.prom",
+                   home / "agents" / s.agent / "catalog.sqlite"):
+        bad = s.cli("stats", "--prometheus", str(target))
+        assert bad.code == 2 and bad.out == b"" and "inside the scopefs home" in bad.err, target
+    assert diff_snapshots(before, snapshot(home)) == []
+    assert {name: stat.S_IMODE((home / name).stat().st_mode) for name in modes} == modes
+    assert not (home / "new.prom").exists()
+    unrelated = tmp_path / "notes.txt"
+    unrelated.write_text("keep me\n")
+    bad = s.cli("stats", "--prometheus", str(unrelated))
+    assert bad.code == 2 and bad.out == b"" and unrelated.read_text() == "keep me\n"
+    previous = tmp_path / "scopefs.prom"
+    s.cli("stats", "--prometheus", str(previous), check=True)
+    assert stat.S_IMODE(previous.stat().st_mode) == 0o644  # a new file
+    previous.chmod(0o640)
+    s.cli("stats", "--prometheus", str(previous), check=True)
+    assert stat.S_IMODE(previous.stat().st_mode) == 0o640 and parse_prometheus(previous.read_text())
+    empty = tmp_path / "empty.prom"
+    empty.touch()
+    s.cli("stats", "--prometheus", str(empty), check=True)
+    assert parse_prometheus(empty.read_text())
+
+
 def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
     s = scenario
     where = mounts.mount(s.alice_session)
@@ -207,6 +240,27 @@ def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario,
     assert records[0].exists()  # the record stays behind; it is not trusted
     assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0}
     mounts.umount(where)  # clears the stale mount the killed server left
+
+
+def test_a_stopped_mount_server_is_not_up_and_never_hangs_stats(scenario: Scenario,
+                                                                 mounts: Mounts) -> None:  # noqa: F811
+    """A SIGSTOPped server never answers statvfs; the census gives up after its deadline and counts it down."""
+    import time
+
+    s = scenario
+    where = mounts.mount(s.alice_session)
+    records = [p for p in (s.cli.home / "mounts").iterdir() if "." not in p.name]
+    pid = json.loads(records[0].read_text())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = s.cli("--json", "stats", timeout=30)
+        assert done.code == 0 and json.loads(done.out)["mounts_up"] == {"mount": 0, "sandbox": 0}
+        assert time.monotonic() - started < 20
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0}  # answering again once resumed
+    mounts.umount(where)
 
 
 def test_a_kept_sandbox_mount_counts_while_it_is_up(scenario: Scenario) -> None:
@@ -236,3 +290,30 @@ def test_search_timings_stay_bounded_and_ride_in_the_search_audit(scenario: Scen
         assert home.state().execute("SELECT count(*) FROM audit WHERE operation = 'search'").fetchall()[0][0] == 5
     finally:
         home.close()
+
+
+def test_a_search_that_exposed_nothing_records_its_timing_without_a_disk_sync(scenario: Scenario) -> None:
+    """The timing row alone is a metric: no fdatasync for it. A search that exposed something still syncs
+    the commit that audits it (the timing row rides along, adding none)."""
+    from scopefs.catalog.home import Home
+    from scopefs.catalog.search import search
+    from tests.faultkit import FaultPlan, faulty_vfs
+
+    plan = FaultPlan()  # counts xWrite and xSync, fails nothing
+    with faulty_vfs(plan) as vfs:
+        home = Home.open(scenario.cli.home, vfs=vfs)
+        try:
+            search(home, scenario.alice_session, "allergic")  # opens every connection before counting
+            plan.armed = True
+            assert search(home, scenario.alice_session, "zebra xylophone quasar").hits == ()
+            plan.armed = False
+            assert plan.counts["xWrite"] > 0 and plan.counts["xSync"] == 0, plan.counts
+            plan.counts = {"xWrite": 0, "xSync": 0}
+            plan.armed = True
+            assert search(home, scenario.alice_session, "allergic").hits
+            plan.armed = False
+            assert plan.counts["xSync"] > 0, plan.counts  # the search audit stays durable
+            rows = home.state().execute("SELECT results FROM search_stats ORDER BY stat_id").fetchall()
+            assert [r[0] for r in rows] == [1, 0, 1]
+        finally:
+            home.close()

@@ -12,15 +12,21 @@ and nothing here prints one: every value shown comes from those columns.
   the sessions whose subject is the principal, and the group sessions of
   every conversation it was a member of, within each membership's window.
 * ``prune``: retention. Audit rows older than the cutoff, and the exposure
-  rows of runs that ended before it, go in one transaction, which also
-  records the prune itself (an audit row and an ``audit_prunes`` row with
-  the cutoff and the counts). A run still active at the cutoff keeps all its
-  exposure rows: its exposure revision (distinct revisions seen) must never
-  shrink, or a stale egress receipt could look current again.
+  rows of runs of closed sessions whose newest row is older than it, go in
+  one transaction, which also records the prune itself (an audit row and an
+  ``audit_prunes`` row with the cutoff and the counts). Idle is not ended: a
+  run of a session that is not closed (``sessions.closed_at`` in its agent's
+  catalog, found through ``session_index``) may record again at any time, so
+  it keeps every exposure row however old. Its exposure revision (distinct
+  revisions seen) must never shrink, or a stale egress receipt could look
+  current again. A session whose closure cannot be established (no index
+  row, no catalog row) counts as open. Closing is final (a trigger forbids
+  reopening), so the closed set read before the transaction stays true in it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -175,14 +181,25 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
 
 # -- retention ----------------------------------------------------------------
 
-_OLD_RUNS = ("SELECT session_id, run_id FROM exposures GROUP BY session_id, run_id HAVING max(at) < ?")
+_OLD_RUNS = ("SELECT session_id, run_id FROM exposures WHERE session_id IN (SELECT value FROM json_each(?))"
+             " GROUP BY session_id, run_id HAVING max(at) < ?")
 
 
-def prune_counts(state: apsw.Connection, cutoff: int) -> tuple[int, int]:
-    """(audit rows, exposure rows) a prune at ``cutoff`` removes."""
+def closed_sessions(home: Home) -> list[str]:
+    """Every session closed for good, each checked against the agent ``session_index`` names for it."""
+    index = {str(s): str(a) for s, a in home.state().execute("SELECT session_id, agent_id FROM session_index")}
+    closed: list[str] = []
+    for agent_id in home.agents():
+        closed += [str(s) for (s,) in home.catalog(agent_id).execute(
+            "SELECT session_id FROM sessions WHERE closed_at IS NOT NULL") if index.get(str(s)) == agent_id]
+    return closed
+
+
+def prune_counts(state: apsw.Connection, cutoff: int, closed: list[str]) -> tuple[int, int]:
+    """(audit rows, exposure rows) a prune at ``cutoff`` removes, given the ``closed`` sessions."""
     audit = int(scalar(state, "SELECT count(*) FROM audit WHERE at < ?", (cutoff,)))
     exposures = int(scalar(state, f"SELECT count(*) FROM exposures WHERE (session_id, run_id) IN ({_OLD_RUNS})",
-                           (cutoff,)))
+                           (json.dumps(closed), cutoff)))
     return audit, exposures
 
 
@@ -191,14 +208,16 @@ def prune(home: Home, older_than: str, *, apply: bool) -> dict[str, Any]:
     now = now_us()
     cutoff = now - parse_duration_us(older_than)  # BadInput before anything is read
     state = home.state()
+    closed = closed_sessions(home)
     if not apply:
-        audit, exposures = prune_counts(state, cutoff)
+        audit, exposures = prune_counts(state, cutoff, closed)
         return {"applied": False, "cutoff_us": cutoff, "audit_rows": audit, "exposure_rows": exposures}
     prune_id = ids.new_id("event")
     with immediate(state):
-        audit, exposures = prune_counts(state, cutoff)
+        audit, exposures = prune_counts(state, cutoff, closed)
         state.execute("DELETE FROM audit WHERE at < ?", (cutoff,))
-        state.execute(f"DELETE FROM exposures WHERE (session_id, run_id) IN ({_OLD_RUNS})", (cutoff,))
+        state.execute(f"DELETE FROM exposures WHERE (session_id, run_id) IN ({_OLD_RUNS})",
+                      (json.dumps(closed), cutoff))
         state.execute("INSERT INTO audit_prunes (prune_id, at, cutoff, audit_rows, exposure_rows)"
                       " VALUES (?, ?, ?, ?, ?)", (prune_id, now, cutoff, audit, exposures))
         state.execute("INSERT INTO audit (event_id, at, operation, decision, reason) VALUES (?, ?, ?, 'allow', ?)",

@@ -9,6 +9,12 @@ kind, the rule that decided (placement in a mount, or the policy entries
 that allowed or denied), and the evidence rows (binding, membership,
 policy entry) with their revisions and expiries.
 
+A folder the view shows only because one of its roots lies below it
+(``roles/``, ``projections/``, a child session's ``private/`` above its cap)
+is a read-only folder with no store of its own. The mount's ``.search`` and
+``.history`` folders are not part of the memory view and are out of scope:
+explain answers ``absent`` for them.
+
 Anything the session may not see (another scope's store, a tombstoned,
 expired, held or denied note, a root whose evidence went stale) is
 explained exactly as a path that never existed: the answer for those holds
@@ -72,7 +78,9 @@ class Explanation:
         if self.verdict == "denied":
             return [f"denied: this session's evidence is gone ({self.reason}); nothing in its view is available"]
         lines = [f"{self.path}: {self.verdict} ({self.kind})",
-                 f"  subject: {self.subject_kind}; store: {self.store_kind} under {self.mount_root}/",
+                 f"  subject: {self.subject_kind}; " + (f"store: {self.store_kind} under {self.mount_root}/"
+                                                         if self.mount_root is not None
+                                                         else "no store: a folder above the view's stores"),
                  f"  read: {self.read_rule}",
                  f"  write: {self.write_rule}" + (f" [{self.write_reason}]" if self.write_reason else "")]
         if self.revision is not None:
@@ -97,7 +105,7 @@ def explain(home: Home, session_id: str, path: str) -> Explanation:
     kind = access.session.subject.kind.value
     if problem is not None:
         return Explanation(session_id, kind, "denied", str(problem))
-    absent = Explanation(session_id, kind, "absent", "outside-view")
+    absent = _above_roots(access, parts) or Explanation(session_id, kind, "absent", "outside-view")
     access = access.narrowed(parts)
     if parts in tuple(tuple(r.split("/")) for r in access.view.roots()):
         return _root(access, parts, absent)
@@ -123,6 +131,20 @@ def explain(home: Home, session_id: str, path: str) -> Explanation:
                                                                                               access),
         write_reason=None if write else str(write.reason), revision=revision,
         evidence=evidence + [_entry_evidence(e) for e in used])
+
+
+def _above_roots(access: Access, parts: tuple[str, ...]) -> Explanation | None:
+    """A folder the view shows only because a root lies below it (``roles/`` above ``roles/eng``, a child
+    session's ``private/`` above its cap ``private/notes``): read-only by placement, no store of its own.
+
+    Computed from this session's own roots (``View.roots``: live mounts, or the caps that narrow them), the
+    same folders its mount lists, so it says nothing the session's ``ls`` does not show."""
+    if not any(len(root) > len(parts) and root[: len(parts)] == parts
+               for root in (tuple(r.split("/")) for r in access.view.roots())):
+        return None
+    return Explanation(access.session.session_id, access.session.subject.kind.value, "read-only", "allowed",
+                       path="/".join(parts), kind="folder", read_rule="placement: lists the folders below it",
+                       write_rule="placement: no store here; notes go in a store below")
 
 
 def _root(access: Access, parts: tuple[str, ...], absent: Explanation) -> Explanation:

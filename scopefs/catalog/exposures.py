@@ -72,21 +72,30 @@ def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, op
 
 
 def record_batch(state: apsw.Connection, *, session_id: str, agent_id: str, run_id: str, operation: str,
-                 exposed: list[Exposed]) -> None:
-    """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction."""
+                 exposed: list[Exposed], at: list[int] | None = None) -> None:
+    """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction.
+
+    ``at``: when each was exposed, parallel to ``exposed``. A mount records its reads about once a second;
+    stamping them with the flush time would put a read made just before a removal after it, outside the
+    window ``audit impact`` looks in."""
+    if at is not None and len(at) != len(exposed):
+        raise ValueError("record_batch: one time per exposure")
     if exposed:
-        _insert(state, session_id, agent_id, run_id, operation, exposed, None, count=False)
+        _insert(state, session_id, agent_id, run_id, operation, exposed, None, count=False, at=at)
 
 
 def _insert(state: apsw.Connection, session_id: str, agent_id: str, run: str, operation: str,
             exposed: list[Exposed], policy_revision: str | None, *,
-            count: bool) -> tuple[str, tuple[Exposed, ...], int, int]:
+            count: bool, at: list[int] | None = None) -> tuple[str, tuple[Exposed, ...], int, int]:
     """One transaction of exposure rows, committed without a disk sync (``synchronous=NORMAL`` for this
     connection, this transaction): a crash of any process loses none, a power loss the last few, never
     content. With ``count``, also the run's exposure revision (distinct revisions it has seen)."""
     receipt_id = ids.random_token()
-    unique = tuple(dict.fromkeys(exposed))
     now = now_us()
+    when: dict[Exposed, int] = {}
+    for e, t in zip(exposed, at if at is not None else [now] * len(exposed), strict=True):
+        when.setdefault(e, t)  # the first exposure of a revision in this batch
+    unique = tuple(when)
     revision = 0
     state.execute("PRAGMA synchronous=NORMAL")
     try:
@@ -94,8 +103,8 @@ def _insert(state: apsw.Connection, session_id: str, agent_id: str, run: str, op
             state.executemany(
                 "INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id, resource_id,"
                 " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(receipt_id, session_id, agent_id, run, operation, e.revision_id, e.resource_id, policy_revision, now)
-                 for e in unique])
+                [(receipt_id, session_id, agent_id, run, operation, e.revision_id, e.resource_id, policy_revision,
+                  when[e]) for e in unique])
             if count:
                 revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
                                              " WHERE session_id = ? AND run_id = ?", (session_id, run)))

@@ -1,21 +1,27 @@
 """Each search's latency and postfilter drops, for ``scopefs stats``.
 
-A search already opens one transaction on ``state.sqlite`` to audit the
-revisions it returned; its timing row rides in that same transaction, so
-recording it adds no commit, no sync and no round trip of its own. The row
-holds numbers only: no query, no session, no principal, no path. The table
-is bounded: the same transaction deletes all but the newest rows.
+A search that returned something opens one transaction on ``state.sqlite``
+to audit the revisions it exposed; its timing row rides in that same
+transaction, so recording it adds no commit, no sync and no round trip of
+its own. That commit stays synced (``synchronous=FULL`` is per commit, so
+relaxing it would relax the audit rows too). A search that exposed nothing
+has no audit row to commit: its timing row alone goes in a ``relaxed``
+transaction, with no disk sync (a power loss may lose the newest timings,
+which only a metric reads). The row holds numbers only: no query, no
+session, no principal, no path. The table is bounded: the same transaction
+deletes all but the newest rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import apsw
 
 from scopefs.catalog.audit import AuditEvent, insert_many
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate
+from scopefs.catalog.db import immediate, relaxed
 
 KEPT = 10_000  # newest rows kept: enough for stable percentiles, small enough to never matter
 
@@ -28,8 +34,11 @@ class SearchStat:
 
 
 def record_search(state: apsw.Connection, events: list[AuditEvent], stat: SearchStat) -> None:
-    """The search's audit rows and its timing row, in one transaction."""
-    with immediate(state):
+    """The search's audit rows and its timing row in one transaction; the timing row alone unsynced."""
+    with contextlib.ExitStack() as stack:
+        if not events:
+            stack.enter_context(relaxed(state))
+        stack.enter_context(immediate(state))
         insert_many(state, events)
         state.execute("INSERT INTO search_stats (at, latency_us, results, dropped) VALUES (?, ?, ?, ?)",
                       (now_us(), max(0, stat.latency_us), stat.results, stat.dropped))

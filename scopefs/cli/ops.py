@@ -14,7 +14,9 @@ import argparse
 import contextlib
 import math
 import os
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +97,8 @@ def register_audit(audit: argparse.ArgumentParser, parser_class: type[argparse.A
     audit.add_argument("--session", metavar="SESSION")
     audit.add_argument("--limit", type=int, default=100, help="at most this many rows, newest first (default 100)")
     verbs = audit.add_subparsers(dest="verb", required=False, parser_class=parser_class)
-    p = command("impact", cmd_audit_impact, "which sessions and revisions a principal's audience was shown", verbs)
+    p = command("impact", cmd_audit_impact, "which sessions and revisions a principal's audience was shown"
+                " (each exposure at the time it was served)", verbs)
     p.add_argument("--principal", required=True)
     p.add_argument("--agent")
     p = command("prune", cmd_audit_prune, "remove audit and exposure rows older than a duration (preview without"
@@ -112,24 +115,55 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from scopefs.sandbox.census import mounts_up
 
     home = _home(args)
-    target = _check_target(args.prometheus) if args.prometheus is not None else None
+    target = _check_target(args.prometheus, home.root) if args.prometheus is not None else None
     metrics = collect(home)
     metrics.mounts_up = mounts_up(home)
     payload = metrics.as_dict()
     if target is not None:
-        write_atomically(target, prometheus_text(payload))
-    emit(args.json, payload, _stat_lines(payload) + ([f"written: {target}"] if target is not None else []))
+        write_atomically(target.path, prometheus_text(payload), target.mode)
+    emit(args.json, payload, _stat_lines(payload) + ([f"written: {target.path}"] if target is not None else []))
     return 0
 
 
-def _check_target(name: str) -> Path:
-    """The Prometheus file: its folder must exist; the file itself, if it exists, must be a plain file."""
+PROMETHEUS_MARK = b"# HELP scopefs_"  # how every file this command writes begins
+NEW_FILE_MODE = 0o644  # a metrics collector reads it; it holds no id and no content
+
+
+@dataclass(frozen=True)
+class Target:
+    path: Path
+    mode: int  # the replaced file's permission bits, or NEW_FILE_MODE
+
+
+def _check_target(name: str, home_root: Path) -> Target:
+    """The Prometheus file, refused (BadInput, nothing written) unless it is safe to replace.
+
+    A rename over any plain file would destroy it, so: never anywhere inside the home (its folder resolved
+    through symlinks: ``state.sqlite`` or ``hmac.key`` would go), its folder must exist, and an existing
+    file must be a plain file that is empty or one this command wrote (it begins ``# HELP scopefs_``).
+    """
     path = Path(os.path.abspath(name))
     if not path.parent.is_dir():
         raise BadInput(f"--prometheus: no such folder: {path.parent}")
-    if path.exists() and not path.is_file() or path.is_symlink():
+    if Path(os.path.realpath(path.parent)).is_relative_to(os.path.realpath(home_root)):
+        raise BadInput("--prometheus: the target is inside the scopefs home; write it elsewhere")
+    if path.is_symlink() or path.exists() and not path.is_file():
         raise BadInput("--prometheus: the target exists and is not a plain file")
-    return path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Target(path, NEW_FILE_MODE)
+    except OSError:
+        raise BadInput("--prometheus: the target exists and cannot be read") from None
+    try:
+        info = os.fstat(fd)
+        head = os.read(fd, len(PROMETHEUS_MARK)) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or (info.st_size and head != PROMETHEUS_MARK):
+        raise BadInput("--prometheus: the target exists and is not a scopefs Prometheus file; refusing to"
+                       " replace it (remove it or name a new file)")
+    return Target(path, stat.S_IMODE(info.st_mode))
 
 
 def _stat_lines(p: dict[str, Any]) -> list[str]:
@@ -186,15 +220,15 @@ def prometheus_text(p: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, mode: int = NEW_FILE_MODE) -> None:
     """A temporary file in the same folder, synced, renamed over ``path``, the folder synced: a reader sees the
-    old file or the new one, never a part."""
+    old file or the new one, never a part. ``mode``: the replaced file's, so a chosen one is kept."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fchmod(handle.fileno(), 0o644)  # a metrics collector reads it; it holds no id and no content
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.rename(tmp, path)
     except BaseException:
@@ -211,7 +245,8 @@ def write_atomically(path: Path, text: str) -> None:
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("explain", cmd_explain, "why a path of a session's view is writable, read-only, or not there")
     p.add_argument("session")
-    p.add_argument("path", help="a virtual path, e.g. private/notes/x.md")
+    p.add_argument("path", help="a virtual path, e.g. private/notes/x.md (the mount's .search and .history"
+                   " folders are not covered)")
     p = command("stats", cmd_stats, "operational numbers without content or ids (--prometheus FILE writes"
-                " the text format atomically)")
+                " the text format atomically; refuses a file in the home or one it did not write)")
     p.add_argument("--prometheus", metavar="FILE")

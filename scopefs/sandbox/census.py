@@ -6,7 +6,9 @@ A record outlives a server that was killed, so a record alone proves
 nothing: a mount counts only if its server process still runs (the pid
 names that server's module, so a reused pid does not count), the kernel
 shows a scopefs FUSE filesystem at its mount point, and (for plain
-mounts) the mount answers ``statvfs`` instead of ``ENOTCONN``. Mounts a
+mounts) the mount answers ``statvfs`` within a short deadline instead of
+``ENOTCONN`` (a stopped server that never answers is not up, and never
+hangs the count). Mounts a
 ``scopefs run`` starts for one command are tied to that command and are
 not recorded; they are not counted. Only counts leave this module: no
 session id, mount point or pid.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 
 from scopefs.catalog.home import Home
 from scopefs.sandbox import mounts
@@ -24,14 +27,30 @@ from scopefs.sandbox import mounts
 SANDBOX_MODULE = "scopefs.sandbox.server"
 
 
-def _answers(mountpoint: str) -> bool:
+ANSWER_DEADLINE_S = 2.0  # a live server answers statvfs in milliseconds
+
+
+def _answers(mountpoint: str, deadline: float = ANSWER_DEADLINE_S) -> bool:
     """Whether the FUSE connection is alive: a dead server answers ``ENOTCONN``. A mount served to
-    another uid may refuse us (``EACCES``), which still proves its server answers."""
-    try:
-        os.statvfs(mountpoint)  # answered by the server itself, never from a cache
-    except OSError as exc:
-        return exc.errno != errno.ENOTCONN
-    return True
+    another uid may refuse us (``EACCES``), which still proves its server answers.
+
+    A stopped or wedged server never answers and ``statvfs`` waits in the kernel for good, so it runs in a
+    daemon thread and a server silent past ``deadline`` counts as not answering (the thread stays blocked
+    until the server resumes or the mount goes, and never keeps the process from exiting)."""
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            os.statvfs(mountpoint)  # answered by the server itself, never from a cache
+        except OSError as exc:
+            result.append(exc.errno != errno.ENOTCONN)
+        else:
+            result.append(True)
+
+    thread = threading.Thread(target=probe, name="scopefs-census-statvfs", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    return bool(result) and result[0]
 
 
 def mounts_up(home: Home) -> dict[str, int]:

@@ -175,7 +175,8 @@ class Follow:
                 access = self._mount.view.access
                 await self._mount.catalog(functools.partial(
                     record_batch, self._mount.home.state(), session_id=access.session.session_id,
-                    agent_id=access.session.agent_id, run_id="mount", operation="read", exposed=exposed))
+                    agent_id=access.session.agent_id, run_id="mount", operation="read", exposed=exposed,
+                    at=[event.at for event in batch]))  # each read's own time, not this flush's
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
 
