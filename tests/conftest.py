@@ -267,3 +267,17 @@ def artifact_path(home: Path, audience_id: str, path: str, agent: str = "main") 
     assert len(rows) == 1, rows
     path_key, locator = rows[0]
     return home / "agents" / agent / "memory-scopes" / "v1" / path_key / locator
+
+
+def run_readme_example(heading: str, tmp_path: Path, *, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+    """The first ``sh`` block after ``heading`` in README.md, run as it is printed (bash -euo pipefail), with the
+    installed ``scopefs`` first on PATH and no ``SCOPEFS_HOME`` of ours; must exit 0."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index(heading):]
+    script = section[section.index("```sh\n") + 6:]
+    script = script[:script.index("```")]
+    env = {**os.environ, "PATH": f"{Path(SCOPEFS).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    env.pop("SCOPEFS_HOME", None)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc

@@ -29,10 +29,10 @@ from tests.conftest import (
     ALICE_SENDER,
     BOB_FACT,
     CHANNEL,
-    SCOPEFS,
     Cli,
     Scenario,
     artifact_path,
+    run_readme_example,
     snapshot,
 )
 from tests.mountkit import Mounts, mounts  # noqa: F401
@@ -308,14 +308,7 @@ def test_targets_inside_the_home_or_the_backup_are_refused(scenario: Scenario, t
 
 def test_readme_example_works(tmp_path: Path) -> None:
     """The copy-paste example of the README's "Backups" section, run as it is printed."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Backups"):]
-    script = section[section.index("```sh\n") + 6:]
-    script = script[:script.index("```")]
-    env = {**os.environ, "PATH": f"{Path(SCOPEFS).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
-    env.pop("SCOPEFS_HOME", None)
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr.decode()
+    proc = run_readme_example("## Backups", tmp_path, timeout=120)
     assert proc.stdout.decode().endswith("ok: the artifact area matches the catalog\nkept across a restore\n")
 
 

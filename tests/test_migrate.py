@@ -30,6 +30,7 @@ from tests.conftest import (
     Scenario,
     db_copy,
     diff_snapshots,
+    run_readme_example,
     snapshot,
 )
 from tests.crashkit import catalog_path
@@ -607,3 +608,10 @@ def test_doctor_reports_a_migration_backup_left_behind(scenario: Scenario, layou
     assert s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))["backup"] is None  # the same apply
     assert not leftover.exists()
     assert s.cli.j("doctor")["findings"] == []
+
+
+def test_the_readme_example_works(tmp_path: Path) -> None:
+    """The copy-paste example of the README's "Moving an OpenClaw agent to scopefs", run as it is printed."""
+    proc = run_readme_example("## Moving an OpenClaw agent to scopefs", tmp_path)
+    assert proc.stdout.decode().endswith("# Memory\n- Alice prefers tea\n" '{"type":"session","id":"s1"}\n'
+                                         "# Handbook\n- lunch at noon\n")

@@ -166,6 +166,33 @@ def new_file(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
+def copy_hashed(src: int, src_size: int, target: Path, size: int | None, sha256: str) -> bool:
+    """Copy the open file ``src`` to a new file at ``target`` while hashing it; whether it was exactly
+    ``size`` bytes (None: any) hashing to ``sha256``, and then synced. A failed copy leaves no file: a
+    backup or a restored home never holds bytes that did not verify."""
+    ok = False
+    out = new_file(target)
+    try:
+        if size is None or src_size == size:
+            digest, offset = hashlib.sha256(), 0
+            while chunk := os.pread(src, HASH_CHUNK, offset):
+                digest.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+                offset += len(chunk)
+                if size is not None and offset > size:  # grew meanwhile: not the snapshot's
+                    break
+            ok = (size is None or offset == size) and digest.hexdigest() == sha256
+        if ok:
+            os.fsync(out)
+    finally:
+        os.close(out)
+        if not ok:
+            os.unlink(target)
+    return ok
+
+
 def write_file(path: Path, data: bytes) -> None:
     fd = new_file(path)
     try:
@@ -298,27 +325,10 @@ class _Copier:
             return False
         finally:
             os.close(store_fd)
-        ok = False
-        out = new_file(target)
         try:
-            if st.st_size == artifact.size:
-                digest, offset = hashlib.sha256(), 0
-                while offset <= artifact.size:
-                    chunk = os.pread(src, HASH_CHUNK, offset)
-                    if not chunk:
-                        break
-                    digest.update(chunk)
-                    os.write(out, chunk)
-                    offset += len(chunk)
-                ok = offset == artifact.size and digest.hexdigest() == artifact.sha256
-            if ok:
-                os.fsync(out)
+            return copy_hashed(src, st.st_size, target, artifact.size, artifact.sha256)
         finally:
-            os.close(out)
             os.close(src)
-            if not ok:
-                os.unlink(target)
-        return ok
 
     def _still_committed(self, artifact: Artifact) -> bool:
         """Whether the live catalog still keeps this revision's file (not forgotten, not lost meanwhile)."""

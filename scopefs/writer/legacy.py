@@ -321,7 +321,7 @@ def scan(workspace: str, state_dir: str | None, openclaw_agent: str, shared: tup
         for rel in shared:
             if rel not in listed and not rel.startswith("memory/"):
                 parts = rel.split("/")
-                with _opened_parent(ws_fd, parts[:-1]) as parent:
+                with _fixed_path(None, ws_fd, parts[:-1]) as parent:
                     if parent is None:
                         raise BadInput(f"--shared names no file of the workspace: {rel}")
                     ws.entry(parent, parts[-1].encode(), "/".join(parts[:-1]) + "/" if len(parts) > 1 else "", 0,
@@ -352,14 +352,15 @@ def scan(workspace: str, state_dir: str | None, openclaw_agent: str, shared: tup
     return Layout(found, index, "/".join(sessions_parts))
 
 
-def _blocked(walker: _Walker, rel: str, kind: str) -> None:
-    if not any(f.rel == rel for f in walker.found):  # ``agents`` itself blocks two fixed paths: listed once
+def _blocked(walker: _Walker | None, rel: str, kind: str) -> None:
+    if walker is not None and not any(f.rel == rel for f in walker.found):  # ``agents`` blocks two paths: once
         walker.add(Found(walker.area, rel, kind))
 
 
 @contextlib.contextmanager
-def _fixed_path(walker: _Walker, root_fd: int, parts: list[str]) -> Iterator[int | None]:
-    """A fixed folder of OpenClaw's state, each component a real folder; what stands in its way is listed.
+def _fixed_path(walker: _Walker | None, root_fd: int, parts: list[str]) -> Iterator[int | None]:
+    """A fixed folder of OpenClaw's state, each component a real folder; what stands in its way is listed
+    (to ``walker``; None: nothing is listed, as for the folders of a ``--shared`` path, which must be real).
 
     A symlinked ``agents/<id>/sessions`` (or a FIFO where a folder belongs)
     is neither followed nor silently passed over: it becomes an item of its
@@ -396,19 +397,3 @@ def _fixed_path(walker: _Walker, root_fd: int, parts: list[str]) -> Iterator[int
             os.close(fd)
 
 
-@contextlib.contextmanager
-def _opened_parent(root_fd: int, parts: list[str]) -> Iterator[int | None]:
-    fds: list[int] = []
-    try:
-        current = root_fd
-        for name in parts:
-            try:
-                current = open_dir_at(current, name)
-            except OSError:
-                yield None
-                return
-            fds.append(current)
-        yield current
-    finally:
-        for fd in fds:
-            os.close(fd)

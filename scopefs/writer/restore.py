@@ -47,7 +47,6 @@ from typing import Any
 import apsw
 
 from scopefs.catalog.db import immediate, one, scalar
-from scopefs.catalog.digests import HASH_CHUNK
 from scopefs.catalog.errors import BadInput, IntegrityError, ScopefsError, StorageError
 from scopefs.catalog.fsafe import UnsafeEntry, fsync_dir, open_dir, open_dir_beneath, open_regular
 from scopefs.catalog.home import HMAC_KEY_BYTES, POOL_CELL_PREFIX, Home, validate_agent_name, validate_pool_name
@@ -64,7 +63,7 @@ from scopefs.writer.backup import (
     check_apart,
     check_private_dir,
     check_target,
-    new_file,
+    copy_hashed,
     put_atomically,
     sibling,
 )
@@ -169,26 +168,10 @@ def _copy(src_fd: int, rel: str, target: Path, sha256: str, size: int | None) ->
         return "missing" if exc.errno == errno.ENOENT else "bad"
     finally:
         os.close(dir_fd)
-    ok = False
-    out = new_file(target)
     try:
-        if size is None or st.st_size == size:
-            digest, offset = hashlib.sha256(), 0
-            while chunk := os.pread(fd, HASH_CHUNK, offset):
-                digest.update(chunk)
-                os.write(out, chunk)
-                offset += len(chunk)
-                if size is not None and offset > size:
-                    break
-            ok = (size is None or offset == size) and digest.hexdigest() == sha256
-        if ok:
-            os.fsync(out)
+        return "ok" if copy_hashed(fd, st.st_size, target, size, sha256) else "bad"
     finally:
-        os.close(out)
         os.close(fd)
-        if not ok:
-            os.unlink(target)
-    return "ok" if ok else "bad"
 
 
 def _check_db(path: Path, kind: SchemaKind) -> None:
