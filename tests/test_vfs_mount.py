@@ -73,12 +73,21 @@ def _fstype(where: Path) -> str | None:
 
 
 def _server_running(pid: int) -> bool:
-    """A live (not zombie) process; a dead server's zombie has closed its FUSE fd."""
+    """Any thread of the process still alive (not zombie). The thread-group leader shows as a zombie
+    while its other threads are still exiting, and the FUSE fd closes only when the last one is gone:
+    a request sent in between is aborted (ECONNABORTED), not refused (ENOTCONN)."""
     try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return False
-    return stat_line.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    for task in tasks:
+        try:
+            stat_line = (task / "stat").read_text()
+        except OSError:
+            continue
+        if stat_line.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _registry_records(scenario: Scenario) -> list[str]:
