@@ -98,3 +98,32 @@ def test_a_forget_removes_the_quarantined_copy_of_its_note(scenario: Scenario) -
         assert b"Q4rn" not in data and b"safe combination" not in data.lower(), path
     assert list(quarantine.iterdir()) == []
     assert cli("--json", "doctor").code == 0
+
+
+def _revision_of(scenario: Scenario, artifact: Path) -> str:
+    conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"),
+                           flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return str(conn.execute("SELECT revision_id FROM revisions WHERE locator = ?", (artifact.name,)
+                                ).fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+def test_a_fix_killed_after_moving_under_a_taken_name_is_finished(scenario: Scenario) -> None:
+    """``tampered-<id>`` was taken, so the fix moved the artifact to ``tampered-<id>-<token>`` and died before
+    the roll-back: the next fix recognises that name too and finishes (never a missing-artifact left for good)."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    _tamper(v2)
+    revision_id = _revision_of(scenario, v2)
+    v2.rename(_quarantine(scenario) / f"tampered-{revision_id}-a1b2c3")  # what _to_quarantine did, then died
+    fixed = cli("--json", "doctor", "--fix")
+    assert [(f["kind"], f["ref_id"], f["action"]) for f in fixed.json()["findings"]] == [
+        ("tampered-artifact", revision_id, "rolled back")], fixed.text
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    cli.j("forget", scenario.alice_session, NOTE)  # and the forget finds it by the same name
+    assert list(_quarantine(scenario).iterdir()) == []

@@ -70,7 +70,7 @@ from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
-from scopefs.writer.quarantine import tampered_name
+from scopefs.writer.quarantine import tampered_copies, tampered_name
 from scopefs.writer.scrub import scrub, unscrubbed
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
@@ -340,8 +340,8 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
 
 
 def _quarantined_as_tampered(home: Home, agent_id: str, revision_id: str) -> bool:
-    name = tampered_name(revision_id)
-    return name is not None and os.path.lexists(home.quarantine_dir(agent_id) / name)
+    """Whether a fix moved this revision's artifact aside (under either name ``_to_quarantine`` gives)."""
+    return bool(tampered_copies(home, agent_id, [revision_id]))
 
 
 def inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
