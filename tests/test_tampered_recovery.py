@@ -13,7 +13,9 @@ from pathlib import Path
 
 import apsw
 
+from scopefs.writer.steps import Step
 from tests.conftest import ALICE_FACT, BOB_FACT, Scenario, artifact_path
+from tests.test_sharing_crash import _crash_at
 
 NOTE = "private/notes/allergy.md"
 ALICE_V2 = b"Updated private fact: allergic to hazelnuts and pecans (canary A2v2)\n"
@@ -127,3 +129,28 @@ def test_a_fix_killed_after_moving_under_a_taken_name_is_finished(scenario: Scen
     assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
     cli.j("forget", scenario.alice_session, NOTE)  # and the forget finds it by the same name
     assert list(_quarantine(scenario).iterdir()) == []
+
+
+def test_a_forget_killed_after_its_commit_leaves_no_quarantined_copy_after_doctor(scenario: Scenario) -> None:
+    """The forget committed, then died before its files went (``Step.FORGOTTEN``): doctor reports the tampered
+    copy in quarantine as a forgotten artifact, and ``--fix`` removes it with the store's own."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    changed = _tamper(v2)
+    revision_id = _revision_of(scenario, v2)
+    assert cli("doctor", "--fix").code == 4
+    assert [p.name for p in _quarantine(scenario).iterdir()] == [f"tampered-{revision_id}"]
+    _crash_at(scenario, Step.FORGOTTEN, "forget", scenario.alice_session, NOTE)
+    found = cli("--json", "doctor")
+    assert found.code == 1, found.text
+    forgotten = [(f["ref_id"], f["action"]) for f in found.json()["findings"] if f["kind"] == "forgotten-artifact"]
+    assert (revision_id, None) in forgotten, found.text
+    fixed = cli("--json", "doctor", "--fix")
+    assert (revision_id, "removed") in [(f["ref_id"], f["action"]) for f in fixed.json()["findings"]
+                                        if f["kind"] == "forgotten-artifact"], fixed.text
+    assert list(_quarantine(scenario).iterdir()) == []
+    leftovers = [p for p in (cli.home / "agents").rglob("*") if p.is_file() and p.read_bytes() == changed]
+    assert leftovers == []
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text

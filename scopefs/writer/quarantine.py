@@ -6,7 +6,8 @@ version of) the note's text; a random name would keep them on disk, tied to
 nothing, after the note is forgotten. Named ``tampered-<revision_id>`` (ids
 are opaque and path-safe; ``-<token>`` is added if that name is taken),
 they leave with the revision's own artifact when
-``writer.forget`` forgets it.
+``writer.forget`` forgets it (or, if that forget was killed after its
+commit, when ``doctor --fix`` removes what it left).
 """
 
 from __future__ import annotations
