@@ -154,3 +154,43 @@ def test_a_forget_killed_after_its_commit_leaves_no_quarantined_copy_after_docto
     assert leftovers == []
     clean = cli("--json", "doctor")
     assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+
+
+def _state_of(scenario: Scenario, revision_id: str) -> str:
+    conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"),
+                           flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return str(conn.execute("SELECT state FROM revisions WHERE revision_id = ?", (revision_id,)).fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+def test_the_roll_back_never_activates_a_predecessor_whose_artifact_is_missing(scenario: Scenario) -> None:
+    """v1 intact, v2's artifact lost, v3 tampered: the note returns to v1, past v2; with no intact predecessor at
+    all it is removed. Never an active revision nobody can read (doctor would report it missing for good)."""
+    cli = scenario.cli
+    v1 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2 + b"third\n")
+    v3 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    ids = [_revision_of(scenario, v) for v in (v1, v2, v3)]
+    v2.unlink()
+    _tamper(v3)
+    assert cli("doctor", "--fix").code == 4
+    assert [_state_of(scenario, r) for r in ids] == ["active", "corrupt", "corrupt"]  # v2 passed over, retired
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    assert sorted(_audit_reasons(scenario)) == ["revision-lost", "revision-tampered"]
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+
+    v1.unlink()  # now no predecessor is intact: the tampered active one's note is removed
+    cli.j("write", scenario.alice_session, NOTE, stdin=b"fourth\n")
+    v4 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    _tamper(v4)
+    assert cli("doctor", "--fix").code == 4
+    assert "active" not in [_state_of(scenario, r) for r in (*ids, _revision_of(scenario, v4))]
+    assert cli("read", scenario.alice_session, NOTE).code != 0
+    after = cli("--json", "doctor").json()["findings"]
+    assert [(f["kind"], f["ref_id"]) for f in after] == [("missing-artifact", ids[0])], after
+    assert _state_of(scenario, ids[0]) == "superseded"  # no note went back to it: left to restore from a backup
