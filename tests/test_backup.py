@@ -508,6 +508,26 @@ def test_a_database_whose_schema_was_changed_is_refused(scenario: Scenario, tmp_
     assert "does not have the schema of its version" in err
 
 
+def test_a_planted_object_named_like_sqlites_own_is_refused(scenario: Scenario, tmp_path: Path) -> None:
+    """A trigger named ``sqlitex`` (``_`` is a wildcard to LIKE, so a ``sqlite_%`` filter passed it) and a view
+    and table named so too, each planted in a backup whose manifest was rewritten: exit 4, nothing at NEW."""
+    backup = tmp_path / "backup"
+    _backup(scenario.cli, backup)
+    for planted in ("CREATE TRIGGER sqlitex AFTER INSERT ON identity_bindings BEGIN SELECT RAISE(ABORT, 'x'); END",
+                    "CREATE VIEW sqlitev AS SELECT 1", "CREATE TABLE sqlitet (x)"):
+        state = backup / "state.sqlite"
+        pristine = state.read_bytes()
+        conn = apsw.Connection(str(state))
+        conn.execute(planted)
+        conn.close()
+        _rewrite_manifest_hash(backup, "state.sqlite")
+        err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
+        assert "does not have the schema of its version" in err
+        state.write_bytes(pristine)
+        _rewrite_manifest_hash(backup, "state.sqlite")
+    assert _restore(scenario.cli, backup, tmp_path / "restored").home.exists()  # the untouched backup still restores
+
+
 def test_expect_manifest_refuses_a_rewritten_backup_before_anything_is_made(scenario: Scenario,
                                                                             tmp_path: Path) -> None:
     """A binding edited with its trigger put back and the manifest rewritten is whole and consistent: only the

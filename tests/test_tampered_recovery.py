@@ -13,7 +13,9 @@ from pathlib import Path
 
 import apsw
 
+from scopefs.writer.steps import Step
 from tests.conftest import ALICE_FACT, BOB_FACT, Scenario, artifact_path
+from tests.test_sharing_crash import _crash_at
 
 NOTE = "private/notes/allergy.md"
 ALICE_V2 = b"Updated private fact: allergic to hazelnuts and pecans (canary A2v2)\n"
@@ -98,3 +100,97 @@ def test_a_forget_removes_the_quarantined_copy_of_its_note(scenario: Scenario) -
         assert b"Q4rn" not in data and b"safe combination" not in data.lower(), path
     assert list(quarantine.iterdir()) == []
     assert cli("--json", "doctor").code == 0
+
+
+def _revision_of(scenario: Scenario, artifact: Path) -> str:
+    conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"),
+                           flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return str(conn.execute("SELECT revision_id FROM revisions WHERE locator = ?", (artifact.name,)
+                                ).fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+def test_a_fix_killed_after_moving_under_a_taken_name_is_finished(scenario: Scenario) -> None:
+    """``tampered-<id>`` was taken, so the fix moved the artifact to ``tampered-<id>-<token>`` and died before
+    the roll-back: the next fix recognises that name too and finishes (never a missing-artifact left for good)."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    _tamper(v2)
+    revision_id = _revision_of(scenario, v2)
+    v2.rename(_quarantine(scenario) / f"tampered-{revision_id}-a1b2c3")  # what _to_quarantine did, then died
+    fixed = cli("--json", "doctor", "--fix")
+    assert [(f["kind"], f["ref_id"], f["action"]) for f in fixed.json()["findings"]] == [
+        ("tampered-artifact", revision_id, "rolled back")], fixed.text
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    cli.j("forget", scenario.alice_session, NOTE)  # and the forget finds it by the same name
+    assert list(_quarantine(scenario).iterdir()) == []
+
+
+def test_a_forget_killed_after_its_commit_leaves_no_quarantined_copy_after_doctor(scenario: Scenario) -> None:
+    """The forget committed, then died before its files went (``Step.FORGOTTEN``): doctor reports the tampered
+    copy in quarantine as a forgotten artifact, and ``--fix`` removes it with the store's own."""
+    cli = scenario.cli
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    changed = _tamper(v2)
+    revision_id = _revision_of(scenario, v2)
+    assert cli("doctor", "--fix").code == 4
+    assert [p.name for p in _quarantine(scenario).iterdir()] == [f"tampered-{revision_id}"]
+    _crash_at(scenario, Step.FORGOTTEN, "forget", scenario.alice_session, NOTE)
+    found = cli("--json", "doctor")
+    assert found.code == 1, found.text
+    forgotten = [(f["ref_id"], f["action"]) for f in found.json()["findings"] if f["kind"] == "forgotten-artifact"]
+    assert (revision_id, None) in forgotten, found.text
+    fixed = cli("--json", "doctor", "--fix")
+    assert (revision_id, "removed") in [(f["ref_id"], f["action"]) for f in fixed.json()["findings"]
+                                        if f["kind"] == "forgotten-artifact"], fixed.text
+    assert list(_quarantine(scenario).iterdir()) == []
+    leftovers = [p for p in (cli.home / "agents").rglob("*") if p.is_file() and p.read_bytes() == changed]
+    assert leftovers == []
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+
+
+def _state_of(scenario: Scenario, revision_id: str) -> str:
+    conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"),
+                           flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return str(conn.execute("SELECT state FROM revisions WHERE revision_id = ?", (revision_id,)).fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+def test_the_roll_back_never_activates_a_predecessor_whose_artifact_is_missing(scenario: Scenario) -> None:
+    """v1 intact, v2's artifact lost, v3 tampered: the note returns to v1, past v2; with no intact predecessor at
+    all it is removed. Never an active revision nobody can read (doctor would report it missing for good)."""
+    cli = scenario.cli
+    v1 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2)
+    v2 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    cli.j("write", scenario.alice_session, NOTE, stdin=ALICE_V2 + b"third\n")
+    v3 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    ids = [_revision_of(scenario, v) for v in (v1, v2, v3)]
+    v2.unlink()
+    _tamper(v3)
+    assert cli("doctor", "--fix").code == 4
+    assert [_state_of(scenario, r) for r in ids] == ["active", "corrupt", "corrupt"]  # v2 passed over, retired
+    assert cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    assert sorted(_audit_reasons(scenario)) == ["revision-lost", "revision-tampered"]
+    clean = cli("--json", "doctor")
+    assert clean.code == 0 and clean.json()["findings"] == [], clean.text
+
+    v1.unlink()  # now no predecessor is intact: the tampered active one's note is removed
+    cli.j("write", scenario.alice_session, NOTE, stdin=b"fourth\n")
+    v4 = artifact_path(cli.home, scenario.alice, "notes/allergy.md")
+    _tamper(v4)
+    assert cli("doctor", "--fix").code == 4
+    assert "active" not in [_state_of(scenario, r) for r in (*ids, _revision_of(scenario, v4))]
+    assert cli("read", scenario.alice_session, NOTE).code != 0
+    after = cli("--json", "doctor").json()["findings"]
+    assert [(f["kind"], f["ref_id"]) for f in after] == [("missing-artifact", ids[0])], after
+    assert _state_of(scenario, ids[0]) == "superseded"  # no note went back to it: left to restore from a backup

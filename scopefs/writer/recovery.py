@@ -30,7 +30,8 @@ with ``fix`` repairs, everything that does not match the catalog:
   here and stay unreadable. A tampered artifact (changed behind the
   broker's back, say by hand in the artifact area) is moved by ``fix`` to
   the agent's quarantine as ``tampered-<revision_id>`` (a forget of the
-  note removes it there too, ``writer.quarantine``); its catalog hash is
+  note removes it there too, ``writer.quarantine``, and so does ``fix``
+  when that forget was killed after its commit); its catalog hash is
   never rewritten to match. The revision is retired as a lost one is
   (``writer.unsynced.roll_back_broken``, audited ``revision-tampered``):
   an active one's note returns to its newest intact revision (or is
@@ -44,6 +45,7 @@ content or user-chosen paths.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -70,7 +72,7 @@ from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
 from scopefs.writer import lock, unsynced
 from scopefs.writer.commit import roll_back
-from scopefs.writer.quarantine import tampered_name
+from scopefs.writer.quarantine import remove_tampered, tampered_copies, tampered_name
 from scopefs.writer.scrub import scrub, unscrubbed
 
 INTEGRITY_KINDS = frozenset({"missing-artifact", "tampered-artifact", "unsafe-artifact", "missing-store-dir"})
@@ -339,9 +341,28 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
     return findings
 
 
+def _forgotten_copies(home: Home, agent_id: str, fix: bool) -> list[Finding]:
+    """Quarantined tampered copies of forgotten revisions: a forget killed after its commit left them.
+
+    They are (a changed version of) the forgotten text, so they go as the
+    forgotten artifacts in the store directories do.
+    """
+    copies = tampered_copies(home, agent_id)
+    if not copies:
+        return []
+    forgotten = sorted(str(r[0]) for r in home.catalog(agent_id).execute(
+        "SELECT revision_id FROM forgotten_revisions WHERE agent_id = ?"
+        " AND revision_id IN (SELECT value FROM json_each(?))", (agent_id, json.dumps(sorted(copies)))))
+    action = None
+    if fix and forgotten:
+        remove_tampered(home, agent_id, forgotten)
+        action = "removed"
+    return [Finding("forgotten-artifact", agent_id, revision_id, action) for revision_id in forgotten]
+
+
 def _quarantined_as_tampered(home: Home, agent_id: str, revision_id: str) -> bool:
-    name = tampered_name(revision_id)
-    return name is not None and os.path.lexists(home.quarantine_dir(agent_id) / name)
+    """Whether a fix moved this revision's artifact aside (under either name ``_to_quarantine`` gives)."""
+    return bool(tampered_copies(home, agent_id, [revision_id]))
 
 
 def inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
@@ -418,6 +439,7 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
     lost = frozenset(s.revision_id for s in settled if s.lost)  # reported above, not as tampering
     for path_key, store_id in stores.items():
         findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix, lost))
+    findings += _forgotten_copies(home, agent_id, fix)
     if fix:
         catch_up(home, agent_id)  # what a killed mount left queued; a search would do it too
     if stale_count(catalog, agent_id):  # e.g. notes written before the index existed (schema V2)

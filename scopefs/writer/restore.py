@@ -12,9 +12,10 @@ NEW holds a complete home or nothing:
 2. every database is copied and must match the manifest's SHA-256; each
    copy then passes ``PRAGMA integrity_check`` and ``foreign_key_check``,
    has a known schema (a newer one is refused: upgrade scopefs first)
-   whose tables, indexes and triggers are exactly those this scopefs builds
-   for its version (a dropped trigger, under which a row could have been
-   edited, is an integrity failure), and the cells agree (each catalog is the cell it is filed as, and the
+   whose tables, indexes, triggers and views are exactly those this scopefs
+   builds for its version, whatever their names (a dropped trigger, under
+   which a row could have been edited, or an added one, which would run on
+   every later write, is an integrity failure), and the cells agree (each catalog is the cell it is filed as, and the
    state database registers exactly the manifest's cells); the key has
    its length and hash;
 3. every artifact is copied while hashed, and must match both the manifest

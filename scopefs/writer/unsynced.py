@@ -31,6 +31,7 @@ import ctypes
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import apsw
@@ -250,7 +251,10 @@ def _roll_back(home: Home, agent_id: str, lost: list[_Unsynced], reason: Reason 
     """Mark ``lost`` corrupt and give each note its newest intact revision back; the revisions restored.
 
     One transaction, oldest first, so a chain of lost revisions of one note
-    walks back past all of them.
+    walks back past all of them. A predecessor is verified before it is
+    served again: one whose artifact is missing, unsafe or does not hash is
+    passed over and retired on the way (audited ``revision-lost``), so a
+    note is never left at a revision nobody can read.
     """
     catalog = home.catalog(agent_id)
     lost_ids = {row.revision_id for row in lost}
@@ -260,35 +264,59 @@ def _roll_back(home: Home, agent_id: str, lost: list[_Unsynced], reason: Reason 
             catalog.execute("DELETE FROM unsynced_revisions WHERE revision_id = ?", (row.revision_id,))
             if row.state not in ("active", "superseded"):
                 continue  # tombstoned since: nothing is served from it, nothing to restore
-            catalog.execute("UPDATE revisions SET state = 'corrupt' WHERE revision_id = ?", (row.revision_id,))
-            event_id = enqueue(catalog, agent_id, AuditEvent(
-                operation="recover", decision="error", reason=reason, agent_id=agent_id,
-                store_id=row.store_id, revision_id=row.revision_id))
-            settle(catalog, event_id, decision="error", reason=reason)
+            _retire(catalog, agent_id, row.store_id, row.revision_id, reason)
             if row.state != "active":
                 continue
-            previous = _newest_intact_before(catalog, row.revision_id, lost_ids)
+            previous, passed_over = _newest_intact_before(
+                catalog, row.revision_id, lost_ids, lambda candidate: _revision_intact(home, agent_id, candidate))
             if previous is None:
                 catalog.execute("UPDATE resources SET state = 'tombstoned' WHERE resource_id = ? AND state = 'live'",
                                 (row.resource_id,))
             else:
+                for broken in passed_over:  # the schema reactivates only a revision whose successor is corrupt
+                    _retire(catalog, agent_id, row.store_id, broken, Reason.REVISION_LOST)
                 catalog.execute("UPDATE revisions SET state = 'active' WHERE revision_id = ?", (previous,))
                 restored.append(previous)
     return restored
 
 
-def _newest_intact_before(catalog: apsw.Connection, revision_id: str, lost_ids: set[str]) -> str | None:
-    """The nearest superseded ancestor of ``revision_id`` that was not lost too."""
+def _retire(catalog: apsw.Connection, agent_id: str, store_id: str, revision_id: str, reason: Reason) -> None:
+    """A revision that can never be served again: marked ``corrupt``, audited with ``reason``."""
+    catalog.execute("UPDATE revisions SET state = 'corrupt' WHERE revision_id = ?", (revision_id,))
+    event_id = enqueue(catalog, agent_id, AuditEvent(
+        operation="recover", decision="error", reason=reason, agent_id=agent_id,
+        store_id=store_id, revision_id=revision_id))
+    settle(catalog, event_id, decision="error", reason=reason)
+
+
+def _revision_intact(home: Home, agent_id: str, revision_id: str) -> bool:
+    """Whether a revision's artifact is there, safe, and hashes to the catalog: before it is served again."""
+    found = [_Unsynced(*row) for row in home.catalog(agent_id).execute(
+        _SELECT_REVISIONS, (agent_id, json.dumps([revision_id])))]
+    return len(found) == 1 and _intact(home, agent_id, found[0])
+
+
+def _newest_intact_before(catalog: apsw.Connection, revision_id: str, lost_ids: set[str],
+                          intact: Callable[[str], bool]) -> tuple[str | None, list[str]]:
+    """The nearest superseded ancestor of ``revision_id`` that was not lost too and whose artifact is ``intact``,
+    and the superseded ones passed over on the way because theirs is not.
+
+    Checking the state alone once activated a predecessor whose artifact had
+    gone missing (or was changed): a note nobody could read.
+    """
     current = revision_id
+    passed_over: list[str] = []
     for _ in range(100_000):  # a chain is finite; bound the walk anyway
         found = one(catalog, "SELECT base_revision_id FROM revisions WHERE revision_id = ?", (current,))
         base = found[0] if found is not None else None
         if base is None:
-            return None
+            return None, passed_over
         state = one(catalog, "SELECT state FROM revisions WHERE revision_id = ?", (base,))
-        if state is not None and state[0] == "superseded" and base not in lost_ids:
-            return str(base)
         if state is None or state[0] not in ("corrupt", "superseded"):
-            return None
+            return None, passed_over
+        if state[0] == "superseded" and base not in lost_ids:
+            if intact(str(base)):
+                return str(base), passed_over
+            passed_over.append(str(base))
         current = base
-    return None
+    return None, passed_over

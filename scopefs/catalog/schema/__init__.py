@@ -66,9 +66,24 @@ def ensure_schema(conn: apsw.Connection, kind: SchemaKind, *, upto: int | None =
     return version
 
 
+# What SQLite makes by itself, never by a schema step: a UNIQUE/PRIMARY KEY's automatic index (it has no SQL)
+# and the AUTOINCREMENT and ANALYZE tables. Matched exactly (``_`` is a wildcard to LIKE unless escaped): a
+# name that merely starts with "sqlite" (a planted ``sqlitex`` trigger) is compared like any other object.
+_SQLITE_OWN = (
+    "(type = 'index' AND name LIKE 'sqlite\\_autoindex\\_%' ESCAPE '\\' AND sql IS NULL)"
+    " OR (type = 'table' AND name IN ('sqlite_sequence', 'sqlite_stat1', 'sqlite_stat2', 'sqlite_stat3',"
+    " 'sqlite_stat4'))"
+)
+
+
 def schema_text(conn: apsw.Connection) -> list[tuple[str, str, str]]:
-    """The schema as sorted (type, name, sql) rows, for comparisons in tests."""
+    """The schema as sorted (type, name, sql) rows: every object but those SQLite makes itself.
+
+    Restore compares a backup's schema with a fresh one by it, so nothing may
+    be left out that a schema step could not have made (a trigger there runs
+    on every later write).
+    """
     return sorted(
         (row[0], row[1], " ".join((row[2] or "").split()))
-        for row in conn.execute("SELECT type, name, sql FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'")
+        for row in conn.execute(f"SELECT type, name, sql FROM sqlite_schema WHERE NOT ({_SQLITE_OWN})")
     )
