@@ -29,7 +29,10 @@ from pathlib import Path
 import apsw
 import pytest
 
-from scopefs.sandbox import external, mounts
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.home import Home
+from scopefs.catalog.human import open_human_session
+from scopefs.sandbox import external, mounts, sessions
 from tests.conftest import ALICE_FACT, BOB_FACT, SCOPEFS, Scenario, artifact_path, diff_snapshots, snapshot
 from tests.mountkit import is_mounted, wait_until
 from tests.test_vfs_editors import PtyProcess
@@ -406,11 +409,24 @@ def test_a_browse_session_goes_to_its_own_user_alone(place: Place, people: tuple
                  # even for its own user: only browse serves it, owner-only (root refused even attributes)
                  ("mount", session_id, str(spare), "--for-uid", str(owner.uid)),
                  ("mount", session_id, str(spare), "--for-uid", str(owner.uid), "--foreground"),
-                 ("run", session_id, "--", "true")):
+                 ("run", session_id, "--", "true"), ("session", "up", session_id)):
         result = cli(*args)
         assert result.code == 2 and "browse" in result.err, (args, result)
         assert not is_mounted(spare)
     assert diff_snapshots(before, snapshot(cli.home)) == []
+
+
+def test_no_sandbox_mount_starts_for_a_browse_session(scenario: Scenario, tmp_path: Path) -> None:
+    """Below the CLI: the launcher's ``sessions.start`` (every run's and every kept mount's path) and the
+    sandbox mount server itself refuse a person's session, so no writable sandbox view of it ever exists."""
+    home = Home(scenario.cli.home)
+    session_id = open_human_session(home, scenario.agent, scenario.alice, 12345).session_id
+    for tied in (True, False):
+        with pytest.raises(BadInput, match="browse"):
+            sessions.start(home, session_id, tied=tied)
+    with pytest.raises(BadInput, match="browse"):
+        mounts.spawn_server(sessions.SERVER_MODULE, ["--home", str(home.root), session_id], tmp_path / "server.log")
+    assert sessions.kept(home, session_id) is None  # (/run/scopefs/mounts is shared with other homes' tests)
 
 
 def test_a_browse_session_writes_only_through_its_mount(place: Place, people: tuple[User, User]) -> None:

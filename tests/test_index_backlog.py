@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from scopefs.catalog.home import Home
@@ -31,7 +32,8 @@ from scopefs.catalog.paths import split_virtual_path
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_parts
 from tests.conftest import SCOPEFS, Scenario, artifact_path
-from tests.mountkit import Mounts, catalog, mounts, wait_until  # noqa: F401
+from tests.crashkit import REPO
+from tests.mountkit import Mounts, catalog, is_mounted, mounts, wait_until  # noqa: F401
 
 NOTE = "private/notes/backlog.md"
 OLD = b"The cellar key hangs behind the blue door (canary Q1d5)\n"
@@ -187,3 +189,72 @@ def test_a_search_catches_up_only_what_was_queued_before_it_began(scenario: Scen
     finally:
         home.close()
     assert earlier not in _queued(scenario.cli.home) and later in _queued(scenario.cli.home)
+
+
+def test_a_write_result_names_the_store_it_committed_to(scenario: Scenario) -> None:
+    """A mount queues its index catch-up by the store the commit names, not by what its view shows."""
+    home = Home.open(scenario.cli.home)
+    try:
+        result = write_parts(home, scenario.alice_session, split_virtual_path("private/notes/where.md"),
+                             b"which store (canary St0r)\n", durable=False, defer_index=True)
+    finally:
+        home.close()
+    with catalog(scenario.cli.home) as conn:
+        assert conn.execute("SELECT store_id FROM resources WHERE resource_id = ?",
+                            (result.resource_id,)).fetchall() == [(result.store_id,)]
+        assert conn.execute("SELECT store_id FROM index_backlog WHERE revision_id = ?",
+                            (result.revision_id,)).fetchall() == [(result.store_id,)]
+
+
+# A foreground mount whose view refresh right after its first save fails once (the save itself commits).
+_FLAKY_REFRESH = r"""
+import sys, threading
+from scopefs.vfs import catalog_ops, mount
+from scopefs.cli.main import main
+
+real_commit, real_refresh = catalog_ops.commit, mount.refresh
+state = threading.local()
+failed = []
+
+def commit(*args, **kwargs):
+    result = real_commit(*args, **kwargs)
+    state.committed = True
+    return result
+
+def refresh(home, view):
+    if getattr(state, "committed", False) and not failed:
+        state.committed = False
+        failed.append(True)
+        raise OSError("injected: the view refresh after a save failed")
+    return real_refresh(home, view)
+
+catalog_ops.commit, mount.refresh = commit, refresh
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_save_whose_view_refresh_failed_is_still_indexed_when_idle(scenario: Scenario, tmp_path: Path) -> None:
+    """The new note is not in the view when the refresh after its commit failed: the mount still queues its
+    store (named by the commit) and indexes the revision once idle."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _FLAKY_REFRESH, "mount", scenario.bob_session, str(where),
+                             "--foreground"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "SCOPEFS_HOME": str(scenario.cli.home)})
+    try:
+        wait_until(lambda: is_mounted(where), timeout=30)
+        (where / "private" / "fresh.md").write_bytes(b"Saved while the view lagged (canary L4g5)\n")
+        with catalog(scenario.cli.home) as conn:
+            revision = conn.execute("SELECT v.revision_id FROM revisions v JOIN resources r USING (resource_id)"
+                                    " WHERE r.path = 'fresh.md' AND v.state = 'active'").fetchall()[0][0]
+        wait_until(lambda: revision in _indexed(scenario.cli.home), timeout=20)
+        assert revision not in _queued(scenario.cli.home)
+    finally:
+        if is_mounted(where):
+            scenario.cli("umount", str(where))
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    assert b"the view was not refreshed after a save" in err  # the injected failure did happen

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.writer.steps import MIGRATION_STEPS, Step
-from tests.conftest import SCOPEFS, Scenario, db_copy
+from tests.conftest import BOB_FACT, SCOPEFS, Scenario, db_copy
 from tests.crashkit import REPO, catalog_path
 from tests.migratekit import CANARIES, build_layout, tree_hash
 from tests.test_migrate import PRIVATE_EXPECTED, _args
@@ -205,3 +205,43 @@ def test_a_note_the_owner_saves_during_the_run_is_never_overwritten(scenario: Sc
     assert (again["action"], again["reason"], again["status"]) == ("quarantine", "destination-exists",
                                                                    "already-migrated")
     assert s.cli("read", s.alice_session, "private/MEMORY.md", check=True).out == b"Alice's edit, saved mid-run\n"
+
+
+def _homes_with(home: Path, needle: bytes) -> list[Path]:
+    """Every file under the home holding ``needle`` (the bytes themselves, as grep would find them)."""
+    return [path for path in home.rglob("*") if path.is_file() and not path.is_symlink()
+            and needle in path.read_bytes()]
+
+
+def test_an_abandoned_runs_backup_goes_once_a_later_run_cuts_over(scenario: Scenario, tmp_path: Path) -> None:
+    """A run killed after its backup never cuts over; its full copy of the home keeps text forgotten later.
+    Doctor says so and how to end it; once a later run of the agent has cut over, no rollback needs the old
+    copy and ``doctor --fix`` removes it: no byte of the forgotten note is left anywhere under the home."""
+    s = scenario
+    forgotten = BOB_FACT.strip()
+    ws, state = build_layout(tmp_path / "legacy")
+    first = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    _killed_at(s, Step.MIGRATION_BACKED_UP, 1, _args(s, ws, state, "--apply", "--confirm", first))
+    s.cli.j("forget", s.bob_session, "private/notes/allergy.md")
+    holders = _homes_with(s.cli.home, forgotten)
+    assert holders and all(p.relative_to(s.cli.home).parts[:3] == ("migrations", first[:32], "backup")
+                           for p in holders), holders  # forget scrubbed the home; only the backup has it
+
+    pending = [f for f in s.cli.j("doctor", "--fix")["findings"] if f["kind"] == "migration-backup"]
+    assert len(pending) == 1 and pending[0]["action"] is None and pending[0]["ref_id"] == first  # still needed
+    hint = pending[0]["hint"]
+    assert "full copy of the home" in hint and "'forget' never reaches" in hint and "--apply" in hint
+    assert "remove" in hint and "roll back" in hint
+    assert _homes_with(s.cli.home, forgotten)
+
+    (ws / "MEMORY.md").write_bytes(b"# Memory\n- changed since the first plan\n")  # a new plan, applied to cutover
+    second = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    assert second != first
+    assert s.cli.j(*_args(s, ws, state, "--apply", "--confirm", second))["cutover"] is True
+    fixed = [f for f in s.cli.j("doctor", "--fix")["findings"] if f["kind"] == "migration-backup"]
+    assert [(f["ref_id"], f["action"]) for f in fixed] == [(first, "removed")]
+    assert _homes_with(s.cli.home, forgotten) == []
+    grep = subprocess.run(["grep", "-rlF", forgotten.decode(), str(s.cli.home)], capture_output=True, check=False)
+    assert grep.returncode == 1 and grep.stdout == b"", grep.stdout
+    assert not (s.cli.home / "migrations" / first[:32]).exists()
+    assert s.cli.j("doctor")["findings"] == []

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import apsw
 import pytest
 
+from scopefs.catalog.home import Home
+from scopefs.catalog.human import open_human_session
 from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, CHANNEL, Scenario, diff_snapshots, snapshot
 from tests.mountkit import catalog
 
@@ -202,6 +204,29 @@ def test_approve_reject_and_purge(enabled: Scenario) -> None:
     assert [e["name"] for e in s.cli.j("ls", s.alice_session, "postbox")["entries"]] == ["NOTICES.md"]
     for item in (first, second):
         assert s.cli("postbox", "reject", s.alice_session, item["item_id"]).code == 2
+
+
+def test_a_browse_session_cannot_review_the_postbox(enabled: Scenario) -> None:
+    """Approve, reject and purge with the person's browse session would be the operator's act recorded as
+    the person's own session: refused (exit 2, nothing changed), as every other change through the CLI."""
+    s = enabled
+    browse = open_human_session(Home(s.cli.home), s.agent, s.alice, 12345).session_id
+    for data in (NOTE, b"second (canary Tw0)\n"):
+        assert _deposit(s, _handle(s), data).code == 0
+    first, second = s.cli.j("postbox", "list", browse)["pending"]  # reading the review is still the person's
+    before = snapshot(s.cli.home, skip_tables=UNCHANGED_BUT)
+    for call in (("approve", browse, first["item_id"], "--to", "private/notes/op.md"),
+                 ("approve", browse, first["item_id"]),
+                 ("reject", browse, second["item_id"]),
+                 ("purge", browse, "--from", s.conversation)):
+        result = s.cli("postbox", *call)
+        assert result.code == 2 and "a browse session writes only through its mount" in result.err, (call, result)
+    assert diff_snapshots(before, snapshot(s.cli.home, skip_tables=UNCHANGED_BUT)) == []
+    with catalog(s.cli.home) as conn:
+        assert conn.execute("SELECT count(*) FROM revisions WHERE session_id = ?", (browse,)).fetchall() == [(0,)]
+    # the owner's DM session still reviews them
+    s.cli.j("postbox", "approve", s.alice_session, first["item_id"], "--to", "private/notes/op.md")
+    s.cli.j("postbox", "reject", s.alice_session, second["item_id"])
 
 
 @pytest.mark.parametrize("call", [

@@ -588,11 +588,13 @@ def _run_options(words: list[str], timeout: str | None) -> tuple[list[str], str 
 
 
 def cmd_session_up(args: argparse.Namespace) -> int:
+    from scopefs.catalog.human import check_served
     from scopefs.catalog.sessions import load_session
     from scopefs.sandbox import launch, sessions
 
     home = _home(args)
     load_session(home, args.session)
+    check_served(home, args.session, None)  # a browse session: only ``scopefs browse`` serves it (exit 2)
     launch.preflight()
     pid, target = sessions.keep(home, args.session)
     emit(args.json, {"session_id": args.session, "pid": pid, "writable": target.writable},

@@ -114,13 +114,16 @@ def register(sub: Any, command: Any, parser_class: type[argparse.ArgumentParser]
             postbox).add_argument("session")
     p = command("approve", cmd_postbox_approve, "copy a pending item into private/ (then it leaves the postbox)",
                 postbox)
+    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
     p.add_argument("session")
     p.add_argument("item")
     p.add_argument("--to", metavar="private/PATH", help="where (default: private/postbox/ITEM.md)")
     p = command("reject", cmd_postbox_reject, "drop a pending item", postbox)
+    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
     p.add_argument("session")
     p.add_argument("item")
     p = command("purge", cmd_postbox_purge, "drop every pending item from one conversation", postbox)
+    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
     p.add_argument("session")
     p.add_argument("--from", dest="from_conversation", required=True, metavar="CONVERSATION")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from scopefs.catalog import ids
 from scopefs.catalog.access import current_access
 from scopefs.catalog.home import Home
+from scopefs.catalog.human import check_served
 from scopefs.catalog.policy import Op
 from scopefs.sandbox import uids
 from scopefs.sandbox.control import serve_control
@@ -58,6 +59,7 @@ def _remove_place(place: Path) -> None:
 
 
 def serve_sandbox(home: Home, session_id: str, report_ready: ReportReady) -> None:
+    check_served(home, session_id, None)  # a person's browse view never goes to a sandbox uid (as ``start``)
     allocation = uids.allocate()
     place: Path | None = None
     control = None

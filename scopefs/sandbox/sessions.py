@@ -35,6 +35,7 @@ from pathlib import Path
 from scopefs.catalog.access import authorize_session
 from scopefs.catalog.errors import BadInput, Conflict, StorageError
 from scopefs.catalog.home import Home
+from scopefs.catalog.human import check_served
 from scopefs.catalog.policy import Op
 from scopefs.sandbox import mounts, uids
 from scopefs.sandbox.launch import Target
@@ -67,7 +68,13 @@ def _target(details: dict[str, object]) -> Target:
 
 
 def start(home: Home, session_id: str, *, tied: bool) -> tuple[subprocess.Popen[bytes], Target]:
-    """Start a sandbox mount server; ``tied`` makes it end with this process."""
+    """Start a sandbox mount server; ``tied`` makes it end with this process.
+
+    A browse (human) session is refused here, the one place a run's mount and
+    a kept mount both start: its view goes to its own user through ``scopefs
+    browse`` alone, never into a sandbox (writable, and not owner-only).
+    """
+    check_served(home, session_id, None)
     sweep()
     log = _record_path(home, session_id).with_suffix(".log")
     tie = ["--die-with-parent", str(os.getpid())] if tied else []

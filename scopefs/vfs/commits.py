@@ -326,9 +326,9 @@ class Commits:
         if not durable:
             self._undrained.add(cell_agent)
             self._unsynced.add(cell_agent)
-        note = self._mount.layers.note_for(saved.resource_id)  # the view shows it: the commit's trip refreshed it
-        if note is not None:
-            self._unindexed.setdefault(cell_agent, set()).add(note.store_id)
+        # Queued by the commit's own store, not the view's note: a refresh that failed after the commit leaves
+        # a new note out of the view, and its store would never be caught up (idle or at unmount).
+        self._unindexed.setdefault(cell_agent, set()).add(saved.store_id)
         self._last_commit = time.monotonic()
         return saved
 

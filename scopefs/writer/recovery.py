@@ -51,6 +51,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import apsw
 
@@ -81,9 +82,15 @@ HINTS = {
     "unscrubbed-forget": "a forget was interrupted before the catalog's index and log were rewritten without "
                          "the forgotten text; 'scopefs doctor --fix' (or the next forget) finishes it",
     "migration-backup": "a pre-migration backup (a full copy of the home as it was before 'scopefs migrate "
-                        "--apply') is still present: 'forget' never reaches it. It is kept until the migration "
-                        "records its cutover (a resumed run or a rollback needs it); after cutover, "
-                        "'scopefs doctor --fix' removes it",
+                        "--apply') is still present: 'forget' never reaches it. Its run has reached its cutover "
+                        "(or a later run has, so no rollback needs it): 'scopefs doctor --fix' removes it",
+    "migration-backup-pending": "a pre-migration backup of a run that has not reached its cutover (ref_id: its "
+                                "plan digest) is still present: it holds a full copy of the home as it was before "
+                                "'scopefs migrate --apply', which 'forget' never reaches. To end it, run the same "
+                                "'scopefs migrate ... --apply --confirm DIGEST' again to finish the run (its cutover "
+                                "removes the backup), or, once you decide not to roll back, remove "
+                                "<home>/migrations/<first 32 characters of the digest>/; a later run's cutover also "
+                                "lets 'scopefs doctor --fix' remove it",
     "expired-note": "a note past its valid-until (or superseded): denied to every reader; write it again to "
                     "renew it, or forget or remove it",
     "unindexed-revisions": "search cannot find some notes (never indexed, or a search found their artifact "
@@ -110,6 +117,7 @@ class Finding:
     ref: str | None  # one of our ids (revision, store) or None
     action: str | None = None  # what --fix did; None when nothing was done
     notice: bool = False  # a fact to know, not a fault: it needs no fix and fails nothing
+    hint_kind: str | None = None  # the HINTS entry, when one kind has states that are cleared differently
 
     @property
     def integrity(self) -> bool:
@@ -118,7 +126,7 @@ class Finding:
     @property
     def hint(self) -> str | None:
         """What the finding means and how to clear it, while nothing was done about it."""
-        return HINTS.get(self.kind) if self.action is None else None
+        return HINTS.get(self.hint_kind or self.kind) if self.action is None else None
 
 
 @dataclass(frozen=True)
@@ -470,7 +478,8 @@ def migration_run_dir(home: Home, plan_digest: str) -> Path:
 
 
 def drop_migration_backup(home: Home, plan_digest: str) -> None:
-    """Remove a run's backup (and a half-made one): only once its cutover is recorded. OSError if it stays."""
+    """Remove a run's backup (and a half-made one): only once no rollback needs it (its own cutover, or a later
+    run's, is recorded). OSError if it stays."""
     run_dir = migration_run_dir(home, plan_digest)
     for name in ("backup", "backup.partial"):
         if (run_dir / name).exists():
@@ -485,23 +494,35 @@ def drop_migration_backup(home: Home, plan_digest: str) -> None:
 
 
 def _migration_backups(home: Home, agent_id: str, fix: bool) -> list[Finding]:
-    """A notice per migration run of this agent whose backup is still on disk; ``fix`` drops it after cutover."""
+    """A notice per migration run of this agent whose backup is still on disk; ``fix`` drops it once no
+    rollback needs it: after its own cutover, or after the cutover of a run started later.
+
+    A run that never reached its cutover keeps its backup for a resume or a
+    rollback, but a rollback is only offered before cutover: once a later
+    run of the same agent has cut over, going back to the older copy is
+    moot, and the copy would only keep every since-forgotten note's bytes.
+    """
     findings = []
-    runs = home.catalog(agent_id).execute("SELECT plan_digest, cutover_at FROM migration_runs WHERE agent_id = ?"
-                                          " ORDER BY started_at", (agent_id,)).fetchall()
-    for row in runs:
-        digest, cutover_at = str(row[0]), row[1]
+    runs = [(str(row[0]), row[1], cast(int, row[2])) for row in home.catalog(agent_id).execute(
+        "SELECT plan_digest, cutover_at, started_at FROM migration_runs WHERE agent_id = ? ORDER BY started_at",
+        (agent_id,))]
+    last_cutover_start = max((started_at for _, cutover_at, started_at in runs if cutover_at is not None),
+                             default=None)
+    for digest, cutover_at, started_at in runs:
         run_dir = migration_run_dir(home, digest)
         if not ((run_dir / "backup").exists() or (run_dir / "backup.partial").exists()):
             continue
+        superseded = last_cutover_start is not None and started_at < last_cutover_start
+        droppable = cutover_at is not None or superseded
         action = None
-        if fix and cutover_at is not None:
+        if fix and droppable:
             try:
                 drop_migration_backup(home, digest)
                 action = "removed"
             except OSError:
                 action = None
-        findings.append(Finding("migration-backup", agent_id, None, action, notice=True))
+        findings.append(Finding("migration-backup", agent_id, digest, action, notice=True,
+                                hint_kind=None if droppable else "migration-backup-pending"))
     return findings
 
 

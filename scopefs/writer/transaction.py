@@ -114,6 +114,7 @@ class WriteResult:
     sha256: str
     size: int
     created: bool  # a new resource, not a new revision of an existing one
+    store_id: str  # the store it landed in, from the commit itself (a mount queues its index by it)
 
 
 RowsHook = Callable[[apsw.Connection, str, str], None]  # (catalog, resource_id, revision_id), inside a transaction
@@ -491,7 +492,7 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
         drain_quietly(home.state(), home.catalog(agent_id), agent_id)
     checkpoint(Step.AUDITED)
     return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, staged.sha256, staged.size,
-                       pending.created)
+                       pending.created, store.store_id)
 
 
 def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO, *,
