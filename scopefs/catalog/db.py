@@ -65,6 +65,9 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False) -> apsw
         # REPLACE conflict resolution then fires delete triggers too, so the
         # no-delete rules cannot be bypassed by an INSERT OR REPLACE.
         conn.execute("PRAGMA recursive_triggers=ON")
+        # Every delete overwrites what it removed: a note's text leaves the index with its superseded,
+        # reindexed or retired rows, so a later forget finds no old copy of it in a page's free space.
+        conn.execute("PRAGMA secure_delete=ON")
     except STORAGE_FAILURES as exc:
         raise StorageError(f"cannot open {path.name}: {exc.__class__.__name__}") from exc
     # Each process that opens a database after the last one closed it creates

@@ -1,10 +1,10 @@
 """Rewriting the catalog's files without forgotten text, after a forget.
 
-Deleting rows does not remove their bytes: SQLite leaves them in free
-pages and the write-ahead log, and the full-text index keeps deleted
-tokens in older segments until it merges. A forget deletes with
-``secure_delete`` on, and then ``scrub`` merges the index and truncates the
-log; whether that finished is recorded per forget, so a crash in between
+Deleting rows does not remove their bytes unless ``secure_delete`` is on
+(it is, on every connection: ``catalog.db.connect``): SQLite leaves them in
+free pages and the write-ahead log, and the full-text index keeps deleted
+tokens in older segments until it merges. ``scrub`` merges the index and
+truncates the log; whether that finished is recorded per forget, so a crash in between
 is found by doctor and finished by ``doctor --fix`` (``writer.recovery``).
 """
 
@@ -23,12 +23,12 @@ log = logging.getLogger("scopefs.forget")
 
 @contextlib.contextmanager
 def secure_delete(catalog: apsw.Connection) -> Iterator[None]:
-    """Deleted index rows are overwritten with zeros, not left in free pages (this connection, this forget)."""
+    """Deleted rows are overwritten with zeros, not left in free pages. Every connection has it on
+    (``catalog.db.connect``): the text a forget removes may have left the index long before, with a
+    superseded revision's rows or a reindex, and those bytes must be gone too. Checked here, so a
+    connection made otherwise cannot forget without it."""
     catalog.execute("PRAGMA secure_delete = ON")
-    try:
-        yield
-    finally:
-        catalog.execute("PRAGMA secure_delete = OFF")
+    yield
 
 
 def unscrubbed(catalog: apsw.Connection, agent_id: str) -> int:
