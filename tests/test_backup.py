@@ -359,23 +359,30 @@ def _parked(cli: Cli, step: Step, *argv: str) -> Iterator[tuple[subprocess.Popen
         proc.wait()
 
 
+def _backup_racing_a_forget(cli: Cli, step: Step, session: str, path: str, text: bytes, canary: bytes,
+                            dest: Path) -> dict:
+    """Write ``text`` at ``path``, park a backup at ``step``, forget the note, let the backup finish: its report.
+    The backup must succeed and no file of it may hold ``canary``."""
+    cli.j("write", session, path, stdin=text)
+    with _parked(cli, step, "--json", "backup", str(dest)) as (proc, go):
+        cli.j("forget", session, path)
+        os.write(go, b"x")
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    for kept in dest.rglob("*"):
+        if kept.is_file():
+            assert canary not in kept.read_bytes(), kept
+    return json.loads(out)
+
+
 def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
     """The catalog snapshot still names the note; the forget unlinks its artifact before the copy: the cell is
     snapshotted again, and the backup holds neither the forgotten note nor its text."""
     cli = scenario.cli
-    canary = b"Forget me later: the locker code (canary L0ck)\n"
-    cli.j("write", scenario.bob_session, "private/notes/locker.md", stdin=canary)
     dest = tmp_path / "backup"
-    with _parked(cli, Step.BACKUP_SNAPSHOT, "--json", "backup", str(dest)) as (proc, go):
-        cli.j("forget", scenario.bob_session, "private/notes/locker.md")
-        os.write(go, b"x")
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    report = json.loads(out)
+    report = _backup_racing_a_forget(cli, Step.BACKUP_SNAPSHOT, scenario.bob_session, "private/notes/locker.md",
+                                     b"Forget me later: the locker code (canary L0ck)\n", b"canary L0ck", dest)
     assert report["resnapshots"] == 1 and report["artifacts"] == 3
-    for path in dest.rglob("*"):
-        if path.is_file():
-            assert b"canary L0ck" not in path.read_bytes(), path
     restored = _restore(cli, dest, tmp_path / "restored")
     assert restored("read", scenario.bob_session, "private/notes/locker.md").code != 0
     assert restored("read", scenario.bob_session, "private/notes/allergy.md").out == BOB_FACT
@@ -385,19 +392,11 @@ def test_a_forget_after_a_cell_was_copied_is_not_undone(scenario: Scenario, tmp_
     """The cell is snapshotted and copied whole; the forget is acknowledged before the state database is taken:
     the backup's last looks see the cell's forgets moved on and take it again, so the note is not restored."""
     cli = scenario.cli
-    canary = b"Forget me after the copy: the gate code (canary G4te)\n"
-    cli.j("write", scenario.alice_session, "private/notes/b.md", stdin=canary)
     dest = tmp_path / "backup"
-    with _parked(cli, Step.BACKUP_CELL_DONE, "--json", "backup", str(dest)) as (proc, go):
-        cli.j("forget", scenario.alice_session, "private/notes/b.md")
-        os.write(go, b"x")
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    report = json.loads(out)
+    report = _backup_racing_a_forget(cli, Step.BACKUP_CELL_DONE, scenario.alice_session, "private/notes/b.md",
+                                     b"Forget me after the copy: the gate code (canary G4te)\n", b"canary G4te",
+                                     dest)
     assert report["resnapshots"] >= 1 and report["artifacts"] == 3
-    for path in dest.rglob("*"):
-        if path.is_file():
-            assert b"canary G4te" not in path.read_bytes(), path
     restored = _restore(cli, dest, tmp_path / "restored")
     assert restored("read", scenario.alice_session, "private/notes/b.md").code != 0
     assert restored.j("search", scenario.alice_session, "gate code")["results"] == []

@@ -35,7 +35,7 @@ from scopefs.catalog.human import open_human_session
 from scopefs.sandbox import external, mounts, sessions
 from tests.conftest import ALICE_FACT, BOB_FACT, SCOPEFS, Scenario, artifact_path, diff_snapshots, snapshot
 from tests.mountkit import is_mounted, wait_until
-from tests.test_vfs_editors import PtyProcess
+from tests.test_vfs_editors import nano_types_a_line
 
 pytestmark = pytest.mark.slow
 
@@ -175,18 +175,7 @@ def _vim(owner: User, folder: Path, name: str, line: str) -> None:
 
 
 def _nano(owner: User, folder: Path, name: str, line: str) -> None:
-    editor = PtyProcess(user_argv(owner, ("nano", name), folder), cwd=Path("/"), env=ENV)
-    try:
-        editor.expect(b"GNU nano")
-        editor.send(line.encode() + b"\r")
-        editor.send(b"\x0f")  # ^O: write out
-        editor.expect(b"File Name to Write")
-        editor.send(b"\r")
-        editor.expect(b"Wrote", failure=b"Error")
-        editor.send(b"\x18")  # ^X: exit
-        assert editor.wait() == 0, editor.tail()
-    finally:
-        editor.close()
+    nano_types_a_line(user_argv(owner, ("nano", name), folder), Path("/"), ENV, line)
 
 
 def test_every_save_is_the_principals_with_origin_human(place: Place, people: tuple[User, User]) -> None:

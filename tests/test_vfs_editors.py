@@ -348,11 +348,12 @@ def edit_vim_backup_kept(note: Note, old: bytes, tmp: Path) -> tuple[bytes, set[
 NANO_LINE = "saved by nano"
 
 
-def _nano(note: Note, old: bytes, *options: str) -> bytes:
-    editor = PtyProcess(["nano", *options, note.name], cwd=note.edit_dir(), env=note.env())
+def nano_types_a_line(argv: list[str], cwd: Path, env: dict[str, str], line: str) -> None:
+    """Real nano on a pty: type ``line`` (the cursor starts on the first line), write out (^O), exit (^X)."""
+    editor = PtyProcess(argv, cwd=cwd, env=env)
     try:
         editor.expect(b"GNU nano")
-        editor.send(NANO_LINE.encode() + b"\r")  # the cursor starts on the first line
+        editor.send(line.encode() + b"\r")
         editor.send(b"\x0f")  # ^O: write out
         editor.expect(b"File Name to Write")
         editor.send(b"\r")
@@ -361,6 +362,10 @@ def _nano(note: Note, old: bytes, *options: str) -> bytes:
         assert editor.wait() == 0, editor.tail()
     finally:
         editor.close()
+
+
+def _nano(note: Note, old: bytes, *options: str) -> bytes:
+    nano_types_a_line(["nano", *options, note.name], note.edit_dir(), note.env(), NANO_LINE)
     return NANO_LINE.encode() + b"\n" + old
 
 
