@@ -370,11 +370,14 @@ class Commits:
         mount = self._mount
         while self._unindexed and (everything or time.monotonic() - self._last_commit >= INDEX_IDLE_S):
             cell, stores = next(iter(self._unindexed.items()))
+            working = frozenset(stores)
             # Only the stores saved to here: another scope's queue is not this mount's to work (nor to wait for).
-            taken = await mount.catalog(catch_up, mount.home, cell, frozenset(stores),
+            taken = await mount.catalog(catch_up, mount.home, cell, working,
                                         limit=None if everything else INDEX_STEP)
             if everything or taken < INDEX_STEP:
-                self._unindexed.pop(cell, None)
+                stores -= working  # a save meanwhile may have named another store: it stays queued here
+                if not stores:
+                    self._unindexed.pop(cell, None)
 
     async def drain(self) -> None:
         """Deliver the audit rows of the saves made here since the last drain."""
