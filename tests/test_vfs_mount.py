@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from scopefs.catalog.digests import FAST_HASH_FROM
 from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, SCOPEFS, Scenario, table_dump
 from tests.mountkit import Mounts, is_mounted, live_notes, mounts, wait_until  # noqa: F401
 
@@ -468,15 +469,24 @@ def test_a_session_whose_binding_was_revoked_cannot_be_mounted(scenario: Scenari
 
 def test_a_mount_server_loads_no_tls_and_ssl_still_works_where_it_is_used(scenario: Scenario,
                                                                            mounts: Mounts) -> None:  # noqa: F811
-    """``vfs.lean``: a hundred idle mounts each leave libssl unloaded (2.2 MiB of RSS each)."""
+    """``vfs.lean``: a hundred idle mounts each leave libssl (2.2 MiB of RSS each) and, until a large
+    note is read or saved, libcrypto (3.5 MiB) unloaded; notes small and large still verify."""
     where = mounts.root / "alice"
     where.mkdir(parents=True)
     mounts.active.append(where)
     pid = scenario.cli.j("mount", scenario.alice_session, str(where))["pid"]
     assert (where / NOTE).read_bytes() == ALICE_FACT
+    (where / "private" / "small-save.md").write_bytes(b"a small save\n")
+    assert (where / "private" / "small-save.md").read_bytes() == b"a small save\n"
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libpython" in maps or "python" in maps  # the map of the server itself, not an empty file
     assert "libssl" not in maps and "/_ssl." not in maps
+    assert "libcrypto" not in maps
+    large = bytes(range(256)) * (FAST_HASH_FROM // 128)
+    (where / "private" / "large-save.md").write_bytes(large)
+    assert (where / "private" / "large-save.md").read_bytes() == large
+    assert scenario.cli("read", scenario.alice_session, "private/large-save.md").out == large
+    assert "libcrypto" in Path(f"/proc/{pid}/maps").read_text()  # the large note's hash loaded it
     # In a process that does use TLS after the server module was imported, ssl is the real thing.
     code = ("import scopefs.vfs.server, ssl, sys, trio\n"
             "ctx = ssl.create_default_context()\n"

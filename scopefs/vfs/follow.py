@@ -35,6 +35,7 @@ from scopefs.catalog.exposures import record_batch
 from scopefs.catalog.index import index_again
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
+from scopefs.vfs.lean import Thrift
 from scopefs.vfs.mount import MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
@@ -60,6 +61,7 @@ class Follow:
         self._removals = removals
         self._commits = commits
         self._watch: DirectoryWatch | None = None  # the mount's one inotify descriptor (``start``)
+        self._thrift = Thrift()
 
     async def start(self, nursery: trio.Nursery) -> None:
         self._watch = DirectoryWatch.open()
@@ -148,6 +150,7 @@ class Follow:
         await self._round(self.flush_audit)
         await self._round(self.index_verified)
         await self._round(self._commits.index)
+        self._thrift.look()  # last: an index round just done is not "quiet", the next look may be
 
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""

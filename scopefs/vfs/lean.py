@@ -9,12 +9,24 @@ module (``vfs.server`` does, before trio) puts a placeholder in its place:
 the first attribute anyone reads from it imports the real module, so code
 that does use TLS in the same process still works, only later. Once
 something imported ``ssl`` for real, importing this changes nothing.
+
+OpenSSL's hashes (``_hashlib``, and with it libcrypto: 3.5 MiB of every
+server's resident memory) are set aside the same way, for a different
+reason: ``hashlib`` and ``hmac`` fall back to Python's own SHA-256 when
+``_hashlib`` cannot be imported, which hashes a note of a few KiB in a
+few microseconds. That is all an idle mount, or one that reads and saves
+notes, ever hashes. ``catalog.digests`` imports OpenSSL's on the first
+large content (``sha256_for``), where its speed pays for loading it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
+import os
 import sys
+import time
 import types
 from typing import Any
 
@@ -33,6 +45,60 @@ class _Deferred(types.ModuleType):
 
 DEFERRED = ("ssl", "idna")  # trio's TLS streams; its host name encoding (a mount resolves no names)
 
+SET_ASIDE = ("_hashlib",)  # OpenSSL's hashes: hashlib and hmac use their own (see above)
+
 for _name in DEFERRED:
     if _name not in sys.modules:
         sys.modules[_name] = _Deferred(_name)
+_NOT_IMPORTABLE: Any = None  # what an entry of None in sys.modules means to the import system
+for _name in SET_ASIDE:
+    sys.modules.setdefault(_name, _NOT_IMPORTABLE)
+
+
+def give_back() -> None:
+    """Return to the system the heap that starting up left free.
+
+    Building the first view, recovery and the drain allocate and free a
+    few MiB; glibc keeps freed heap for reuse, so without this an idle
+    mount holds it for as long as it lives (about 0.4 MiB here). Called
+    once the mount is announced; ctypes is already loaded (trio uses it).
+    """
+    gc.collect()
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to give back this way
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+GROWN_BYTES = 512 << 10  # resident growth since the last give-back that is worth a collection
+QUIET_CPU_S = 0.005  # CPU time over one look that still counts as idle
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGESIZE")
+
+
+class Thrift:
+    """Gives the heap back once a mount that grew while serving has gone quiet again.
+
+    A woken mount grows by a few MiB (its worker threads' heaps, the
+    catalog's pages, the request buffers) and glibc keeps all of it after
+    the burst. ``look`` is called about once a second: when this process
+    used almost no CPU since the last look and its resident memory grew by
+    half a MiB or more since the last give-back, it gives back. A busy mount is
+    never interrupted by a collection, an idle one pays for one once.
+    """
+
+    def __init__(self) -> None:
+        self._baseline = resident_bytes()
+        self._cpu = time.process_time()
+
+    def look(self) -> None:
+        cpu, self._cpu = self._cpu, time.process_time()
+        with contextlib.suppress(OSError, ValueError):  # no /proc: nothing measured, nothing given back
+            if self._cpu - cpu > QUIET_CPU_S or resident_bytes() - self._baseline < GROWN_BYTES:
+                return
+            give_back()
+            self._baseline = resident_bytes()
+            self._cpu = time.process_time()

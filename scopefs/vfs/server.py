@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 # isort: split
-import scopefs.vfs.lean  # noqa: F401 - first: it defers ssl before trio imports it
+import scopefs.vfs.lean  # noqa: F401 - first: it defers ssl and sets OpenSSL hashes aside before trio imports them
 
 # isort: split
 import pyfuse3
@@ -38,6 +38,7 @@ from scopefs.catalog.policy import Op
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
+from scopefs.vfs.lean import give_back
 from scopefs.writer.recovery import drain_home, recover_home
 
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
@@ -66,6 +67,7 @@ def _probe(mountpoint: str) -> None:
 async def _announce(mountpoint: str, on_ready: Callable[[], None]) -> None:
     await trio.to_thread.run_sync(_probe, mountpoint)  # answered by our own loop: the mount is live
     on_ready()
+    give_back()
 
 
 async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None,

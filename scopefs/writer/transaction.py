@@ -39,8 +39,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -63,7 +63,7 @@ from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
-from scopefs.catalog.digests import hash_fd
+from scopefs.catalog.digests import hash_fd, sha256_for
 from scopefs.catalog.errors import BadInput, Conflict, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
@@ -165,6 +165,17 @@ def _chunks(source: bytes | BinaryIO) -> Iterator[bytes]:
         yield chunk
 
 
+def _size_hint(source: bytes | BinaryIO) -> int | None:
+    """How many bytes ``source`` will give, where that is known without reading it (it picks the hash)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return len(source)
+    try:
+        info = os.fstat(source.fileno())
+    except (AttributeError, OSError, ValueError):  # not backed by a descriptor (BytesIO, a pipe's wrapper...)
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -206,7 +217,7 @@ def _staged(staging_fd: int, source: bytes | BinaryIO) -> Iterator[_Staged]:
         except OSError as exc:
             raise storage_error("cannot name the staging file", exc) from exc
         staged.consumed = False
-        digest = hashlib.sha256()
+        digest = sha256_for(_size_hint(source))
         size = 0
         try:
             for chunk in _chunks(source):
