@@ -35,6 +35,7 @@ from scopefs.catalog.digests import Sink
 from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import VisibleNote
+from scopefs.vfs.readahead import AHEAD_BYTES, ReadAhead
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
@@ -74,8 +75,10 @@ class Artifacts:
         # (cell, revision) whose hash matched since ``take_hashed``: appended from worker threads
         # too (one append is atomic), read on the trio thread.
         self._hashed: list[tuple[str, str]] = []
+        self._ahead = ReadAhead()
 
     def close(self) -> None:
+        self._ahead.close()  # first: it uses the store descriptors closed next
         for fd in [*self._store_fds.values(), *self._kept.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -94,6 +97,15 @@ class Artifacts:
             return self._store_fd(note.cell, note.path_key), note.locator
         except (IntegrityError, OSError):
             return None
+
+    def read_ahead(self, notes: list[VisibleNote]) -> None:
+        """Have the disk read the small artifacts of ``notes`` soon (a folder is being listed:
+        ``vfs.readahead`` says why); returns at once."""
+        places = []
+        for note in notes:
+            if 0 < note.size <= AHEAD_BYTES and (place := self.place(note)) is not None:
+                places.append(place)
+        self._ahead.want(places)
 
     def needs_hash(self, note: VisibleNote) -> bool:
         """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""

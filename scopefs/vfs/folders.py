@@ -36,6 +36,13 @@ class Folders:
         self._removals = removals
         self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
 
+    def _read_ahead(self, parts: Parts, names: list[str]) -> None:
+        """A folder listed afresh is about to be walked: ask the disk for its notes (``vfs.readahead``)."""
+        notes = self._mount.view.notes
+        found = [note for name in names if (note := notes.get(parts + (name,))) is not None]
+        if found:
+            self._mount.artifacts.read_ahead(found)
+
     def mkdir(self, parent_ino: int, name: bytes) -> Node:
         mount = self._mount
         layers = mount.layers
@@ -74,12 +81,13 @@ class Folders:
         if node.kind is Kind.QUERIES:
             return  # lists nothing: a listing must never run a search
         names = self._listings.get(ino)
+        parts: Parts = node.parts
         if start_id == 0 or names is None:
             names = self._listings[ino] = mount.layers.names(node.parts)
             while len(self._listings) > KEEP_LISTINGS:
                 self._listings.popitem(last=False)
+            self._read_ahead(parts, names)
         self._listings.move_to_end(ino)
-        parts: Parts = node.parts
         for index in range(start_id, len(names)):
             child = mount.layers.lookup(parts + (names[index],))
             if child is None:

@@ -56,11 +56,14 @@ SWEEP_BATCH = 1000  # artifacts looked at per turn: a view whose 10,000 notes ar
 class Reader:
     """The verified artifact an inode's ``READ``s are answered from: one revision, one descriptor."""
 
-    def __init__(self, node: Node, note: VisibleNote, fd: int, stamp: Stamp) -> None:
+    def __init__(self, node: Node, note: VisibleNote, fd: int, stamp: Stamp, whole: bytes | None = None) -> None:
         self.node = node
         self.note = note
         self.fd = fd
         self.stamp = stamp
+        # The bytes the verification hashed, when it read a small file whole: the first READ (a cold
+        # tool's only one) is answered from them, not read again. Given away once.
+        self.whole = whole
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -101,7 +104,7 @@ class Reads:
             mount.check_copy(node)
             return node.draft.read(off, size)
         reader = await self._reader(node)
-        return await self._serve(reader.node, reader.note, reader.fd, reader.stamp, off, size)
+        return await self._serve(reader, off, size)
 
     async def read(self, handle: Handle, off: int, size: int) -> bytes:
         """A ``READ`` through a handle ``create`` gave: the draft being written."""
@@ -135,7 +138,7 @@ class Reads:
             await verifying.wait()  # readahead sends several READs at once: one verification serves them
         done = self._verifying[node.ino] = trio.Event()
         try:
-            fd, stamp = await self._verify(node, note)
+            fd, stamp, whole = await self._verify(node, note)
         finally:
             del self._verifying[node.ino]
             done.set()
@@ -153,7 +156,7 @@ class Reads:
         if place is not None:
             self._stores.add(place[0])
         self.expose(note)
-        reader = Reader(node, note, fd, stamp)
+        reader = Reader(node, note, fd, stamp, whole)
         old = self._readers.pop(node.ino, None)
         if old is not None:
             old.close()
@@ -162,31 +165,37 @@ class Reads:
             self._readers.popitem(last=False)[1].close()
         return reader
 
-    async def _verify(self, node: Node, note: VisibleNote) -> tuple[int, Stamp]:
-        """An open descriptor of ``note``'s artifact whose whole content matched the catalog."""
+    async def _verify(self, node: Node, note: VisibleNote) -> tuple[int, Stamp, bytes | None]:
+        """An open descriptor of ``note``'s artifact whose whole content matched the catalog, and that
+        content itself when this hashed a small file from one read (``Artifacts.open``)."""
         artifacts = self._mount.artifacts
         if note.revision_id in self._mount.bad_revisions:
             raise fail(errno.EIO)
         try:
             if note.size > INLINE_BYTES and artifacts.needs_hash(note):
-                fd, stamp, _ = await trio.to_thread.run_sync(functools.partial(artifacts.open, note, keep=False))
+                fd, stamp, whole = await trio.to_thread.run_sync(
+                    functools.partial(artifacts.open, note, keep=False))
             else:
-                fd, stamp, _ = artifacts.open(note)
+                fd, stamp, whole = artifacts.open(note)
         except IntegrityError:
             await self.integrity_failure(note, node)
             raise fail(errno.EIO) from None
-        return fd, stamp
+        return fd, stamp, whole
 
-    async def _serve(self, node: Node, note: VisibleNote, fd: int, stamp: Stamp, off: int, size: int) -> bytes:
+    async def _serve(self, reader: Reader, off: int, size: int) -> bytes:
         mount = self._mount
+        note = reader.note
         if not mount.shows(note.resource_id):
             raise fail(errno.EACCES)  # revoked, tombstoned or denied since it was verified
         if note.revision_id in mount.bad_revisions:
             raise fail(errno.EIO)
+        whole, reader.whole = reader.whole, None
+        if whole is not None and off == 0 and size >= len(whole):
+            return whole  # hashed and matched a moment ago (``_reader``): the same bytes, not read again
         try:
-            return mount.artifacts.read(fd, stamp, off, size)
+            return mount.artifacts.read(reader.fd, reader.stamp, off, size)
         except IntegrityError:
-            await self.integrity_failure(note, node)
+            await self.integrity_failure(note, reader.node)
             raise fail(errno.EIO) from None
 
     async def recheck(self) -> None:

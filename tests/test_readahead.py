@@ -1,0 +1,97 @@
+"""``vfs.readahead``: a folder listed afresh has its notes' artifacts asked of the disk, and nothing else.
+
+Residency in the page cache is read with ``fincore`` (util-linux); files
+are pushed out of it with ``POSIX_FADV_DONTNEED`` after a sync, so each
+test starts from pages that are really not in memory and fails if the
+read-ahead does not bring them in.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from scopefs.vfs.readahead import AHEAD_NOTES, ReadAhead
+from tests.conftest import Scenario, artifact_path
+from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+
+
+def resident(path: Path) -> int:
+    """Bytes of ``path`` in the page cache now."""
+    out = subprocess.run(["fincore", "--raw", "--noheadings", "--bytes", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert resident(path) == 0
+
+
+def test_read_ahead_brings_the_named_files_in_and_follows_no_link_and_waits_on_no_fifo(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    names = [f"a{i:02d}" for i in range(20)]
+    for name in names:
+        (store / name).write_bytes(os.urandom(8192))
+        evict(store / name)
+    outside = tmp_path / "outside"
+    outside.write_bytes(os.urandom(8192))
+    evict(outside)
+    (store / "link").symlink_to(outside)
+    os.mkfifo(store / "fifo")
+    dir_fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY)
+    ahead = ReadAhead()
+    try:
+        ahead.want([(dir_fd, "fifo"), (dir_fd, "link"), (dir_fd, "missing")] + [(dir_fd, n) for n in names])
+        wait_until(lambda: all(resident(store / n) == 8192 for n in names), timeout=10)
+        closing = threading.Thread(target=ahead.close)
+        closing.start()
+        closing.join(timeout=10)
+        assert not closing.is_alive(), "a FIFO among the names held the thread"
+    finally:
+        os.close(dir_fd)
+    assert resident(outside) == 0  # the link was not followed
+
+
+def test_read_ahead_takes_at_most_its_share_of_one_listing(tmp_path: Path) -> None:
+    names = [f"n{i:05d}" for i in range(AHEAD_NOTES + 10)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x" * 4096)
+    for name in names[AHEAD_NOTES:]:
+        evict(tmp_path / name)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    ahead = ReadAhead()
+    try:
+        ahead.want([(dir_fd, n) for n in names])
+        ahead.close()  # the one listing is done once this returns
+    finally:
+        os.close(dir_fd)
+    assert all(resident(tmp_path / n) == 0 for n in names[AHEAD_NOTES:])
+
+
+def test_listing_a_folder_of_a_mount_reads_its_notes_ahead(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
+    home = scenario.cli.home
+    paths = [f"notes/ahead-{i}.md" for i in range(12)]
+    for path in paths:
+        scenario.cli("write", scenario.alice_session, "private/" + path, stdin=f"{path}\n".encode() * 200,
+                     check=True)
+    artifacts = [artifact_path(home, scenario.alice, path) for path in paths]
+    other = artifact_path(home, scenario.bob, "notes/allergy.md")  # Bob's note: not in Alice's view
+    where = mounts.mount(scenario.alice_session, "alice")
+    for artifact in [*artifacts, other]:
+        evict(artifact)
+    assert all(resident(a) == 0 for a in artifacts)
+    names = os.listdir(where / "private" / "notes")  # READDIR: nothing is read, the folder is listed
+    assert {Path(p).name for p in paths} <= set(names)
+    wait_until(lambda: all(resident(a) > 0 for a in artifacts), timeout=10)
+    assert resident(other) == 0
+    for path in paths:  # and what the READs then serve is still verified content
+        assert (where / "private" / path).read_bytes() == f"{path}\n".encode() * 200
