@@ -9,6 +9,8 @@ what ``scopefs mount`` runs). Then:
   proportional share (``smaps_rollup``: Pss, shared pages counted once
   over all processes), after ``--settle`` seconds with nothing asked of
   them, and the CPU all of them used meanwhile (``/proc/PID/stat``);
+* the CPU the other mounts spend when one note is read through one mount
+  (its read audit is a commit to ``state.sqlite``, which wakes them all);
 * woken in turn: for each mount, a cold ``grep -r`` over its notes and a
   second, warm one, timed, next to the same two greps over a native copy
   of the same notes;
@@ -35,7 +37,7 @@ from scopefs.catalog import identity
 from scopefs.catalog.agents import add_agent
 from scopefs.catalog.home import Home
 from scopefs.catalog.sessions import DirectMessage, open_session
-from scopefs.sandbox.mounts import start, stop
+from scopefs.sandbox.mounts import MountRecord, start, stop
 from scopefs.writer.transaction import write_note
 
 AGENT, CHANNEL, ACCOUNT = "main", "telegram", "bench-bot"
@@ -59,6 +61,23 @@ def cpu_s(pid: int) -> float:
     """User plus system CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of_a_wake(records: list[MountRecord], settle: float, reads: int = 5) -> float:
+    """CPU milliseconds each of the other mounts spends, over the 3 s after one note is read through
+    one mount, above what it spends idle: the read's audit batch is a commit to ``state.sqlite``,
+    and every mount wakes on every commit there (``vfs.watch``). The median of ``reads`` reads."""
+    others = records[1:]
+    before = sum(cpu_s(r.pid) for r in others)
+    time.sleep(settle)
+    idle_ms = (sum(cpu_s(r.pid) for r in others) - before) * 1000 / len(others) / settle
+    spent = []
+    for n in range(reads):
+        before = sum(cpu_s(r.pid) for r in others)
+        (Path(records[0].mountpoint) / "private" / "notes" / f"n{n:03d}.md").read_bytes()
+        time.sleep(3)
+        spent.append((sum(cpu_s(r.pid) for r in others) - before) * 1000 / len(others) - 3 * idle_ms)
+    return statistics.median(spent)
 
 
 def timed_grep(root: Path) -> float:
@@ -110,6 +129,7 @@ def main() -> int:
         idle_cpu = (sum(cpu_s(r.pid) for r in records) - cpu_before) / args.settle
         idle = [rss_mib(r.pid) for r in records]
         idle_pss = [pss_mib(r.pid) for r in records]
+        wake_cpu = cpu_of_a_wake(records, args.settle)
         subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=False)
         cold, warm, native_cold, native_warm = [], [], [], []
         for i, record in enumerate(records):
@@ -121,6 +141,7 @@ def main() -> int:
         after = [rss_mib(r.pid) for r in records]
         report = {"mounts": args.mounts, "notes_per_mount": args.notes, "mount_all_s": mount_s,
                   "idle_cpu_share": idle_cpu, "idle_rss_mib": summary(idle), "idle_pss_mib": summary(idle_pss),
+                  "wake_cpu_ms_per_mount": wake_cpu,
                   "rss_after_reads_mib": summary(after),
                   "grep_cold_s": summary(cold), "grep_warm_s": summary(warm),
                   "native_grep_cold_s": summary(native_cold), "native_grep_warm_s": summary(native_warm),

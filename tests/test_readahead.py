@@ -18,6 +18,12 @@ from tests.conftest import Scenario, artifact_path
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 
+def locator(i: int) -> str:
+    """A name shaped like an artifact's (26 base32 letters): read-ahead opens nothing else."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+    return "a" * 23 + alphabet[i // 1024 % 32] + alphabet[i // 32 % 32] + alphabet[i % 32]
+
+
 def resident(path: Path) -> int:
     """Bytes of ``path`` in the page cache now."""
     out = subprocess.run(["fincore", "--raw", "--noheadings", "--bytes", "--output", "RES", str(path)],
@@ -36,21 +42,27 @@ def evict(path: Path) -> None:
 
 
 def test_read_ahead_brings_the_named_files_in_and_follows_no_link_and_waits_on_no_fifo(tmp_path: Path) -> None:
+    """Only what a READ would open: no link, no FIFO, no hard link, no malformed name (``..``, a NUL)."""
     store = tmp_path / "store"
     store.mkdir()
-    names = [f"a{i:02d}" for i in range(20)]
+    names = [locator(i) for i in range(20)]
     for name in names:
         (store / name).write_bytes(os.urandom(8192))
         evict(store / name)
     outside = tmp_path / "outside"
     outside.write_bytes(os.urandom(8192))
     evict(outside)
-    (store / "link").symlink_to(outside)
-    os.mkfifo(store / "fifo")
+    linked = tmp_path / "linked"
+    linked.write_bytes(os.urandom(8192))
+    evict(linked)
+    (store / locator(900)).symlink_to(outside)
+    os.link(linked, store / locator(901))
+    os.mkfifo(store / locator(902))
+    bad = ["../outside", "bad\0name", locator(903)]  # the last one is missing
     dir_fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY)
     ahead = ReadAhead()
     try:
-        ahead.want([(dir_fd, "fifo"), (dir_fd, "link"), (dir_fd, "missing")] + [(dir_fd, n) for n in names])
+        ahead.want([(dir_fd, n) for n in (locator(902), locator(900), locator(901), *bad, *names)])
         wait_until(lambda: all(resident(store / n) == 8192 for n in names), timeout=10)
         closing = threading.Thread(target=ahead.close)
         closing.start()
@@ -58,11 +70,12 @@ def test_read_ahead_brings_the_named_files_in_and_follows_no_link_and_waits_on_n
         assert not closing.is_alive(), "a FIFO among the names held the thread"
     finally:
         os.close(dir_fd)
-    assert resident(outside) == 0  # the link was not followed
+    assert resident(outside) == 0  # neither the symlink nor "../" reached it
+    assert resident(linked) == 0  # a hard-linked file is not an artifact
 
 
 def test_read_ahead_takes_at_most_its_share_of_one_listing(tmp_path: Path) -> None:
-    names = [f"n{i:05d}" for i in range(AHEAD_NOTES + 10)]
+    names = [locator(i) for i in range(AHEAD_NOTES + 10)]
     for name in names:
         (tmp_path / name).write_bytes(b"x" * 4096)
     for name in names[AHEAD_NOTES:]:

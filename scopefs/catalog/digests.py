@@ -42,8 +42,8 @@ def sha256_for(size_hint: int | None) -> Any:
 
 def _openssl_sha256() -> Any:
     modules: dict[str, Any] = sys.modules  # an entry may be None: "not importable" (vfs.lean)
-    if "_hashlib" in modules and modules["_hashlib"] is None:
-        del modules["_hashlib"]  # set aside by vfs.lean: this content is worth loading it for
+    if modules.get("_hashlib", 0) is None:
+        modules.pop("_hashlib", None)  # set aside by vfs.lean: this content is worth loading it for
     try:
         import _hashlib
     except ImportError:  # a Python built without OpenSSL: its own is all there is

@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from scopefs.catalog.artifacts import mismatch, open_artifact_stat, open_store_dir, verify
 from scopefs.catalog.digests import Sink
-from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import VisibleNote
-from scopefs.vfs.readahead import AHEAD_BYTES, ReadAhead
+from scopefs.vfs.readahead import AHEAD_BYTES, AHEAD_NOTES, ReadAhead
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
@@ -76,6 +77,7 @@ class Artifacts:
         # too (one append is atomic), read on the trio thread.
         self._hashed: list[tuple[str, str]] = []
         self._ahead = ReadAhead()
+        self._store_lock = threading.Lock()
 
     def close(self) -> None:
         self._ahead.close()  # first: it uses the store descriptors closed next
@@ -86,16 +88,17 @@ class Artifacts:
         self._kept.clear()
 
     def _store_fd(self, cell: str, path_key: str) -> int:
-        fd = self._store_fds.get((cell, path_key))
-        if fd is None:
-            fd = self._store_fds[(cell, path_key)] = open_store_dir(self._home, cell, path_key)
-        return fd
+        with self._store_lock:  # worker threads (large files) open stores too: one descriptor per store
+            fd = self._store_fds.get((cell, path_key))
+            if fd is None:
+                fd = self._store_fds[(cell, path_key)] = open_store_dir(self._home, cell, path_key)
+            return fd
 
     def place(self, note: VisibleNote) -> tuple[int, str] | None:
         """Where ``note``'s artifact is (its store's descriptor, its locator), None if the store is gone."""
         try:
             return self._store_fd(note.cell, note.path_key), note.locator
-        except (IntegrityError, OSError):
+        except (ScopefsError, OSError):  # missing, unsafe or malformed: the READ will say so
             return None
 
     def read_ahead(self, notes: list[VisibleNote]) -> None:
@@ -105,6 +108,8 @@ class Artifacts:
         for note in notes:
             if 0 < note.size <= AHEAD_BYTES and (place := self.place(note)) is not None:
                 places.append(place)
+                if len(places) == AHEAD_NOTES:
+                    break
         self._ahead.want(places)
 
     def needs_hash(self, note: VisibleNote) -> bool:

@@ -23,6 +23,7 @@ from scopefs.catalog.paths import Parts
 from scopefs.vfs.attributes import attributes
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.readahead import AHEAD_NOTES
 from scopefs.vfs.removals import Removals
 
 KEEP_LISTINGS = 64  # listings being read in pieces, the oldest forgotten first
@@ -39,7 +40,12 @@ class Folders:
     def _read_ahead(self, parts: Parts, names: list[str]) -> None:
         """A folder listed afresh is about to be walked: ask the disk for its notes (``vfs.readahead``)."""
         notes = self._mount.view.notes
-        found = [note for name in names if (note := notes.get(parts + (name,))) is not None]
+        found = []
+        for name in names:
+            if (note := notes.get(parts + (name,))) is not None:
+                found.append(note)
+                if len(found) == AHEAD_NOTES:  # the rest is not asked for: a huge folder costs no more here
+                    break
         if found:
             self._mount.artifacts.read_ahead(found)
 

@@ -23,17 +23,22 @@ keeps up are dropped, and an error skips the file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
-import stat
 import threading
+
+from scopefs.catalog.artifacts import check_locator
+from scopefs.catalog.errors import ScopefsError
+from scopefs.catalog.fsafe import open_regular
+
+log = logging.getLogger("scopefs.vfs")
 
 AHEAD_BYTES = 256 << 10  # only notes up to this size: a large one is read ahead by the kernel anyway
 AHEAD_NOTES = 1024  # per listing: a folder of 100,000 notes costs no more than one of 1,024
 WAITING = 8  # listings queued for the thread; more are dropped
 
 Place = tuple[int, str]  # a store directory's descriptor (held by ``Artifacts``), an artifact's name in it
-_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # WILLNEED reads nothing: no atime
 
 
 class ReadAhead:
@@ -74,18 +79,21 @@ class ReadAhead:
     def _run(self) -> None:
         while (places := self._waiting.get()) is not None:
             for dir_fd, name in places:
-                _ask(dir_fd, name)
+                try:
+                    _ask(dir_fd, name)
+                except Exception as exc:  # noqa: BLE001 - a file skipped, never the thread ended
+                    log.warning("a read-ahead was skipped (%s)", type(exc).__name__)
 
 
 def _ask(dir_fd: int, name: str) -> None:
+    """Open ``name`` the way a READ does (a well-formed locator, right below the store, not crossing a
+    mount, a single-link regular file: ``open_regular``) and ask for its first ``AHEAD_BYTES``."""
     try:
-        fd = os.open(name, _FLAGS, dir_fd=dir_fd)
-    except OSError:
+        fd, info = open_regular(dir_fd, check_locator(name))
+    except (OSError, ScopefsError):
         return
     try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            os.posix_fadvise(fd, 0, min(info.st_size, AHEAD_BYTES), os.POSIX_FADV_WILLNEED)
+        os.posix_fadvise(fd, 0, min(info.st_size, AHEAD_BYTES), os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
     finally:
