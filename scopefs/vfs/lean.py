@@ -91,7 +91,7 @@ class Thrift:
     """
 
     def __init__(self) -> None:
-        self._baseline = 0  # no /proc: ``look`` measures nothing and gives nothing back
+        self._baseline = 1 << 62  # lowered by every look (no /proc: ``look`` measures nothing)
         with contextlib.suppress(OSError, ValueError):
             self._baseline = resident_bytes()
         self._cpu = time.process_time()
@@ -99,7 +99,9 @@ class Thrift:
     def look(self) -> None:
         cpu, self._cpu = self._cpu, time.process_time()
         with contextlib.suppress(OSError, ValueError):  # no /proc: nothing measured, nothing given back
-            if self._cpu - cpu > QUIET_CPU_S or resident_bytes() - self._baseline < GROWN_BYTES:
+            now = resident_bytes()
+            self._baseline = min(self._baseline, now)  # the low-water mark: startup's give-back lowered it
+            if self._cpu - cpu > QUIET_CPU_S or now - self._baseline < GROWN_BYTES:
                 return
             give_back()
             self._baseline = resident_bytes()
