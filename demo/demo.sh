@@ -168,13 +168,13 @@ set +e; echo "A group digest of Alice's commute" | "$SCOPEFS" derive "$GROUP_S" 
 if [ "$got" != 3 ]; then echo "DEMO FAILED: a private note widened into the channel (exit $got)" >&2; exit 1; fi
 echo "  -> refused (exit 3 mixed-audience), as it must be"
 for _ in $(seq 50); do [ -e "$MNT/alice/private/digests/mornings.md" ] && break; sleep 0.1; done
-must_see alice "9:30" 1
+must_see alice "meetings start at 9:30" 1
 echo "--- Alice forgets the commute note: a preview first, the same report applied"
 run forget "$ALICE_DM" private/profile/commute.md --dry-run
 run forget "$ALICE_DM" private/profile/commute.md
 for _ in $(seq 50); do [ ! -e "$MNT/alice/private/digests/mornings.md" ] && break; sleep 0.1; done
 must_see alice "canal" 0
-must_see alice "9:30" 0
+must_see alice "meetings start at 9:30" 0
 echo "--- the same claim, written again through the group, is refused"
 echo "alice cycles to the office along the canal every morning" > /tmp/scopefs-demo-claim.md
 printf '$ scopefs write %s channel/commute.md < claim\n' "$GROUP_S"
