@@ -36,7 +36,7 @@ from scopefs.catalog.digests import Sink
 from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import VisibleNote
-from scopefs.vfs.readahead import AHEAD_BYTES, AHEAD_NOTES, ReadAhead
+from scopefs.vfs.readahead import AHEAD_BYTES, ReadAhead
 
 RACY_NS = 2_000_000_000  # a ctime this close to the verification is not trusted
 KEEP_OPEN = 1024  # verified artifacts kept open for cheap re-opens
@@ -103,14 +103,9 @@ class Artifacts:
 
     def read_ahead(self, notes: list[VisibleNote]) -> None:
         """Have the disk read the small artifacts of ``notes`` soon (a folder is being listed:
-        ``vfs.readahead`` says why); returns at once."""
-        places = []
-        for note in notes:
-            if 0 < note.size <= AHEAD_BYTES and (place := self.place(note)) is not None:
-                places.append(place)
-                if len(places) == AHEAD_NOTES:
-                    break
-        self._ahead.want(places)
+        ``vfs.readahead`` says why); returns at once. The caller bounds ``notes`` (``AHEAD_NOTES``)."""
+        self._ahead.want([place for note in notes
+                          if 0 < note.size <= AHEAD_BYTES and (place := self.place(note)) is not None])
 
     def needs_hash(self, note: VisibleNote) -> bool:
         """Whether opening ``note`` will hash it (so the caller can move that to a thread)."""
