@@ -17,7 +17,9 @@ and applies the answers. All of it runs on the trio thread.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import trio
 
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Mount, Op
@@ -33,6 +35,7 @@ class Removal:
     resource_id: str
     due: float  # monotonic time at which the tombstone is committed
     in_flight: bool = False  # being committed right now: too late to cancel
+    settled: trio.Event = field(default_factory=trio.Event)  # committed (or refused) and the view applied
 
 
 @dataclass(frozen=True)

@@ -50,22 +50,36 @@ class Removals:
         return bool(self._mount.layers.removed)
 
     async def settle(self, *, prefix: Parts | None = None, everything: bool = False) -> None:
-        """Tombstone notes removed here whose grace period is over (all of them, or all under ``prefix``)."""
+        """Tombstone notes removed here whose grace period is over (all of them, or all under ``prefix``).
+
+        A removal is forgotten here only once the view without its note is
+        applied: each tombstone and the view after it are one trip to the
+        catalog (``commit_and_sync``). Forgotten any sooner, the note would
+        show again until the next sync (the view still holding it, nothing
+        hiding it any more), and an ``rm -r`` would find its folder not
+        empty. With ``prefix`` (``rmdir``), the removals under it that
+        another settle has in flight are waited for too, so that the folder
+        goes only once its notes did.
+        """
         mount = self._mount
         layers = mount.layers
         due = layers.due_removals(everything=everything or prefix is not None)
         if prefix is not None:
             due = [(p, r) for p, r in due if p[:len(prefix)] == prefix]
         for parts, removal in due:
-            if removal.in_flight or layers.removed.get(parts) is not removal:
+            if removal.in_flight:
+                if prefix is not None:
+                    await removal.settled.wait()
+                continue
+            if layers.removed.get(parts) is not removal:
                 continue
             removal.in_flight = True
             try:
-                await mount.catalog(catalog_ops.remove, mount.home, mount.session_id, parts, removal.resource_id)
+                await mount.commit_and_sync(catalog_ops.remove, mount.home, mount.session_id, parts,
+                                            removal.resource_id)
             except Exception as exc:  # noqa: BLE001 - logged by type; the note stays
                 log.warning("a removal was not committed (%s); the note stays", type(exc).__name__)
             finally:
                 if layers.removed.get(parts) is removal:
                     del layers.removed[parts]
-        if due:
-            await mount.sync()
+                removal.settled.set()

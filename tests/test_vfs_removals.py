@@ -1,0 +1,90 @@
+"""Removals through a mount: a removed note never shows again while its tombstone is committed.
+
+An ``rm -r`` of a freshly copied tree once failed with ENOTEMPTY on a
+folder that ``ls`` then showed empty: the background settle forgot each
+removal as soon as its tombstone committed but read the view only after
+the whole batch, so for that long the note was neither hidden nor gone.
+These tests run a ``ScopeFS`` in this process (``tests.inprocesskit``) and
+look at the mount between every two of the settle's steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.lowlevel
+
+from scopefs.catalog.errors import Denied
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.layers import REMOVAL_GRACE_S
+from tests.conftest import Scenario
+from tests.inprocesskit import Tool, as_alice, no_kernel, run_alice_mount
+
+pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
+
+FOLDER = ("private", "many")
+NOTES = [f"n{i}.md" for i in range(8)]
+
+
+async def _fill_and_remove(fs: ScopeFS, tool: Tool, names: list[str]) -> None:
+    """Make ``private/many`` holding ``names``, unlink them all, and wait out their grace period."""
+    await fs.mkdir(await tool.folder("private"), FOLDER[-1].encode(), 0o700, None)  # type: ignore[arg-type]
+    for name in names:
+        await tool.create("private/many", name, f"note {name}\n".encode())
+    for name in names:
+        await tool.unlink("private/many", name)
+    await trio.sleep(REMOVAL_GRACE_S + 0.05)
+
+
+def _read(scenario: Scenario, name: str) -> bytes:
+    from scopefs.catalog.reader import read_note
+    return as_alice(scenario, read_note, "/".join(FOLDER + (name,)))
+
+
+def test_a_settling_removal_is_never_shown_again(scenario: Scenario) -> None:
+    """Between every two steps of a settle of many removals, the folder lists none of the notes."""
+    seen: list[list[str]] = []
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await _fill_and_remove(fs, tool, NOTES)
+        done = trio.Event()
+
+        async def settle() -> None:
+            await fs.removals.settle()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(settle)
+            while not done.is_set():
+                seen.append(fs.mount.layers.names(FOLDER))
+                await trio.lowlevel.checkpoint()
+        tool.check("the settle")
+        assert not fs.mount.layers.removed
+        await fs.rmdir(await tool.folder("private"), FOLDER[-1].encode(), None)  # type: ignore[arg-type]
+
+    run_alice_mount(scenario, script)
+    assert len(seen) > len(NOTES)  # looked while each tombstone was on its way
+    assert [names for names in seen if names] == []
+    for name in NOTES:
+        with pytest.raises(Denied):
+            _read(scenario, name)
+
+
+def test_rmdir_waits_for_a_removal_in_flight_under_it(scenario: Scenario) -> None:
+    """``rmdir`` while the background settle commits the folder's last note: it returns once that note is gone."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await _fill_and_remove(fs, tool, NOTES[:1])
+        (removal,) = fs.mount.layers.removed.values()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.removals.settle)
+            while not removal.in_flight:  # noqa: ASYNC110 - the flag is the settle's own; nothing signals it
+                await trio.lowlevel.checkpoint()
+            await fs.rmdir(await tool.folder("private"), FOLDER[-1].encode(), None)  # type: ignore[arg-type]
+            assert removal.settled.is_set()
+            assert not fs.mount.layers.removed
+            assert fs.mount.layers.lookup(FOLDER) is None
+        tool.check("rmdir")
+
+    run_alice_mount(scenario, script)
+    with pytest.raises(Denied):
+        _read(scenario, NOTES[0])
