@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from scopefs.catalog.db import connect
 from scopefs.vfs import reads
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch
+from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch, commit_events
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
@@ -75,6 +76,52 @@ def test_a_watch_names_each_artifact_written_moved_removed_or_changed_to_its_gro
     seen, catalog_told = trio.run(main)
     assert seen == {"written", "chmodded", "moved", "arrived", "removed"}
     assert not catalog_told  # nothing changed among the catalogs: that group was not woken
+
+
+def test_a_catalog_watch_wakes_for_commits_not_for_checkpoints_or_other_files(tmp_path: Path) -> None:
+    """Only a write to a write-ahead log, or a database made or removed, wakes the catalog group.
+
+    A checkpoint writes committed pages into the database file and
+    changes nothing a view shows; counted, it woke every mount many times
+    during another mount's ``grep -r``. A real SQLite database in WAL mode.
+    """
+    conn = connect(tmp_path / "state.sqlite", create=True)
+    conn.execute("CREATE TABLE t (x)")
+
+    async def main() -> list[str]:
+        watch = DirectoryWatch.open()
+        assert watch is not None, "inotify is part of every machine this runs on"
+        woke: list[str] = []
+
+        async def woken_by(what: str, act: object) -> None:
+            assert callable(act)
+            act()
+            with trio.move_on_after(0.3):
+                await watch.changed("catalog")
+                woke.append(what)
+            assert not watch.consume("catalog")  # changed() took everything reported so far
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            assert watch.watch("catalog", {tmp_path}, CATALOG_EVENTS, commit_events) == (True, True)
+            await woken_by("commit", lambda: conn.execute("INSERT INTO t VALUES (1)"))
+            await woken_by("checkpoint", lambda: conn.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+            await woken_by("other file", lambda: (tmp_path / "notes.txt").write_text("x"))
+            await woken_by("another commit", lambda: conn.execute("INSERT INTO t VALUES (2)"))
+            await woken_by("a database made", lambda: connect(tmp_path / "other.sqlite", create=True).close())
+            conn.execute("INSERT INTO t VALUES (3)")
+            with trio.fail_after(5):
+                while not watch.consume("catalog"):  # noqa: ASYNC110 - kept until looked at; nothing else signals
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return woke
+
+    try:
+        woke = trio.run(main)
+    finally:
+        conn.close()
+    assert woke == ["commit", "another commit", "a database made"]
+    assert commit_events(0x002, "state.sqlite-wal") and not commit_events(0x002, "state.sqlite")
 
 
 def test_a_mount_holds_one_inotify_instance(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811

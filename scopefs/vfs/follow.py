@@ -40,7 +40,7 @@ from scopefs.vfs.mount import MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
-from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch
+from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch, commit_events
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -76,32 +76,43 @@ class Follow:
 
     async def _follow(self) -> None:
         """``MountState.sync`` whenever a database of the view changed, a policy entry or role membership
-        expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify)."""
+        expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify).
+
+        inotify reports a commit's ``write(2)``s, and the commit becomes
+        visible a moment later (SQLite's shared-memory index, which inotify
+        does not see), so every read a wake caused is followed by one more
+        ``POLL_S`` later. That one also covers whatever was reported
+        meanwhile: while commits keep coming (another mount's reads record
+        thousands of exposures a second, each commit reported many times),
+        a mount reads the catalog once per ``POLL_S``, not once per report,
+        and a revocation still shows within ``POLL_S`` and a read.
+        """
         mount = self._mount
         watch = self._watch
-        woke = False
+        look_again = False
         while True:
-            watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS)
+            watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS, commit_events)
                                if watch is not None else (False, False))
             wait = FOLLOW_S if watching else POLL_S
-            if woke:
-                # inotify reports a commit's write(2)s; the commit becomes visible a moment later
-                # (SQLite's shared-memory index, which inotify does not see): look once more then.
-                wait = POLL_S
             if added:  # what was committed since the view was read reached no watch: look now
                 wait = 0.0
             for until in (mount.view.valid_until, mount.view.access.evidence_until):
                 wait = min(wait, _seconds_until(until))
-            woke = False
+            if look_again:
+                assert watch is not None
+                await trio.sleep(min(wait, POLL_S))
+                look_again = watch.consume("catalog")  # reported meanwhile: this read covers it, one more follows
+                await self._round(mount.sync)
+                continue
             with trio.move_on_after(wait):
                 if watching:
                     assert watch is not None
                     await watch.changed("catalog")
-                    woke = True
+                    look_again = True
                 else:
                     await trio.sleep_forever()
             since = time.monotonic_ns()
-            if woke:
+            if look_again:
                 # Most wakes are this mount's own saves, which refresh the view themselves as soon
                 # as they commit: give them a moment, and do not read the catalog again if one did.
                 await trio.sleep(WAKE_GRACE_S)

@@ -5,6 +5,13 @@ cell's ``catalog.sqlite``, and every commit appends to that database's
 write-ahead log with ``write(2)``, which inotify reports on the directory
 that holds it. So a mount sleeps until one of those directories reports a
 change, and then asks the catalog (``MountState.sync``) what it was.
+Only the logs count (``commit_events``): every connection is in WAL mode
+(``catalog.db.connect`` refuses any other), so a commit never writes the
+database file itself, and what does write it, a checkpoint copying
+committed pages back, changes nothing a view shows. Counted, checkpoints
+woke every mount hundreds of times during one mount's ``grep -r`` (the
+exposures it records fill the log of ``state.sqlite``). A database or log
+made, moved in or removed (a restore) still counts.
 
 Every process that writes those databases is on this host: SQLite's
 write-ahead log works only between processes that share memory, so a home
@@ -31,6 +38,7 @@ import errno
 import logging
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -49,6 +57,15 @@ IN_CLOEXEC = os.O_CLOEXEC
 CATALOG_EVENTS = IN_MODIFY | IN_MOVED_TO | IN_CREATE | IN_DELETE
 ARTIFACT_EVENTS = IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
 _READ = 64 * 1024
+_LOG_SUFFIX = "-wal"  # SQLite's write-ahead log beside each database: where every commit is written
+_DATABASE_SUFFIXES = (".sqlite", ".sqlite" + _LOG_SUFFIX)
+
+
+def commit_events(mask: int, name: str) -> bool:
+    """Whether an event in a directory of databases may be a commit (see the module docstring)."""
+    if mask & IN_MODIFY:
+        return name.endswith(_LOG_SUFFIX)
+    return name.endswith(_DATABASE_SUFFIXES)
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -58,6 +75,7 @@ class _Group:
     """What one reader of the watch waits for: the names that changed in its directories."""
 
     def __init__(self) -> None:
+        self.keep: Callable[[int, str], bool] | None = None  # which events count (None: all of them)
         self.names: set[str] | None = set()  # None: events were lost, so anything may have changed
         self.pending = False
         self.wakeup = trio.Event()
@@ -104,14 +122,17 @@ class DirectoryWatch:
     def _group(self, group: str) -> _Group:
         return self._groups.setdefault(group, _Group())
 
-    def watch(self, group: str, directories: set[Path], events: int) -> tuple[bool, bool]:
+    def watch(self, group: str, directories: set[Path], events: int,
+              keep: Callable[[int, str], bool] | None = None) -> tuple[bool, bool]:
         """Watch each of ``directories`` not watched yet for ``group``: (all are watched, one was just added).
 
+        ``keep(mask, name)``: which of the events wake ``group`` (None: all).
         A commit that landed before a watch was added was reported to
         nobody, so after adding one the caller must look at the catalog
         once before it sleeps on the watch.
         """
         found, watched = self._group(group), self._watched.setdefault(group, set())
+        found.keep = keep
         ok, added = True, False
         for directory in directories - watched:
             wd = _libc.inotify_add_watch(self._fd, os.fsencode(directory), events)
@@ -131,6 +152,14 @@ class DirectoryWatch:
             await found.wakeup.wait()
         return found.take()
 
+    def consume(self, group: str) -> bool:
+        """Whether anything was reported to ``group`` since it last looked; forgets it. Never waits."""
+        found = self._group(group)
+        if not found.pending:
+            return False
+        found.take()
+        return True
+
     async def run(self) -> None:
         """Read the descriptor for as long as the mount lives; closes it when cancelled."""
         try:
@@ -149,7 +178,7 @@ class DirectoryWatch:
                     group.add(None)
                 continue
             found = self._by_wd.get(wd)
-            if found is not None:
+            if found is not None and (found.keep is None or found.keep(mask, name)):
                 found.add(name)
 
     def _drain(self) -> list[bytes]:
