@@ -198,6 +198,19 @@ class Home:
         _check_private(root, want_dir=True, mode=0o700)
         return cls(root, vfs=vfs)
 
+    def release_memory(self) -> None:
+        """Give back the page caches of the open databases (``sqlite3_db_release_memory``).
+
+        Each connection keeps up to its cache size (2 MiB by default) of
+        pages it once read, and reads them all again after another process
+        commits anyway; a mount that went quiet after serving holds them for
+        nothing (``vfs.lean.Thrift``). Call it where the connections are
+        used: a mount's catalog thread.
+        """
+        for conn in [self._state, *self._catalogs.values()]:
+            if conn is not None:
+                conn.release_memory()
+
     def close(self) -> None:
         for conn in [self._state, *self._catalogs.values()]:
             if conn is not None:

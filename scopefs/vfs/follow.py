@@ -161,7 +161,10 @@ class Follow:
         await self._round(self.flush_audit)
         await self._round(self.index_verified)
         await self._round(self._commits.index)
-        self._thrift.look()  # last: an index round just done is not "quiet", the next look may be
+        if self._thrift.due():  # last: an index round just done is not "quiet", the next look may be
+            # SQLite's page caches first: they are most of what a woken mount grew by.
+            await self._round(functools.partial(self._mount.catalog, self._mount.home.release_memory))
+            self._thrift.give_back()
 
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""

@@ -84,10 +84,13 @@ class Thrift:
 
     A woken mount grows by a few MiB (its worker threads' heaps, the
     catalog's pages, the request buffers) and glibc keeps all of it after
-    the burst. ``look`` is called about once a second: when this process
+    the burst. ``due`` is asked about once a second: when this process
     used almost no CPU since the last look and its resident memory grew by
     half a MiB or more since the last give-back, it gives back. A busy mount is
     never interrupted by a collection, an idle one pays for one once.
+    A mount first empties SQLite's page caches (``Home.release_memory``, on
+    its catalog thread): up to 2 MiB per connection, which no ``malloc_trim``
+    can return while SQLite holds them.
     """
 
     def __init__(self) -> None:
@@ -96,13 +99,24 @@ class Thrift:
             self._baseline = resident_bytes()
         self._cpu = time.process_time()
 
-    def look(self) -> None:
+    def due(self) -> bool:
+        """Whether to give back now: quiet since the last look, and grown since the last give-back."""
         cpu, self._cpu = self._cpu, time.process_time()
-        with contextlib.suppress(OSError, ValueError):  # no /proc: nothing measured, nothing given back
+        try:
             now = resident_bytes()
-            self._baseline = min(self._baseline, now)  # the low-water mark: startup's give-back lowered it
-            if self._cpu - cpu > QUIET_CPU_S or now - self._baseline < GROWN_BYTES:
-                return
-            give_back()
+        except (OSError, ValueError):  # no /proc: nothing measured, nothing given back
+            return False
+        self._baseline = min(self._baseline, now)  # the low-water mark: startup's give-back lowered it
+        return self._cpu - cpu <= QUIET_CPU_S and now - self._baseline >= GROWN_BYTES
+
+    def give_back(self) -> None:
+        """``give_back()``, and measure from what is left."""
+        give_back()
+        with contextlib.suppress(OSError, ValueError):
             self._baseline = resident_bytes()
-            self._cpu = time.process_time()
+        self._cpu = time.process_time()
+
+    def look(self) -> None:
+        """``give_back`` if ``due``."""
+        if self.due():
+            self.give_back()
