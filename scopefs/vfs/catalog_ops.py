@@ -13,6 +13,7 @@ path.
 from __future__ import annotations
 
 import errno
+from typing import BinaryIO
 
 from scopefs.catalog.access import VACANT, authorize_session, existing_target
 from scopefs.catalog.audit import drain_quietly
@@ -32,10 +33,10 @@ def check_deposit(home: Home, session_id: str, handle: str) -> None:
     postbox.check_deposit(home, session_id, handle)
 
 
-def deposit(home: Home, session_id: str, handle: str, draft: Draft) -> None:
-    """File the draft into the postbox of the sender ``handle`` names (``writer.postbox.deposit``; writes
-    already stopped it at ``DEPOSIT_MAX_BYTES``)."""
-    postbox.deposit(home, session_id, handle, draft.read(0, draft.size))
+def deposit(home: Home, session_id: str, handle: str, data: bytes) -> None:
+    """File a deposit's bytes into the postbox of the sender ``handle`` names (``writer.postbox.deposit``;
+    writes already stopped them at ``DEPOSIT_MAX_BYTES``)."""
+    postbox.deposit(home, session_id, handle, data)
 
 
 class CrossDevice(OSError):
@@ -44,12 +45,19 @@ class CrossDevice(OSError):
 
 def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None, *,
            durable: bool = False) -> WriteResult:
-    """The draft as the next revision of the note at ``parts`` (of ``expected_resource_id``, if given);
-    synced to disk only if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``); its search
-    rows follow once the mount is idle, or when a search asks first (``Commits.index``)."""
+    """``commit_source`` of the draft, opened here: for a caller on the thread that owns the draft."""
     with draft.reader() as source:
-        return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
-                           durable=durable, defer_index=True, in_memory=True)
+        return commit_source(home, session_id, parts, source, expected_resource_id, durable=durable)
+
+
+def commit_source(home: Home, session_id: str, parts: Parts, source: BinaryIO, expected_resource_id: str | None,
+                  *, durable: bool = False) -> WriteResult:
+    """A draft's content (``Draft.reader``) as the next revision of the note at ``parts`` (of
+    ``expected_resource_id``, if given); synced to disk only if ``durable`` (an ``fsync``), as POSIX asks
+    (``writer.transaction``); its search rows follow once the mount is idle, or when a search asks first
+    (``Commits.index``)."""
+    return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
+                       durable=durable, defer_index=True, in_memory=True)
 
 
 def sync(home: Home, agent_id: str, resource_id: str | None) -> None:

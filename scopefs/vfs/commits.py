@@ -248,7 +248,9 @@ class Commits:
             return
         mount = self._mount
         try:
-            await mount.catalog(catalog_ops.deposit, mount.home, mount.session_id, node.deposit, draft)
+            # Read here, on the trio thread: the catalog thread never touches a draft's descriptor.
+            data = draft.read(0, draft.size)
+            await mount.catalog(catalog_ops.deposit, mount.home, mount.session_id, node.deposit, data)
         except Denied:
             raise fail(errno.EACCES) from None
         draft.dirty = False
@@ -395,8 +397,12 @@ class Commits:
         The view shows the new revision when this returns: commit and refresh make one catalog trip."""
         mount = self._mount
         try:
-            return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, parts, draft,
-                                               expected, durable=durable)
+            # The draft is opened here, on the trio thread, before the commit waits for the catalog
+            # thread: whatever closes the draft meanwhile, the commit reads its content, never an
+            # error, nor another file that took the same descriptor number.
+            with draft.reader() as source:
+                return await mount.commit_and_sync(catalog_ops.commit_source, mount.home, mount.session_id, parts,
+                                                   source, expected, durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
                 raise
@@ -407,8 +413,11 @@ class Commits:
             if not node.attached or node.parts == parts:
                 raise
             mount.check_copy(node)  # the view moved on: the draft's source must still be in it
-            return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, node.parts, draft,
-                                               node.resource_id, durable=durable)
+            if node.draft is not draft:
+                raise  # let go of meanwhile: nothing is left to commit
+            with draft.reader() as source:
+                return await mount.commit_and_sync(catalog_ops.commit_source, mount.home, mount.session_id,
+                                                   node.parts, source, node.resource_id, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""
@@ -467,6 +476,11 @@ class Commits:
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
         mount.handles.take(fh)  # only now: until here the handle counted in ``opens`` was in the table
         node.opens -= 1
+        if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
+            # Another close is committing the draft (this is the settle letting go of a writer that
+            # looked idle while its commit waited for the catalog): the draft goes once it is done.
+            async with node.commit_lock:
+                pass
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages

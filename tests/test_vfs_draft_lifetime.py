@@ -1,0 +1,59 @@
+"""A close's commit keeps the draft it commits, whatever lets go of the writer meanwhile.
+
+A ``cp -r`` through a mount once failed with "failed to close ...: No such
+file or directory". The close's commit waited for the catalog thread for
+more than ``WRITER_IDLE_S``; the background settle took the writer for an
+idle one, let go of it and closed its draft; the commit then reopened the
+draft by its descriptor number, which was gone (and could have been
+another file by then). A ``ScopeFS`` runs in this process
+(``tests.inprocesskit``); the catalog thread is held busy to make the
+commit wait, as a busy mount does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+from scopefs.catalog.reader import read_note
+from scopefs.vfs.fs import ScopeFS
+from tests.conftest import Scenario
+from tests.inprocesskit import Tool, as_alice, no_kernel, run_alice_mount
+
+pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
+
+CONTENT = b"written, then closed while the catalog was busy\n"
+
+
+def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenario: Scenario) -> None:
+    closed: list[bool] = []
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, _ = await fs.create(folder, b"raced.md", 0o600, os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, CONTENT)
+        node = fs.mount.handles.get(info.fh).node
+        busy = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.mount.catalog, busy.wait)  # the catalog thread is taken
+
+            async def close() -> None:
+                await fs.flush(info.fh, node.ino, None)  # type: ignore[arg-type]
+                closed.append(True)
+
+            nursery.start_soon(close)
+            await trio.testing.wait_all_tasks_blocked()  # the close's commit waits for the catalog thread
+            fs.mount.handles.get(info.fh).used -= 10.0  # as if its last write were long ago
+            nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer
+            await trio.testing.wait_all_tasks_blocked()
+            busy.set()
+        await fs.release(info.fh)
+        tool.check("the close and the settle")
+
+    run_alice_mount(scenario, script)
+    assert closed == [True]
+    assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
