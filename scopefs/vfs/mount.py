@@ -74,7 +74,8 @@ class MountState:
         self.handles = HandleTable()
         self.uid, self.gid = owner if owner is not None else (os.getuid(), os.getgid())
         self.started_ns = time.time_ns()  # the time of every folder, constant: it says nothing of writes
-        self.bad_revisions: set[str] = set()  # failed verification in this mount: EIO until the view moves on
+        # Failed verification in this mount: EIO until the view moves on, once the event says it is audited.
+        self.bad_revisions: dict[str, trio.Event] = {}
         self._limiter = trio.CapacityLimiter(1)
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)

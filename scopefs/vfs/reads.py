@@ -169,8 +169,7 @@ class Reads:
         """An open descriptor of ``note``'s artifact whose whole content matched the catalog, and that
         content itself when this hashed a small file from one read (``Artifacts.open``)."""
         artifacts = self._mount.artifacts
-        if note.revision_id in self._mount.bad_revisions:
-            raise fail(errno.EIO)
+        await self._refuse_if_bad(note)
         try:
             if note.size > INLINE_BYTES and artifacts.needs_hash(note):
                 fd, stamp, whole = await trio.to_thread.run_sync(
@@ -187,8 +186,7 @@ class Reads:
         note = reader.note
         if not mount.shows(note.resource_id):
             raise fail(errno.EACCES)  # revoked, tombstoned or denied since it was verified
-        if note.revision_id in mount.bad_revisions:
-            raise fail(errno.EIO)
+        await self._refuse_if_bad(note)
         whole, reader.whole = reader.whole, None
         if whole is not None and off == 0 and size >= len(whole):
             return whole  # hashed and matched a moment ago (``_reader``): the same bytes, not read again
@@ -291,7 +289,9 @@ class Reads:
         note's own node (a scratch file frozen to the revision: vim's backup).
         """
         mount = self._mount
-        mount.bad_revisions.add(note.revision_id)
+        audited = mount.bad_revisions.get(note.revision_id)
+        if audited is None:
+            audited = mount.bad_revisions[note.revision_id] = trio.Event()
         own = mount.layers.by_resource.get(note.resource_id)
         for node in (own, opened if opened is not own else None):
             if node is not None:
@@ -300,7 +300,18 @@ class Reads:
                 if reader is not None:
                     reader.close()
         event = mount.event(Op.READ, "error", Reason.REVISION_STALE, note)
-        await mount.catalog(record_quietly, mount.home.state(), event)
+        try:
+            await mount.catalog(record_quietly, mount.home.state(), event)
+        finally:
+            audited.set()
+
+    async def _refuse_if_bad(self, note: VisibleNote) -> None:
+        """EIO for a revision that failed verification here, once that failure is audited: the READ
+        that found it replies only after its audit row, and no other READ may reply sooner."""
+        audited = self._mount.bad_revisions.get(note.revision_id)
+        if audited is not None:
+            await audited.wait()
+            raise fail(errno.EIO)
 
     def expose(self, note: VisibleNote) -> None:
         """Record that this session saw a revision: once per mount, in batches.
