@@ -292,15 +292,15 @@ class Reads:
         audited = mount.bad_revisions.get(note.revision_id)
         if audited is None:
             audited = mount.bad_revisions[note.revision_id] = trio.Event()
-        own = mount.layers.by_resource.get(note.resource_id)
-        for node in (own, opened if opened is not own else None):
-            if node is not None:
-                mount.forget_pages(node)
-                reader = self._readers.pop(node.ino, None)
-                if reader is not None:
-                    reader.close()
-        event = mount.event(Op.READ, "error", Reason.REVISION_STALE, note)
-        try:
+        try:  # whatever fails here, the READs waiting on ``audited`` are refused, never left hanging
+            own = mount.layers.by_resource.get(note.resource_id)
+            for node in (own, opened if opened is not own else None):
+                if node is not None:
+                    mount.forget_pages(node)
+                    reader = self._readers.pop(node.ino, None)
+                    if reader is not None:
+                        reader.close()
+            event = mount.event(Op.READ, "error", Reason.REVISION_STALE, note)
             await mount.catalog(record_quietly, mount.home.state(), event)
         finally:
             audited.set()
