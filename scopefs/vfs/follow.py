@@ -46,6 +46,7 @@ log = logging.getLogger("scopefs.vfs")
 
 POLL_S = 0.1  # how often pending writers and removals are settled, and the catalog looked at without inotify
 WAKE_GRACE_S = 0.02  # after an inotify wake, how long a save of this mount has to refresh the view itself
+LATE_LOOK_S = 1.0  # after the last report, when to read once more (a commit whose fsync was slow: ``_follow``)
 FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
@@ -79,17 +80,20 @@ class Follow:
         expires, or ``FOLLOW_S`` passed (``POLL_S`` without inotify).
 
         inotify reports a commit's ``write(2)``s, and the commit becomes
-        visible a moment later (SQLite's shared-memory index, which inotify
-        does not see), so every read a wake caused is followed by one more
-        ``POLL_S`` later. That one also covers whatever was reported
-        meanwhile: while commits keep coming (another mount's reads record
-        thousands of exposures a second, each commit reported many times),
-        a mount reads the catalog once per ``POLL_S``, not once per report,
-        and a revocation still shows within ``POLL_S`` and a read.
+        visible a moment later (after its fsync, in SQLite's shared-memory
+        index, which inotify does not see). So every read a wake caused is
+        followed by one more ``POLL_S`` later, which also covers whatever
+        was reported meanwhile: while commits keep coming (another mount's
+        reads record thousands of exposures a second, each commit reported
+        many times), a mount reads the catalog once per ``POLL_S``, not once
+        per report. And once ``LATE_LOOK_S`` after the last report, a last
+        read: a commit whose fsync took longer than the first two looks
+        (a slow disk) still shows within a second of being visible.
         """
         mount = self._mount
         watch = self._watch
         look_again = False
+        late_look: float | None = None  # time.monotonic() of the last read a report asked for
         while True:
             watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS, commit_events)
                                if watch is not None else (False, False))
@@ -102,8 +106,12 @@ class Follow:
                 assert watch is not None
                 await trio.sleep(min(wait, POLL_S))
                 look_again = watch.consume("catalog")  # reported meanwhile: this read covers it, one more follows
+                if look_again:
+                    late_look = time.monotonic() + LATE_LOOK_S
                 await self._round(mount.sync)
                 continue
+            if late_look is not None:
+                wait = min(wait, max(0.0, late_look - time.monotonic()))
             with trio.move_on_after(wait):
                 if watching:
                     assert watch is not None
@@ -113,9 +121,12 @@ class Follow:
                     await trio.sleep_forever()
             since = time.monotonic_ns()
             if look_again:
+                late_look = time.monotonic() + LATE_LOOK_S
                 # Most wakes are this mount's own saves, which refresh the view themselves as soon
                 # as they commit: give them a moment, and do not read the catalog again if one did.
                 await trio.sleep(WAKE_GRACE_S)
+            elif late_look is not None and time.monotonic() >= late_look:
+                late_look = None  # this is that last read
             await self._round(functools.partial(mount.sync, since=since))
 
     async def _watch_artifacts(self) -> None:
