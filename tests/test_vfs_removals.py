@@ -10,11 +10,16 @@ look at the mount between every two of the settle's steps.
 
 from __future__ import annotations
 
+import errno
+
+import pyfuse3
 import pytest
 import trio
 import trio.lowlevel
 
-from scopefs.catalog.errors import Denied
+from scopefs.catalog.errors import Denied, StorageError
+from scopefs.vfs import catalog_ops
+from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.layers import REMOVAL_GRACE_S
 from tests.conftest import Scenario
@@ -88,3 +93,62 @@ def test_rmdir_waits_for_a_removal_in_flight_under_it(scenario: Scenario) -> Non
     run_alice_mount(scenario, script)
     with pytest.raises(Denied):
         _read(scenario, NOTES[0])
+
+
+def test_rmdir_of_a_folder_whose_removal_was_refused_is_not_empty(scenario: Scenario,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tombstone the catalog refuses leaves the note, and so its folder: rmdir answers ENOTEMPTY."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await _fill_and_remove(fs, tool, NOTES[:1])
+
+        def refused(*args: object) -> bool:
+            raise StorageError("injected: the tombstone's commit failed")
+
+        monkeypatch.setattr(catalog_ops, "remove", refused)
+        with pytest.raises(pyfuse3.FUSEError) as answer:
+            await fs.rmdir(await tool.folder("private"), FOLDER[-1].encode(), None)  # type: ignore[arg-type]
+        assert answer.value.errno == errno.ENOTEMPTY
+        assert fs.mount.layers.names(FOLDER) == NOTES[:1]
+        tool.check("the refused rmdir")
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, NOTES[0]) == f"note {NOTES[0]}\n".encode()
+
+
+def test_a_tombstone_whose_view_refresh_failed_stays_hidden(scenario: Scenario,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view after a tombstone could not be read: the note stays hidden until one without it is applied."""
+    seen: list[list[str]] = []
+    failed: list[bool] = []
+    real_refresh = mount_module.refresh
+
+    def refresh(home: object, view: object) -> object:
+        if not failed:
+            failed.append(True)
+            raise OSError("injected: the view refresh after the tombstone failed")
+        return real_refresh(home, view)  # type: ignore[arg-type]
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await _fill_and_remove(fs, tool, NOTES[:3])
+        monkeypatch.setattr(mount_module, "refresh", refresh)
+        done = trio.Event()
+
+        async def settle() -> None:
+            await fs.removals.settle()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(settle)
+            while not done.is_set():
+                seen.append(fs.mount.layers.names(FOLDER))
+                await trio.lowlevel.checkpoint()
+        await fs.mount.sync()
+        assert not fs.mount.layers.removed and not fs.mount.layers.tombstoned
+        tool.check("the settle")
+
+    run_alice_mount(scenario, script)
+    assert failed == [True]
+    assert [names for names in seen if names] == []
+    for name in NOTES[:3]:
+        with pytest.raises(Denied):
+            _read(scenario, name)

@@ -73,6 +73,8 @@ class Folders:
         # their grace period: settle them now, so that the folder goes with
         # them instead of coming back in its parent's listing (``rm -r``).
         await self._removals.settle(prefix=parts)
+        if layers.names(parts):  # made meanwhile, or a removal refused: the note stays, so does its folder
+            raise fail(errno.ENOTEMPTY)
         if layers.local.get(parts) is node:  # kept by this mount (made here, or emptied here)
             layers.drop_local(parts)
             layers.dirs.pop(parts, None)

@@ -58,6 +58,7 @@ class Layers:
         self.local: dict[Parts, Node] = {}
         self.local_children: dict[Parts, set[str]] = {}
         self.removed: dict[Parts, Removal] = {}
+        self.tombstoned: set[Parts] = set()  # removals committed that the view still shows (``Removals.settle``)
 
     @staticmethod
     def _tree(view: VisibleView) -> Tree:
@@ -184,7 +185,13 @@ class Layers:
             if folder is not None and parts[:length] not in self.local:
                 self.add_local(folder)
 
+    def shows_at(self, parts: Parts, resource_id: str) -> bool:
+        """Whether the view shows the note ``resource_id`` at ``parts``."""
+        note = self.view.notes.get(parts)
+        return note is not None and note.resource_id == resource_id
+
     def cancel_removal(self, parts: Parts) -> Removal | None:
+        self.tombstoned.discard(parts)
         return self.removed.pop(parts, None)
 
     def due_removals(self, everything: bool = False) -> list[tuple[Parts, Removal]]:
@@ -249,6 +256,11 @@ class Layers:
         gone = [note.parts for note in changed
                 if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
         out.extend(self._listings_changed(gone + appeared, everything=rebuild))
+        for parts in list(self.tombstoned):
+            removal = self.removed.get(parts)
+            if removal is None or not self.shows_at(parts, removal.resource_id):
+                self.tombstoned.discard(parts)  # a view without the note at last: nothing to hide any more
+                self.removed.pop(parts, None)
         return [i for i in out if i is not None]
 
     def _listings_changed(self, paths: list[Parts], *, everything: bool) -> list[Invalidation]:

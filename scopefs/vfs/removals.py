@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import logging
 
+import trio
+
 from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.inodes import Kind
@@ -74,12 +76,21 @@ class Removals:
             if layers.removed.get(parts) is not removal:
                 continue
             removal.in_flight = True
+            keep = False
             try:
-                await mount.commit_and_sync(catalog_ops.remove, mount.home, mount.session_id, parts,
-                                            removal.resource_id)
+                if await mount.commit_and_sync(catalog_ops.remove, mount.home, mount.session_id, parts,
+                                               removal.resource_id):
+                    # Tombstoned, but the refresh after it failed: hidden until a view without it is applied.
+                    keep = layers.shows_at(parts, removal.resource_id)
+            except trio.Cancelled:
+                removal.in_flight, keep = False, True  # it never ran (the mount is going): the unmount's settle
+                raise
             except Exception as exc:  # noqa: BLE001 - logged by type; the note stays
                 log.warning("a removal was not committed (%s); the note stays", type(exc).__name__)
             finally:
                 if layers.removed.get(parts) is removal:
-                    del layers.removed[parts]
+                    if not keep:
+                        del layers.removed[parts]
+                    elif removal.in_flight:
+                        layers.tombstoned.add(parts)
                 removal.settled.set()
