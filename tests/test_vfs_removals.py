@@ -41,6 +41,23 @@ async def _fill_and_remove(fs: ScopeFS, tool: Tool, names: list[str]) -> None:
     await trio.sleep(REMOVAL_GRACE_S + 0.05)
 
 
+async def _settle_watching(fs: ScopeFS) -> list[list[str]]:
+    """Settle the due removals, and what the folder lists between every two steps of it."""
+    seen: list[list[str]] = []
+    done = trio.Event()
+
+    async def settle() -> None:
+        await fs.removals.settle()
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(settle)
+        while not done.is_set():
+            seen.append(fs.mount.layers.names(FOLDER))
+            await trio.lowlevel.checkpoint()
+    return seen
+
+
 def _read(scenario: Scenario, name: str) -> bytes:
     from scopefs.catalog.reader import read_note
     return as_alice(scenario, read_note, "/".join(FOLDER + (name,)))
@@ -52,17 +69,7 @@ def test_a_settling_removal_is_never_shown_again(scenario: Scenario) -> None:
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await _fill_and_remove(fs, tool, NOTES)
-        done = trio.Event()
-
-        async def settle() -> None:
-            await fs.removals.settle()
-            done.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(settle)
-            while not done.is_set():
-                seen.append(fs.mount.layers.names(FOLDER))
-                await trio.lowlevel.checkpoint()
+        seen.extend(await _settle_watching(fs))
         tool.check("the settle")
         assert not fs.mount.layers.removed
         await fs.rmdir(await tool.folder("private"), FOLDER[-1].encode(), None)  # type: ignore[arg-type]
@@ -131,17 +138,7 @@ def test_a_tombstone_whose_view_refresh_failed_stays_hidden(scenario: Scenario,
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await _fill_and_remove(fs, tool, NOTES[:3])
         monkeypatch.setattr(mount_module, "refresh", refresh)
-        done = trio.Event()
-
-        async def settle() -> None:
-            await fs.removals.settle()
-            done.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(settle)
-            while not done.is_set():
-                seen.append(fs.mount.layers.names(FOLDER))
-                await trio.lowlevel.checkpoint()
+        seen.extend(await _settle_watching(fs))
         await fs.mount.sync()
         assert not fs.mount.layers.removed and not fs.mount.layers.tombstoned
         tool.check("the settle")
