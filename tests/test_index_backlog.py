@@ -212,7 +212,7 @@ import sys, threading
 from scopefs.vfs import catalog_ops, mount
 from scopefs.cli.main import main
 
-real_commit, real_refresh = catalog_ops.commit_source, mount.refresh
+real_commit, real_refresh = catalog_ops.commit, mount.refresh
 state = threading.local()
 failed = []
 
@@ -228,7 +228,7 @@ def refresh(home, view):
         raise OSError("injected: the view refresh after a save failed")
     return real_refresh(home, view)
 
-catalog_ops.commit_source, mount.refresh = commit, refresh
+catalog_ops.commit, mount.refresh = commit, refresh
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -88,7 +88,8 @@ def test_a_save_never_becomes_a_revision_of_another_note(raced: tuple[Home, str,
     draft = Draft(b"X, edited\n")
     try:
         with pytest.raises(Conflict):
-            catalog_ops.commit(home, session, _parts(A), draft, x)
+            with draft.reader() as source:
+                catalog_ops.commit(home, session, _parts(A), source, x)
     finally:
         draft.close()
     assert read_note(home, session, A) == b"Y\n"
@@ -101,7 +102,8 @@ def test_without_a_race_each_call_acts_on_its_note(scenario: Scenario) -> None:
     x = write_note(home, session, A, b"X\n").resource_id
     draft = Draft(b"X2\n")
     try:
-        assert catalog_ops.commit(home, session, _parts(A), draft, x).resource_id == x
+        with draft.reader() as source:
+            assert catalog_ops.commit(home, session, _parts(A), source, x).resource_id == x
     finally:
         draft.close()
     catalog_ops.rename(home, session, _parts(A), _parts(B), x, None)

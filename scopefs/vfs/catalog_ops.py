@@ -21,7 +21,6 @@ from scopefs.catalog.errors import Conflict
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
-from scopefs.vfs.drafts import Draft
 from scopefs.writer import postbox, unsynced
 from scopefs.writer.rename import CrossRoot, rename_parts
 from scopefs.writer.tombstone import delete_parts
@@ -43,19 +42,12 @@ class CrossDevice(OSError):
     """A rename between two roots: ``EXDEV``, so that ``mv`` copies (through the write path) instead."""
 
 
-def commit(home: Home, session_id: str, parts: Parts, draft: Draft, expected_resource_id: str | None, *,
+def commit(home: Home, session_id: str, parts: Parts, source: BinaryIO, expected_resource_id: str | None, *,
            durable: bool = False) -> WriteResult:
-    """``commit_source`` of the draft, opened here: for a caller on the thread that owns the draft."""
-    with draft.reader() as source:
-        return commit_source(home, session_id, parts, source, expected_resource_id, durable=durable)
-
-
-def commit_source(home: Home, session_id: str, parts: Parts, source: BinaryIO, expected_resource_id: str | None,
-                  *, durable: bool = False) -> WriteResult:
-    """A draft's content (``Draft.reader``) as the next revision of the note at ``parts`` (of
-    ``expected_resource_id``, if given); synced to disk only if ``durable`` (an ``fsync``), as POSIX asks
-    (``writer.transaction``); its search rows follow once the mount is idle, or when a search asks first
-    (``Commits.index``)."""
+    """A draft's content (``Draft.reader``, opened by the caller on the thread that owns the draft) as
+    the next revision of the note at ``parts`` (of ``expected_resource_id``, if given); synced to disk only
+    if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``); its search rows follow once the
+    mount is idle, or when a search asks first (``Commits.index``)."""
     return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
                        durable=durable, defer_index=True, in_memory=True)
 

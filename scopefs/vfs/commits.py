@@ -401,7 +401,7 @@ class Commits:
             # thread: whatever closes the draft meanwhile, the commit reads its content, never an
             # error, nor another file that took the same descriptor number.
             with draft.reader() as source:
-                return await mount.commit_and_sync(catalog_ops.commit_source, mount.home, mount.session_id, parts,
+                return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, parts,
                                                    source, expected, durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
@@ -416,7 +416,7 @@ class Commits:
             if node.draft is not draft:
                 raise  # let go of meanwhile: nothing is left to commit
             with draft.reader() as source:
-                return await mount.commit_and_sync(catalog_ops.commit_source, mount.home, mount.session_id,
+                return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id,
                                                    node.parts, source, node.resource_id, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:

@@ -59,6 +59,7 @@ ARTIFACT_EVENTS = IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREAT
 _READ = 64 * 1024
 _LOG_SUFFIX = "-wal"  # SQLite's write-ahead log beside each database: where every commit is written
 _DATABASE_SUFFIXES = (".sqlite", ".sqlite" + _LOG_SUFFIX)
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
 
 
 def commit_events(mask: int, name: str) -> bool:
@@ -66,7 +67,7 @@ def commit_events(mask: int, name: str) -> bool:
     if mask & IN_MODIFY:
         return name.endswith(_LOG_SUFFIX)
     return name.endswith(_DATABASE_SUFFIXES)
-_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
