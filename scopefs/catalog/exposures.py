@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from scopefs.catalog import ids
+from scopefs.catalog.audit import AuditEvent, insert_many
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate, scalar
+from scopefs.catalog.db import immediate, relaxed, scalar
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
 
@@ -72,24 +74,29 @@ def record(home: Home, *, session_id: str, agent_id: str, run_id: str | None, op
 
 
 def record_batch(state: apsw.Connection, *, session_id: str, agent_id: str, run_id: str, operation: str,
-                 exposed: list[Exposed], at: list[int] | None = None) -> None:
+                 exposed: list[Exposed], at: list[int] | None = None, audit: Sequence[AuditEvent] = ()) -> None:
     """Exposures of a surface without receipts (a mount's reads, the command line), in one transaction.
 
     ``at``: when each was exposed, parallel to ``exposed``. A mount records its reads about once a second;
     stamping them with the flush time would put a read made just before a removal after it, outside the
-    window ``audit impact`` looks in."""
+    window ``audit impact`` looks in.
+
+    ``audit``: the reads' audit rows, written in the same transaction. A mount holds both in memory for
+    up to a second before this, so one commit without a sync loses nothing a crash of the mount would
+    not: and one commit, not two, is what every other mount wakes for (``vfs.follow``)."""
     if at is not None and len(at) != len(exposed):
         raise ValueError("record_batch: one time per exposure")
-    if exposed:
-        _insert(state, session_id, agent_id, run_id, operation, exposed, None, count=False, at=at)
+    if exposed or audit:
+        _insert(state, session_id, agent_id, run_id, operation, exposed, None, count=False, at=at, audit=audit)
 
 
 def _insert(state: apsw.Connection, session_id: str, agent_id: str, run: str, operation: str,
-            exposed: list[Exposed], policy_revision: str | None, *,
-            count: bool, at: list[int] | None = None) -> tuple[str, tuple[Exposed, ...], int, int]:
-    """One transaction of exposure rows, committed without a disk sync (``synchronous=NORMAL`` for this
-    connection, this transaction): a crash of any process loses none, a power loss the last few, never
-    content. With ``count``, also the run's exposure revision (distinct revisions it has seen)."""
+            exposed: list[Exposed], policy_revision: str | None, *, count: bool, at: list[int] | None = None,
+            audit: Sequence[AuditEvent] = ()) -> tuple[str, tuple[Exposed, ...], int, int]:
+    """One transaction of exposure rows (and ``audit`` rows), committed without a disk sync
+    (``synchronous=NORMAL`` for this connection, this transaction): a crash of any process loses none,
+    a power loss the last few, never content. With ``count``, also the run's exposure revision
+    (distinct revisions it has seen)."""
     receipt_id = ids.random_token()
     now = now_us()
     when: dict[Exposed, int] = {}
@@ -97,19 +104,18 @@ def _insert(state: apsw.Connection, session_id: str, agent_id: str, run: str, op
         when.setdefault(e, t)  # the first exposure of a revision in this batch
     unique = tuple(when)
     revision = 0
-    state.execute("PRAGMA synchronous=NORMAL")
-    try:
-        with immediate(state):
+    with relaxed(state), immediate(state):
+        if audit:
+            insert_many(state, list(audit))
+        if unique:
             state.executemany(
                 "INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id, resource_id,"
                 " policy_revision, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(receipt_id, session_id, agent_id, run, operation, e.revision_id, e.resource_id, policy_revision,
                   when[e]) for e in unique])
-            if count:
-                revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
-                                             " WHERE session_id = ? AND run_id = ?", (session_id, run)))
-    finally:
-        state.execute("PRAGMA synchronous=FULL")
+        if count:
+            revision = int(scalar(state, "SELECT count(DISTINCT revision_id) FROM exposures"
+                                         " WHERE session_id = ? AND run_id = ?", (session_id, run)))
     return receipt_id, unique, now, revision
 
 

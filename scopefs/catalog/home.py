@@ -270,6 +270,10 @@ class Home:
         self._catalogs[agent_id] = conn
         return conn
 
+    def open_catalogs(self) -> dict[str, apsw.Connection]:
+        """The catalogs this process has opened so far, by cell (``catalog.marks`` compares them)."""
+        return dict(self._catalogs)
+
     def agents(self) -> list[str]:
         return [row[0] for row in self.state().execute("SELECT agent_id FROM agents ORDER BY agent_id")]
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from scopefs.catalog.audit import record_many
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.exposures import record_batch
 from scopefs.catalog.index import index_again
@@ -199,12 +198,11 @@ class Follow:
         batch, exposed = self._reads.take_exposures()
         if batch:
             try:
-                await self._mount.catalog(record_many, self._mount.home.state(), batch)
                 access = self._mount.view.access
-                await self._mount.catalog(functools.partial(
+                await self._mount.catalog(functools.partial(  # one commit, and every other mount wakes once
                     record_batch, self._mount.home.state(), session_id=access.session.session_id,
                     agent_id=access.session.agent_id, run_id="mount", operation="read", exposed=exposed,
-                    at=[event.at for event in batch]))  # each read's own time, not this flush's
+                    at=[event.at for event in batch], audit=batch))  # each read's own time, not this flush's
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
 

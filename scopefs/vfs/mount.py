@@ -34,7 +34,9 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.audit import AuditEvent
+from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
+from scopefs.catalog.marks import Mark, mark
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
@@ -53,6 +55,7 @@ log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
 
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
+FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
 
 
 def fail(code: int) -> pyfuse3.FUSEError:
@@ -81,6 +84,9 @@ class MountState:
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
         self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
+        self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
+        self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
+        self.refreshes = [0, 0]  # [read whole, answered by the mark]: what following the catalog cost
         self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
         # on this thread, before any request sees the new view.
@@ -132,17 +138,24 @@ class MountState:
         old = self.view
         began = time.monotonic_ns()  # replaced by the moment the refresh really starts, on the thread
         done: list[T] = []
+        taken: Mark | None = None
+        whole = True
 
         def fresh(home: Home, view: VisibleView) -> VisibleView:
-            nonlocal began
+            nonlocal began, taken, whole
             if first is not None:
                 done.append(first())
             began = time.monotonic_ns()
+            taken = mark(home)  # before anything is read: a commit landing meanwhile makes the next mark differ
+            if first is None and self._unmoved(taken, view):
+                whole = False
+                return view
             return refresh(home, view)
 
         try:
             new = await self.catalog(fresh, self.home, old)
         except Exception as exc:
+            self._marked = None
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
@@ -152,9 +165,26 @@ class MountState:
                 return done
             raise
         self._last_sync_ok = time.monotonic()
+        if whole:
+            self._read_whole_at = self._last_sync_ok
+        self.refreshes[0 if whole else 1] += 1
+        self._marked = None  # until the view it was taken for is the one applied
         self._apply(new)
         self._fresh_since = began
+        self._marked = (taken, new) if taken is not None else None
         return done
+
+    def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
+        """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the
+        last mark was taken for, no commit that can change a view came since, no expiry of it has
+        passed, and it was read whole less than ``FULL_REFRESH_S`` ago (a net, as ``vfs.follow``'s)."""
+        marked = self._marked
+        if marked is None or marked[1] is not view or not taken.same_as(marked[0]):
+            return False
+        if time.monotonic() - self._read_whole_at >= FULL_REFRESH_S:
+            return False
+        now = now_us()
+        return all(until is None or now < until for until in (view.valid_until, view.access.evidence_until))
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view

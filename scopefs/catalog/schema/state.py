@@ -184,4 +184,74 @@ CREATE TRIGGER audit_prunes_no_delete BEFORE DELETE ON audit_prunes
 BEGIN SELECT RAISE(ABORT, 'prune records are never deleted'); END;
 """
 
-STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2, V3, V4))  # 'SCST'
+# What a session's view is read from changes only with the tables above that
+# are not the journal (audit, exposures, search_stats, audit_prunes). Every
+# change to one of them counts up ``view_generation`` in its own transaction,
+# by trigger, whoever writes it: a mount woken by a commit here tells a read
+# being recorded from a revocation by one row (``catalog.marks``). A table
+# added later gets the same three triggers (``tests/test_marks.py`` checks).
+V5 = """
+CREATE TABLE view_generation (
+    singleton  INTEGER PRIMARY KEY CHECK (singleton = 1),
+    generation INTEGER NOT NULL
+) STRICT;
+INSERT INTO view_generation (singleton, generation) VALUES (1, 0);
+CREATE TRIGGER view_generation_no_delete BEFORE DELETE ON view_generation
+BEGIN SELECT RAISE(ABORT, 'the view generation is never deleted'); END;
+CREATE TRIGGER agents_moves_views_on_insert AFTER INSERT ON agents
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER agents_moves_views_on_update AFTER UPDATE ON agents
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER agents_moves_views_on_delete AFTER DELETE ON agents
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER principals_moves_views_on_insert AFTER INSERT ON principals
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER principals_moves_views_on_update AFTER UPDATE ON principals
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER principals_moves_views_on_delete AFTER DELETE ON principals
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER identity_bindings_moves_views_on_insert AFTER INSERT ON identity_bindings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER identity_bindings_moves_views_on_update AFTER UPDATE ON identity_bindings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER identity_bindings_moves_views_on_delete AFTER DELETE ON identity_bindings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER conversations_moves_views_on_insert AFTER INSERT ON conversations
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER conversations_moves_views_on_update AFTER UPDATE ON conversations
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER conversations_moves_views_on_delete AFTER DELETE ON conversations
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER memberships_moves_views_on_insert AFTER INSERT ON memberships
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER memberships_moves_views_on_update AFTER UPDATE ON memberships
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER memberships_moves_views_on_delete AFTER DELETE ON memberships
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER session_index_moves_views_on_insert AFTER INSERT ON session_index
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER session_index_moves_views_on_update AFTER UPDATE ON session_index
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER session_index_moves_views_on_delete AFTER DELETE ON session_index
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pools_moves_views_on_insert AFTER INSERT ON pools
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pools_moves_views_on_update AFTER UPDATE ON pools
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pools_moves_views_on_delete AFTER DELETE ON pools
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pool_config_moves_views_on_insert AFTER INSERT ON pool_config
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pool_config_moves_views_on_update AFTER UPDATE ON pool_config
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER pool_config_moves_views_on_delete AFTER DELETE ON pool_config
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER postbox_settings_moves_views_on_insert AFTER INSERT ON postbox_settings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER postbox_settings_moves_views_on_update AFTER UPDATE ON postbox_settings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+CREATE TRIGGER postbox_settings_moves_views_on_delete AFTER DELETE ON postbox_settings
+BEGIN UPDATE view_generation SET generation = generation + 1; END;
+"""
+
+STATE_SCHEMA = SchemaKind(name="state", application_id=0x53435354, steps=(V1, V2, V3, V4, V5))  # 'SCST'
