@@ -13,7 +13,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-from scopefs.vfs.readahead import AHEAD_NOTES, ReadAhead
+import pytest
+
+from scopefs.vfs import readahead
+from scopefs.vfs.readahead import AHEAD_NOTES, WORKERS, ReadAhead
 from tests.conftest import Scenario, artifact_path
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
@@ -88,6 +91,34 @@ def test_read_ahead_takes_at_most_its_share_of_one_listing(tmp_path: Path) -> No
     finally:
         os.close(dir_fd)
     assert all(resident(tmp_path / n) == 0 for n in names[AHEAD_NOTES:])
+
+
+def test_threads_share_a_listing_and_end_when_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large listing is taken by several threads at once, and none outlives its work by much: an idle
+    mount keeps no read-ahead thread (and so none of its memory)."""
+    monkeypatch.setattr(readahead, "IDLE_S", 0.2)
+    names = [locator(i) for i in range(200)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"y" * 4096)
+        evict(tmp_path / name)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    ahead = ReadAhead()
+    try:
+        ahead.want([(dir_fd, n) for n in names])
+        assert ahead.threads() == WORKERS
+        wait_until(lambda: all(resident(tmp_path / n) == 4096 for n in names), timeout=10)
+        wait_until(lambda: ahead.threads() == 0, timeout=10)
+        assert not [t for t in threading.enumerate() if t.name == "scopefs-readahead"]
+        evict(tmp_path / names[0])
+        ahead.want([(dir_fd, names[0])])  # a later listing starts one again
+        assert ahead.threads() == 1
+        wait_until(lambda: resident(tmp_path / names[0]) == 4096, timeout=10)
+    finally:
+        ahead.close()
+        os.close(dir_fd)
+    assert ahead.threads() == 0 and not [t for t in threading.enumerate() if t.name == "scopefs-readahead"]
+    ahead.want([(dir_fd, names[1])])  # after close: nothing starts, nothing uses the closed descriptor
+    assert ahead.threads() == 0
 
 
 def test_listing_a_folder_of_a_mount_reads_its_notes_ahead(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
