@@ -208,6 +208,13 @@ def catch_up(home: Home, agent_id: str, store_ids: Collection[str] | None = None
     return taken
 
 
+def unindexed_among(count: int) -> str:
+    """The query for which of ``count`` revision ids are active and have no search rows (parameters: the
+    agent id three times, then the ids). A mount runs it for every revision it verified: it must look
+    the ids up, never walk the catalog (``ACTIVE_WITH_STORE`` says why it does not)."""
+    return ACTIVE_WITH_STORE + f" AND v.revision_id IN ({','.join('?' * count)})" + _UNINDEXED + _ORDER
+
+
 def index_again(home: Home, agent_id: str, revision_ids: Iterable[str]) -> int:
     """Index those of ``revision_ids`` that are active but have no rows; how many now have them.
 
@@ -223,8 +230,7 @@ def index_again(home: Home, agent_id: str, revision_ids: Iterable[str]) -> int:
     rows: list[tuple[Any, ...]] = []
     for start in range(0, len(wanted), _IN_BATCH):
         batch = wanted[start:start + _IN_BATCH]
-        rows += conn.execute(ACTIVE_WITH_STORE + f" AND v.revision_id IN ({','.join('?' * len(batch))})"
-                             + _UNINDEXED + _ORDER, (agent_id, agent_id, agent_id, *batch)).fetchall()
+        rows += conn.execute(unindexed_among(len(batch)), (agent_id, agent_id, agent_id, *batch)).fetchall()
     if not rows:
         return 0
     report = ReindexReport()

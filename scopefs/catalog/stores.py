@@ -113,12 +113,18 @@ def revision_by_id(conn: apsw.Connection, revision_id: str) -> RevisionRow | Non
 
 # Active revisions of live resources with their store, for readers that start from a revision id
 # (search results, reindex); parameters: the agent id three times.
+#
+# The agent ids are compared with a unary ``+``, which keeps SQLite from using an index for them. A
+# catalog holds one agent, so ``agent_id = ?`` matches every row; but the planner has no statistics and
+# assumes an equality narrows a lot, so for ``revision_id IN (...)`` it walked the revisions by their
+# ``(agent_id, locator)`` index, all of them, instead of looking the ids up (0.23 s for 500 ids on a
+# catalog of 200,000 revisions, on the catalog thread of a mount whose saves waited behind it).
 ACTIVE_WITH_STORE = (
     "SELECT v.revision_id, v.resource_id, v.revision_no, v.content_sha256, v.size, v.locator, v.state,"
     " s.store_id, s.scope_kind, s.audience_id, sr.path_key"
     " FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
     " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
-    " WHERE v.agent_id = ? AND r.agent_id = ? AND s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
+    " WHERE +v.agent_id = ? AND +r.agent_id = ? AND +s.agent_id = ? AND v.state = 'active' AND r.state = 'live'"
     " AND NOT EXISTS (SELECT 1 FROM lineage_holds h WHERE h.revision_id = v.revision_id)"
 )
 
