@@ -121,6 +121,28 @@ def test_threads_share_a_listing_and_end_when_idle(tmp_path: Path, monkeypatch: 
     assert ahead.threads() == 0
 
 
+
+def test_a_thread_that_cannot_start_fails_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read-ahead is best effort: when no thread can be started (a process limit), ``want`` returns
+    quietly, keeps no thread it does not have, and a later listing starts one once it can."""
+    (tmp_path / locator(0)).write_bytes(b"z" * 4096)
+    evict(tmp_path / locator(0))
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    ahead = ReadAhead()
+    try:
+        with monkeypatch.context() as patched:
+            def refuse(self: threading.Thread) -> None:
+                raise RuntimeError("can't start new thread")
+            patched.setattr(threading.Thread, "start", refuse)
+            ahead.want([(dir_fd, locator(0))])
+            assert ahead.threads() == 0
+        ahead.want([(dir_fd, locator(0))])
+        wait_until(lambda: resident(tmp_path / locator(0)) == 4096, timeout=10)
+    finally:
+        ahead.close()
+        os.close(dir_fd)
+
+
 def test_listing_a_folder_of_a_mount_reads_its_notes_ahead(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
     home = scenario.cli.home
     paths = [f"notes/ahead-{i}.md" for i in range(12)]

@@ -81,7 +81,12 @@ class ReadAhead:
             while len(self._threads) < min(WORKERS, self._waiting.qsize()):
                 thread = threading.Thread(target=self._run, name="scopefs-readahead", daemon=True)
                 self._threads.add(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had (a limit): the listing is answered all the same
+                    self._threads.discard(thread)
+                    log.warning("a read-ahead thread could not be started")
+                    break
 
     def threads(self) -> int:
         """How many threads are alive now (for tests and memory accounting)."""
