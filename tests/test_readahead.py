@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,13 @@ def resident(path: Path) -> int:
     out = subprocess.run(["fincore", "--raw", "--noheadings", "--bytes", "--output", "RES", str(path)],
                          capture_output=True, text=True, check=True).stdout
     return int(out.strip())
+
+
+def all_resident(paths: list[Path], size: int) -> bool:
+    """Whether each of ``paths`` has ``size`` bytes in the page cache now (one ``fincore`` for all)."""
+    out = subprocess.run(["fincore", "--raw", "--noheadings", "--bytes", "--output", "RES", *map(str, paths)],
+                         capture_output=True, text=True, check=True).stdout
+    return [int(line) for line in out.split()] == [size] * len(paths)
 
 
 def evict(path: Path) -> None:
@@ -77,20 +85,26 @@ def test_read_ahead_brings_the_named_files_in_and_follows_no_link_and_waits_on_n
     assert resident(linked) == 0  # a hard-linked file is not an artifact
 
 
-def test_read_ahead_takes_at_most_its_share_of_one_listing(tmp_path: Path) -> None:
+def test_read_ahead_takes_at_most_its_share_of_one_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readahead, "IDLE_S", 0.2)
     names = [locator(i) for i in range(AHEAD_NOTES + 10)]
     for name in names:
         (tmp_path / name).write_bytes(b"x" * 4096)
-    for name in names[AHEAD_NOTES:]:
         evict(tmp_path / name)
     dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     ahead = ReadAhead()
     try:
         ahead.want([(dir_fd, n) for n in names])
-        ahead.close()  # the one listing is done once this returns
+        wait_until(lambda: all_resident([tmp_path / n for n in names[:AHEAD_NOTES]], 4096), timeout=30)
+        wait_until(lambda: ahead.threads() == 0, timeout=10)  # nothing left to do: the threads went idle
     finally:
+        ahead.close()
         os.close(dir_fd)
-    assert all(resident(tmp_path / n) == 0 for n in names[AHEAD_NOTES:])
+    assert all_resident([tmp_path / n for n in names[AHEAD_NOTES:]], 0)
+
+
+def no_thread_left() -> bool:
+    return not [t for t in threading.enumerate() if t.name == "scopefs-readahead"]
 
 
 def test_threads_share_a_listing_and_end_when_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,14 +115,23 @@ def test_threads_share_a_listing_and_end_when_idle(tmp_path: Path, monkeypatch: 
     for name in names:
         (tmp_path / name).write_bytes(b"y" * 4096)
         evict(tmp_path / name)
+    released = threading.Event()
+    ask = readahead._ask
+
+    def held(dir_fd: int, name: str) -> None:
+        released.wait(timeout=10)  # every thread holds its first chunk until all have started
+        ask(dir_fd, name)
+
+    monkeypatch.setattr(readahead, "_ask", held)
     dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     ahead = ReadAhead()
     try:
         ahead.want([(dir_fd, n) for n in names])
         assert ahead.threads() == WORKERS
-        wait_until(lambda: all(resident(tmp_path / n) == 4096 for n in names), timeout=10)
+        released.set()
+        wait_until(lambda: all_resident([tmp_path / n for n in names], 4096), timeout=10)
         wait_until(lambda: ahead.threads() == 0, timeout=10)
-        assert not [t for t in threading.enumerate() if t.name == "scopefs-readahead"]
+        wait_until(no_thread_left, timeout=10)
         evict(tmp_path / names[0])
         ahead.want([(dir_fd, names[0])])  # a later listing starts one again
         assert ahead.threads() == 1
@@ -116,10 +139,28 @@ def test_threads_share_a_listing_and_end_when_idle(tmp_path: Path, monkeypatch: 
     finally:
         ahead.close()
         os.close(dir_fd)
-    assert ahead.threads() == 0 and not [t for t in threading.enumerate() if t.name == "scopefs-readahead"]
+    assert ahead.threads() == 0 and no_thread_left()
     ahead.want([(dir_fd, names[1])])  # after close: nothing starts, nothing uses the closed descriptor
     assert ahead.threads() == 0
 
+
+def test_a_listing_queued_while_the_last_thread_goes_idle_is_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread that timed out waiting looks at the queue again, under the lock ``want`` takes, before
+    it ends; a listing queued in between is read by it, never left without a thread."""
+    monkeypatch.setattr(readahead, "IDLE_S", 0.05)
+    asked: list[str] = []
+    monkeypatch.setattr(readahead, "_ask", lambda dir_fd, name: asked.append(name))
+    ahead = ReadAhead()
+    try:
+        ahead.want([(0, "first")])
+        wait_until(lambda: asked == ["first"], timeout=5)
+        with ahead._lock:  # the thread times out meanwhile and waits for this lock to end
+            time.sleep(0.3)
+            ahead._waiting.put_nowait([(0, "second")])  # what ``want`` does, without starting a thread
+            assert len(ahead._threads) == 1  # still counted: ``want`` would start none
+        wait_until(lambda: asked == ["first", "second"], timeout=5)
+    finally:
+        ahead.close()
 
 
 def test_a_thread_that_cannot_start_fails_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,6 +64,7 @@ class ReadAhead:
         self._lock = threading.Lock()  # guards ``_threads`` and ``_closed`` against the threads' own exit
         self._threads: set[threading.Thread] = set()
         self._closed = False
+        self._refused = False  # a thread could not be started once: said once, not on every listing
 
     def want(self, places: list[Place]) -> None:
         """Ask for ``places`` soon (the caller filtered them by size); never blocks."""
@@ -85,11 +86,13 @@ class ReadAhead:
                     thread.start()
                 except RuntimeError:  # no thread to be had (a limit): the listing is answered all the same
                     self._threads.discard(thread)
-                    log.warning("a read-ahead thread could not be started")
+                    if not self._refused:
+                        self._refused = True
+                        log.warning("a read-ahead thread could not be started; listings are not read ahead")
                     break
 
     def threads(self) -> int:
-        """How many threads are alive now (for tests and memory accounting)."""
+        """How many threads are counted now (a thread leaves the count just before it ends)."""
         with self._lock:
             return len(self._threads)
 

@@ -166,16 +166,22 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
     return plan
 
 
+# Which of the given revisions (a JSON list) are notes of the subject's own store. ``+v.agent_id``: looked
+# up by id, never a walk of every revision (``catalog.stores.ACTIVE_WITH_STORE``).
+OWN_STORE_REVISIONS = (
+    "SELECT v.revision_id FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
+    " JOIN stores s ON s.store_id = r.store_id WHERE +v.agent_id = ? AND s.scope_kind IN ('user', 'agent')"
+    " AND s.audience_id = ? AND v.revision_id IN (SELECT value FROM json_each(?))"
+)
+
+
 def _in_own_store(access: Access, catalog: apsw.Connection, revisions: set[str]) -> set[str]:
     """Those of ``revisions`` that are notes of the caller's own store (a user's private, a service's agent)."""
     subject = access.session.subject.principal_id
     if subject is None:
         return set()
     return {str(r[0]) for r in catalog.execute(
-        "SELECT v.revision_id FROM revisions v JOIN resources r ON r.resource_id = v.resource_id"
-        " JOIN stores s ON s.store_id = r.store_id WHERE v.agent_id = ? AND s.scope_kind IN ('user', 'agent')"
-        " AND s.audience_id = ? AND v.revision_id IN (SELECT value FROM json_each(?))",
-        (access.agent_id, subject, json.dumps(sorted(revisions))))}
+        OWN_STORE_REVISIONS, (access.agent_id, subject, json.dumps(sorted(revisions))))}
 
 
 def _own_copy(access: Access, catalog: apsw.Connection, child: str, own_roots: set[str]) -> str | None:

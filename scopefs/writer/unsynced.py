@@ -219,11 +219,12 @@ def settle_restarted(home: Home, agent_id: str) -> list[Settled]:
     return [Settled(row.revision_id, row in lost) for row in rows]
 
 
-_SELECT_REVISIONS = (
+# ``+v.agent_id``: looked up by id, never a walk of every revision (``catalog.stores.ACTIVE_WITH_STORE``).
+SELECT_REVISIONS = (
     "SELECT v.revision_id, v.resource_id, v.state, v.locator, v.size, v.content_sha256, r.path_key, s.store_id"
     " FROM revisions v JOIN resources res ON res.resource_id = v.resource_id JOIN stores s ON s.store_id = res.store_id"
     " JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
-    " WHERE v.agent_id = ? AND v.revision_id IN (SELECT value FROM json_each(?)) ORDER BY v.created_at, v.revision_no"
+    " WHERE +v.agent_id = ? AND v.revision_id IN (SELECT value FROM json_each(?)) ORDER BY v.created_at, v.revision_no"
 )
 
 
@@ -238,7 +239,7 @@ def roll_back_broken(home: Home, agent_id: str, revision_ids: list[str], reason:
     exclusively.
     """
     rows = [_Unsynced(*row) for row in home.catalog(agent_id).execute(
-        _SELECT_REVISIONS, (agent_id, json.dumps(sorted(revision_ids))))]
+        SELECT_REVISIONS, (agent_id, json.dumps(sorted(revision_ids))))]
     restored = _roll_back(home, agent_id, rows, reason) if rows else []
     if restored:
         with contextlib.suppress(IntegrityError, StorageError):  # doctor reports what stays unindexed
@@ -292,7 +293,7 @@ def _retire(catalog: apsw.Connection, agent_id: str, store_id: str, revision_id:
 def _revision_intact(home: Home, agent_id: str, revision_id: str) -> bool:
     """Whether a revision's artifact is there, safe, and hashes to the catalog: before it is served again."""
     found = [_Unsynced(*row) for row in home.catalog(agent_id).execute(
-        _SELECT_REVISIONS, (agent_id, json.dumps([revision_id])))]
+        SELECT_REVISIONS, (agent_id, json.dumps([revision_id])))]
     return len(found) == 1 and _intact(home, agent_id, found[0])
 
 
