@@ -110,6 +110,19 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
 
 
 @contextlib.contextmanager
+def brief_wait(conn: apsw.Connection, wait_ms: int) -> Iterator[apsw.Connection]:
+    """Inside this block, wait at most ``wait_ms`` for another connection's lock (``BUSY_TIMEOUT_MS``
+    again after it): a write that can be retried later gives up soon instead of holding up the
+    thread it runs on, which may have more urgent reads queued behind it (a mount's view refresh
+    behind its read audit: ``vfs.follow``)."""
+    conn.set_busy_timeout(wait_ms)
+    try:
+        yield conn
+    finally:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+
+
+@contextlib.contextmanager
 def relaxed(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     """Commits inside this block are not synced to disk (``synchronous=NORMAL``).
 

@@ -13,11 +13,13 @@ path.
 from __future__ import annotations
 
 import errno
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from scopefs.catalog.access import VACANT, authorize_session, existing_target
-from scopefs.catalog.audit import drain_quietly
+from scopefs.catalog.audit import drain as audit_drain
+from scopefs.catalog.db import BUSY_TIMEOUT_MS, brief_wait
 from scopefs.catalog.errors import Conflict
+from scopefs.catalog.exposures import record_batch
 from scopefs.catalog.home import Home
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
@@ -63,10 +65,19 @@ def forget_before(home: Home, agent_ids: set[str], before_us: int) -> None:
         unsynced.forget_before(home, agent_id, before_us)
 
 
-def drain(home: Home, agent_ids: set[str]) -> None:
-    """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``)."""
-    for agent_id in sorted(agent_ids):
-        drain_quietly(home.state(), home.catalog(agent_id), agent_id)
+def drain(home: Home, agent_ids: set[str], *, wait_ms: int = BUSY_TIMEOUT_MS) -> None:
+    """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``); raises if the state
+    database stayed locked for ``wait_ms`` (the rows stay in the outbox, and the caller tries again)."""
+    with brief_wait(home.state(), wait_ms):
+        for agent_id in sorted(agent_ids):
+            audit_drain(home.state(), home.catalog(agent_id), agent_id)
+
+
+def record_reads(home: Home, *, wait_ms: int = BUSY_TIMEOUT_MS, **batch: Any) -> None:
+    """``catalog.exposures.record_batch`` on the state database; raises ``StorageError`` if it stayed
+    locked for ``wait_ms`` (nothing was written: the caller keeps the batch for the next try)."""
+    with brief_wait(home.state(), wait_ms):
+        record_batch(home.state(), **batch)
 
 
 def check_save(home: Home, session_id: str, parts: Parts) -> None:

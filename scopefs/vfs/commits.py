@@ -43,6 +43,7 @@ from collections.abc import Container
 
 import trio
 
+from scopefs.catalog.db import BUSY_TIMEOUT_MS
 from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.index import catch_up
 from scopefs.catalog.paths import Parts
@@ -381,12 +382,13 @@ class Commits:
                 if not stores:
                     self._unindexed.pop(cell, None)
 
-    async def drain(self) -> None:
-        """Deliver the audit rows of the saves made here since the last drain."""
+    async def drain(self, *, wait_ms: int = BUSY_TIMEOUT_MS) -> None:
+        """Deliver the audit rows of the saves made here since the last drain; if the state database
+        stays locked for ``wait_ms``, they wait in the outbox for the next drain."""
         cells, self._undrained = self._undrained, set()
         if cells:
             try:
-                await self._mount.catalog(catalog_ops.drain, self._mount.home, cells)
+                await self._mount.catalog(catalog_ops.drain, self._mount.home, cells, wait_ms=wait_ms)
             except BaseException:
                 self._undrained |= cells
                 raise

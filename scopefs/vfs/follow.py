@@ -30,8 +30,10 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.exposures import record_batch
+from scopefs.catalog.db import BUSY_TIMEOUT_MS
+from scopefs.catalog.errors import StorageError
 from scopefs.catalog.index import index_again
+from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.lean import Thrift
@@ -49,6 +51,7 @@ LATE_LOOK_S = 1.0  # after the last report, when to read once more (a commit who
 FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
+AUDIT_WAIT_MS = 50  # how long the audit writes of a tick wait for another process's lock on state.sqlite
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
@@ -183,26 +186,42 @@ class Follow:
         except Exception as exc:  # noqa: BLE001 - the removals and the audit still settle
             log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)
-        await self.flush_audit()
+        await self.flush_audit(patient=True)
         await self._round(functools.partial(self._commits.index, everything=True))
         await self._round(self._commits.write_back)
         self._reads.drop_readers()
         self._mount.artifacts.close()
 
-    async def flush_audit(self) -> None:
-        """The read exposures of the last second, and the outbox rows of the saves made meanwhile."""
+    async def flush_audit(self, *, patient: bool = False) -> None:
+        """The read exposures of the last second, and the outbox rows of the saves made meanwhile.
+
+        Both are writes to ``state.sqlite`` on the catalog thread, where the
+        view's refreshes queue behind them. Another process holding that
+        database's writer lock (a slow durable commit, a drain, a checkpoint)
+        made such a write wait up to ``BUSY_TIMEOUT_MS``, and every refresh
+        with it: a new revision took 6.7 s to show (``bench/RESULTS.md``,
+        issue 14 seventh step). So they wait at most ``AUDIT_WAIT_MS`` and
+        are tried again at the next tick: the save rows stay in the outbox,
+        the read rows here. Only the last flush (``patient``) waits as long
+        as any write would.
+        """
+        wait_ms = BUSY_TIMEOUT_MS if patient else AUDIT_WAIT_MS
         try:
-            await self._commits.drain()
+            await self._commits.drain(wait_ms=wait_ms)
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
-            log.warning("save audit not drained (%s)", type(exc).__name__)
+            log.warning("save audit not drained yet (%s)", type(exc).__name__)
         batch, exposed = self._reads.take_exposures()
         if batch:
             try:
                 access = self._mount.view.access
                 await self._mount.catalog(functools.partial(  # one commit, and every other mount wakes once
-                    record_batch, self._mount.home.state(), session_id=access.session.session_id,
-                    agent_id=access.session.agent_id, run_id="mount", operation="read", exposed=exposed,
-                    at=[event.at for event in batch], audit=batch))  # each read's own time, not this flush's
+                    catalog_ops.record_reads, self._mount.home, wait_ms=wait_ms,
+                    session_id=access.session.session_id, agent_id=access.session.agent_id, run_id="mount",
+                    operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
+                    audit=batch))
+            except StorageError as exc:  # locked or failing storage: nothing was written, try again next tick
+                self._reads.keep_exposures(batch, exposed)
+                log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
 

@@ -327,7 +327,12 @@ class Reads:
 
     def take_exposures(self) -> tuple[list[AuditEvent], list[Exposed]]:
         """The exposures not yet recorded, as audit rows and as exposure rows; the caller records
-        them (``vfs.follow``)."""
+        them (``vfs.follow``), or gives them back (``keep_exposures``)."""
         batch, self._exposures = self._exposures, []
         rows, self._exposed_rows = self._exposed_rows, []
         return batch, rows
+
+    def keep_exposures(self, batch: list[AuditEvent], rows: list[Exposed]) -> None:
+        """Put back what ``take_exposures`` gave and could not be recorded yet, ahead of what came since."""
+        self._exposures[:0] = batch
+        self._exposed_rows[:0] = rows
