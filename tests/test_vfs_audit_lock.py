@@ -30,6 +30,12 @@ def exposed_revisions(state: apsw.Connection, session_id: str) -> set[str]:
                                                  (session_id,))}
 
 
+def delivered_saves(state: apsw.Connection, session_id: str) -> int:
+    """Audit rows that came through an outbox (saves), for this session."""
+    return int(state.execute("SELECT count(*) FROM audit WHERE event_id IS NOT NULL AND session_id = ?",
+                             (session_id,)).fetchall()[0][0])
+
+
 def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenario: Scenario,
                                                                           mounts: Mounts) -> None:  # noqa: F811
     session = scenario.alice_session
@@ -38,20 +44,25 @@ def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenari
     note = where / "private" / "notes" / "allergy.md"
     assert note.read_bytes() == ALICE_FACT
     holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
+    holder.set_busy_timeout(10_000)
     wait_until(lambda: exposed_revisions(holder, session), timeout=10)  # that read is recorded: none pending
+    saves_before = delivered_saves(holder, session)
     holder.execute("BEGIN IMMEDIATE")  # another process's long write: the writer lock is taken
     try:
-        assert (where / "private" / "notes" / "second.md").read_bytes() == SECOND  # its record is now due
+        # Both audit writes of the mount's next ticks are now due: a read's, and a save's outbox row.
+        assert (where / "private" / "notes" / "second.md").read_bytes() == SECOND
+        (where / "private" / "notes" / "saved.md").write_bytes(b"saved through the mount while locked\n")
+        time.sleep(2.2)  # two ticks pass: the mount tries both writes and finds the lock taken
         home = Home.open(scenario.cli.home)
         try:
-            time.sleep(1.2)  # a tick passes: the mount tries to record that read and finds the lock taken
             write_note(home, session, "private/notes/allergy.md", NEW, durable=False)  # the agent's catalog only
         finally:
             home.close()
         # Within the mount's ordinary wake, not when the lock goes (it is held until after this).
         wait_until(lambda: note.read_bytes() == NEW, timeout=3)
-        assert second not in exposed_revisions(holder, session)  # not recorded yet: the lock is still held
     finally:
         holder.execute("ROLLBACK")
-    wait_until(lambda: second in exposed_revisions(holder, session), timeout=10)  # and not lost
+    # And nothing is lost: the read and the save held back are recorded once the lock goes.
+    wait_until(lambda: second in exposed_revisions(holder, session), timeout=10)
+    wait_until(lambda: delivered_saves(holder, session) > saves_before, timeout=10)
     holder.close()

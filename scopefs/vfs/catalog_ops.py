@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from scopefs.catalog.access import VACANT, authorize_session, existing_target
 from scopefs.catalog.audit import drain as audit_drain
-from scopefs.catalog.db import BUSY_TIMEOUT_MS, brief_wait
+from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, brief_wait
 from scopefs.catalog.errors import Conflict
 from scopefs.catalog.exposures import record_batch
 from scopefs.catalog.home import Home
@@ -65,12 +65,18 @@ def forget_before(home: Home, agent_ids: set[str], before_us: int) -> None:
         unsynced.forget_before(home, agent_id, before_us)
 
 
-def drain(home: Home, agent_ids: set[str], *, wait_ms: int = BUSY_TIMEOUT_MS) -> None:
-    """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``); raises if the state
-    database stayed locked for ``wait_ms`` (the rows stay in the outbox, and the caller tries again)."""
-    with brief_wait(home.state(), wait_ms):
-        for agent_id in sorted(agent_ids):
-            audit_drain(home.state(), home.catalog(agent_id), agent_id)
+def drain(home: Home, agent_ids: set[str], *, wait_ms: int = BUSY_TIMEOUT_MS) -> set[str]:
+    """Deliver the audit rows saves left in these cells' outboxes (``catalog.audit``); the cells whose
+    rows stay in the outbox for now (the state database or the cell's catalog stayed locked for
+    ``wait_ms``, or failed), for the caller to try again. One cell's failure holds up no other's."""
+    left: set[str] = set()
+    for agent_id in sorted(agent_ids):
+        try:
+            with brief_wait(home.state(), wait_ms), brief_wait(home.catalog(agent_id), wait_ms):
+                audit_drain(home.state(), home.catalog(agent_id), agent_id)
+        except CATALOG_FAILURES:
+            left.add(agent_id)
+    return left
 
 
 def record_reads(home: Home, *, wait_ms: int = BUSY_TIMEOUT_MS, **batch: Any) -> None:

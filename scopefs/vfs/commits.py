@@ -382,16 +382,19 @@ class Commits:
                 if not stores:
                     self._unindexed.pop(cell, None)
 
-    async def drain(self, *, wait_ms: int = BUSY_TIMEOUT_MS) -> None:
-        """Deliver the audit rows of the saves made here since the last drain; if the state database
-        stays locked for ``wait_ms``, they wait in the outbox for the next drain."""
+    async def drain(self, *, wait_ms: int = BUSY_TIMEOUT_MS) -> bool:
+        """Deliver the audit rows of the saves made here since the last drain; False if some stay in the
+        outbox for the next drain (a database stayed locked for ``wait_ms``, or failed)."""
         cells, self._undrained = self._undrained, set()
-        if cells:
-            try:
-                await self._mount.catalog(catalog_ops.drain, self._mount.home, cells, wait_ms=wait_ms)
-            except BaseException:
-                self._undrained |= cells
-                raise
+        if not cells:
+            return True
+        try:
+            left = await self._mount.catalog(catalog_ops.drain, self._mount.home, cells, wait_ms=wait_ms)
+        except BaseException:
+            self._undrained |= cells
+            raise
+        self._undrained |= left
+        return not left
 
     async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None,
                                 durable: bool) -> WriteResult:

@@ -30,8 +30,7 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import BUSY_TIMEOUT_MS
-from scopefs.catalog.errors import StorageError
+from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES
 from scopefs.catalog.index import index_again
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
@@ -207,9 +206,10 @@ class Follow:
         """
         wait_ms = BUSY_TIMEOUT_MS if patient else AUDIT_WAIT_MS
         try:
-            await self._commits.drain(wait_ms=wait_ms)
+            if not await self._commits.drain(wait_ms=wait_ms):
+                log.warning("save audit not drained yet: the rows wait in the outbox")
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
-            log.warning("save audit not drained yet (%s)", type(exc).__name__)
+            log.warning("save audit not drained (%s)", type(exc).__name__)
         batch, exposed = self._reads.take_exposures()
         if batch:
             try:
@@ -219,9 +219,12 @@ class Follow:
                     session_id=access.session.session_id, agent_id=access.session.agent_id, run_id="mount",
                     operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
                     audit=batch))
-            except StorageError as exc:  # locked or failing storage: nothing was written, try again next tick
-                self._reads.keep_exposures(batch, exposed)
-                log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
+            except CATALOG_FAILURES as exc:  # locked or failing storage: nothing was written
+                if patient:  # the mount is going: there is no next tick
+                    log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+                else:
+                    self._reads.keep_exposures(batch, exposed)
+                    log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
 
