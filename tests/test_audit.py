@@ -4,7 +4,16 @@ user chose, a query or a raw provider id."""
 
 from __future__ import annotations
 
+import time
+
+import apsw
+import pytest
+
+from scopefs.catalog.audit import AuditBacklog, drain_quietly, record_many
+from scopefs.catalog.errors import Denied
+from scopefs.catalog.home import Home
 from scopefs.catalog.reasons import Reason
+from scopefs.writer.transaction import write_note
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
@@ -79,3 +88,37 @@ def test_audit_holds_no_content_paths_or_raw_ids(scenario: Scenario) -> None:
     raw = b"".join(p.read_bytes() for p in cli.home.glob("state.sqlite*"))
     for needle in (b"hazelnut", b"peanut", b"Lisbon", b"allergy", b"offsite", b"no-such-secret-path"):
         assert needle not in raw
+
+
+def test_a_backlog_holds_what_a_locked_state_database_would_make_wait(scenario: Scenario) -> None:
+    """Under an ``AuditBacklog`` (a mount's catalog calls) a refusal's audit and an outbox drain wait
+    briefly for another process's lock, keep what they could not write, and the refusal still stands."""
+    home = Home.open(scenario.cli.home)
+    holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
+    backlog = AuditBacklog(wait_ms=50)
+    start = len(_audit(scenario))
+    try:
+        write_note(home, scenario.bob_session, "private/notes/later.md", b"drained later\n", durable=False)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            began = time.monotonic()
+            with backlog.active(), pytest.raises(Denied):
+                write_note(home, scenario.alice_session, "agent-shared/x.md", b"nope")
+            with backlog.active():
+                drain_quietly(home.state(), home.catalog("main"), "main")
+            assert time.monotonic() - began < 5  # not the busy timeout (10 s) each
+        finally:
+            holder.execute("ROLLBACK")
+        events, cells = backlog.take()
+        assert [(e.operation, e.decision, e.session_id) for e in events] == [
+            ("append", "deny", scenario.alice_session)]
+        assert cells == {"main"}
+        assert len(_audit(scenario)) == start  # nothing reached the audit while locked
+        record_many(home.state(), events)  # what the mount's next tick does
+        drain_quietly(home.state(), home.catalog("main"), "main")
+        rows = _audit(scenario)[start:]
+        assert ("append", "deny") in {(r["operation"], r["decision"]) for r in rows}
+        assert ("append", "allow") in {(r["operation"], r["decision"]) for r in rows}  # the drained save
+    finally:
+        holder.close()
+        home.close()

@@ -8,18 +8,25 @@ timeout (10 s), and every refresh behind it: a new revision took 6.7 s to
 show (``bench/refresh_under_lock.py``). The audit writes now give up after
 ``AUDIT_WAIT_MS`` and are tried again at the next tick, and nothing is lost:
 once the lock goes, the reads made meanwhile are recorded.
+
+The audit writes catalog calls make themselves on that thread (a search's,
+an integrity failure's, a refusal's, the outbox drain after an ``fsync``)
+wait as briefly: what they cannot write is held in the mount's backlog
+(``catalog.audit.AuditBacklog``) and recorded at a later tick.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 
 import apsw
 
 from scopefs.catalog.home import Home
 from scopefs.writer.transaction import write_note
-from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+from tests.conftest import ALICE_FACT, Scenario, artifact_path
+from tests.mountkit import Mounts, errno_of, mounts, wait_until  # noqa: F401
 
 SECOND = b"A second note, read while the state database is locked (canary L0ck)\n"
 NEW = b"First private fact, revised while the state database is locked (canary R3v1)\n"
@@ -65,4 +72,55 @@ def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenari
     # And nothing is lost: the read and the save held back are recorded once the lock goes.
     wait_until(lambda: second in exposed_revisions(holder, session), timeout=10)
     wait_until(lambda: delivered_saves(holder, session) > saves_before, timeout=10)
+    holder.close()
+
+
+THIRD = b"A third note, tampered with while the state database is locked (canary T4mp)\n"
+TAMPERED = b"bytes nobody wrote through scopefs\n"
+
+
+def audited(state: apsw.Connection, session_id: str, operation: str, decision: str) -> set[str]:
+    """Revision ids of this session's audit rows with this operation and decision."""
+    return {str(row[0]) for row in state.execute(
+        "SELECT revision_id FROM audit WHERE session_id = ? AND operation = ? AND decision = ?",
+        (session_id, operation, decision))}
+
+
+def test_a_search_and_an_integrity_failure_under_the_lock_hold_up_no_view(scenario: Scenario,
+                                                                         mounts: Mounts) -> None:  # noqa: F811
+    session = scenario.alice_session
+    third = scenario.cli.j("write", session, "private/notes/third.md", stdin=THIRD)["revision_id"]
+    where = mounts.mount(session, "alice")
+    note = where / "private" / "notes" / "allergy.md"
+    assert note.read_bytes() == ALICE_FACT
+    holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
+    holder.set_busy_timeout(10_000)
+    wait_until(lambda: exposed_revisions(holder, session), timeout=10)  # the read above is recorded
+    assert not audited(holder, session, "search", "allow")
+    tamper = artifact_path(scenario.cli.home, scenario.alice, "notes/third.md")
+    holder.execute("BEGIN IMMEDIATE")  # another process's long write: the writer lock is taken
+    try:
+        started = time.monotonic()
+        found = (where / ".search" / "hazelnuts").read_bytes()  # a search: its audit rows are due
+        assert b"allergy.md" in found
+        fd = os.open(tamper, os.O_WRONLY)
+        try:
+            os.pwrite(fd, TAMPERED, 0)
+            os.ftruncate(fd, len(TAMPERED))
+        finally:
+            os.close(fd)
+        assert errno_of(lambda: (where / "private" / "notes" / "third.md").read_bytes()) == errno.EIO
+        # Each waited briefly for the lock, not the busy timeout (10 s).
+        assert time.monotonic() - started < 5
+        home = Home.open(scenario.cli.home)
+        try:
+            write_note(home, session, "private/notes/allergy.md", NEW, durable=False)  # the agent's catalog only
+        finally:
+            home.close()
+        wait_until(lambda: note.read_bytes() == NEW, timeout=3)  # within the ordinary wake, lock still held
+    finally:
+        holder.execute("ROLLBACK")
+    # Nothing is lost: the search's exposures and the integrity failure are recorded once the lock goes.
+    wait_until(lambda: audited(holder, session, "search", "allow"), timeout=10)
+    wait_until(lambda: third in audited(holder, session, "read", "error"), timeout=10)
     holder.close()

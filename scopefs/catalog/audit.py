@@ -10,19 +10,28 @@ enqueue their row in the agent's outbox inside the same transaction that
 creates the pending revision, so the audit can never miss a committed
 change; the outbox then drains idempotently (by event id) to the shared
 table.
+
+A process whose thread has more urgent work queued behind its audit
+writes (a mount: its view's refreshes run on the same catalog thread)
+makes them under an ``AuditBacklog``: they wait briefly for another
+process's lock on ``state.sqlite``, and what could not be written yet is
+kept for that process to write later, instead of the thread waiting up to
+the busy timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
+from scopefs.catalog.db import CATALOG_FAILURES, brief_wait, immediate, relaxed, scalar
 
 
 @dataclass(frozen=True)
@@ -63,14 +72,79 @@ def insert_many(state: apsw.Connection, events: list[AuditEvent]) -> None:
     state.executemany(_INSERT, [(None, *(getattr(e, c) for c in _COLUMNS)) for e in events])
 
 
+@dataclass
+class AuditBacklog:
+    """What a process's audit writes could not deliver yet, for it to deliver later.
+
+    Active (``active``) around a call, it makes that call's refusal, error
+    and search audit rows, and its outbox drains, wait at most ``wait_ms``
+    for another process's lock on ``state.sqlite`` (or on the cell's
+    catalog). Rows that could not be written are kept here; outboxes that
+    could not be drained are named here (their rows stay in the outbox).
+    The owner delivers both at its next tick (``vfs.follow``) and, when it
+    goes, waits as long as any write would. Without a backlog these writes
+    wait the full busy timeout, as every command's do.
+    """
+
+    wait_ms: int
+    events: list[AuditEvent] = field(default_factory=list)
+    cells: set[str] = field(default_factory=set)  # agent ids whose outbox still holds rows to drain
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[AuditBacklog]:
+        token = _BACKLOG.set(self)
+        try:
+            yield self
+        finally:
+            _BACKLOG.reset(token)
+
+    def take(self) -> tuple[list[AuditEvent], set[str]]:
+        """Everything kept so far, for the owner to deliver (``keep`` what it still cannot)."""
+        events, cells, self.events, self.cells = self.events, self.cells, [], set()
+        return events, cells
+
+    def keep(self, events: list[AuditEvent]) -> None:
+        """Put back rows ``take`` gave that could not be written yet, ahead of those kept since."""
+        self.events[:0] = events
+
+
+_BACKLOG: contextvars.ContextVar[AuditBacklog | None] = contextvars.ContextVar("audit_backlog", default=None)
+
+
+def current_backlog() -> AuditBacklog | None:
+    """The backlog of the call running now, if its caller made one active."""
+    return _BACKLOG.get()
+
+
+@contextlib.contextmanager
+def patience(*conns: apsw.Connection) -> Iterator[AuditBacklog | None]:
+    """Wait as the current backlog says (briefly) on ``conns`` inside the block, or the full busy timeout
+    if there is none; yields the backlog, for the caller to keep what the block could not write."""
+    backlog = _BACKLOG.get()
+    if backlog is None:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        for conn in conns:
+            stack.enter_context(brief_wait(conn, backlog.wait_ms))
+        yield backlog
+
+
 def record_quietly(state: apsw.Connection, event: AuditEvent) -> bool:
     """Record, but let a failing audit store not mask the caller's own error.
 
     Used on paths that are already failing (integrity errors, refusals):
     the refusal stands either way; audit delivery never decides access.
+    Under a backlog, a row that cannot be written now is kept for later.
     """
     try:
-        record(state, event)
+        with patience(state) as backlog:
+            try:
+                record(state, event)
+            except CATALOG_FAILURES:
+                if backlog is None:
+                    raise
+                backlog.events.append(event)
     except CATALOG_FAILURES:
         return False
     return True
@@ -129,6 +203,12 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
 
 
 def drain_quietly(state: apsw.Connection, catalog: apsw.Connection, agent_id: str) -> None:
-    """Drain after a successful write; a failure leaves rows for doctor."""
-    with contextlib.suppress(*CATALOG_FAILURES):
-        drain(state, catalog, agent_id)
+    """Drain after a successful write; a failure leaves the rows in the outbox, for the backlog's owner
+    (if any) to drain at its next tick, or for the next drain of any process, or doctor."""
+    with contextlib.suppress(*CATALOG_FAILURES), patience(state, catalog) as backlog:
+        try:
+            drain(state, catalog, agent_id)
+        except CATALOG_FAILURES:
+            if backlog is not None:
+                backlog.cells.add(agent_id)
+            raise

@@ -10,6 +10,11 @@ transaction, with no disk sync (a power loss may lose the newest timings,
 which only a metric reads). The row holds numbers only: no query, no
 session, no principal, no path. The table is bounded: the same transaction
 deletes all but the newest rows.
+
+Under an audit backlog (a mount: ``catalog.audit.AuditBacklog``) the
+transaction waits only briefly for another process's lock; if it cannot
+be written, the audit rows are kept for the mount to write at its next
+tick and the timing row, a metric, is dropped.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ from dataclasses import dataclass
 
 import apsw
 
-from scopefs.catalog.audit import AuditEvent, insert_many
+from scopefs.catalog.audit import AuditEvent, insert_many, patience
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import immediate, relaxed
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed
 
 KEPT = 10_000  # newest rows kept: enough for stable percentiles, small enough to never matter
 
@@ -35,6 +40,16 @@ class SearchStat:
 
 def record_search(state: apsw.Connection, events: list[AuditEvent], stat: SearchStat) -> None:
     """The search's audit rows and its timing row in one transaction; the timing row alone unsynced."""
+    with patience(state) as backlog:
+        try:
+            _record(state, events, stat)
+        except CATALOG_FAILURES:
+            if backlog is None:
+                raise
+            backlog.events.extend(events)
+
+
+def _record(state: apsw.Connection, events: list[AuditEvent], stat: SearchStat) -> None:
     with contextlib.ExitStack() as stack:
         if not events:
             stack.enter_context(relaxed(state))

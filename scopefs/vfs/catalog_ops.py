@@ -16,6 +16,7 @@ import errno
 from typing import Any, BinaryIO
 
 from scopefs.catalog.access import VACANT, authorize_session, existing_target
+from scopefs.catalog.audit import AuditEvent, record_many
 from scopefs.catalog.audit import drain as audit_drain
 from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, brief_wait
 from scopefs.catalog.errors import Conflict
@@ -84,6 +85,13 @@ def record_reads(home: Home, *, wait_ms: int = BUSY_TIMEOUT_MS, **batch: Any) ->
     locked for ``wait_ms`` (nothing was written: the caller keeps the batch for the next try)."""
     with brief_wait(home.state(), wait_ms):
         record_batch(home.state(), **batch)
+
+
+def record_events(home: Home, events: list[AuditEvent], *, wait_ms: int = BUSY_TIMEOUT_MS) -> None:
+    """Audit rows held back (``catalog.audit.AuditBacklog``), in one commit; raises ``StorageError`` if
+    the state database stayed locked for ``wait_ms`` (nothing was written: the caller keeps them)."""
+    with brief_wait(home.state(), wait_ms):
+        record_many(home.state(), events)
 
 
 def check_save(home: Home, session_id: str, parts: Parts) -> None:

@@ -382,6 +382,11 @@ class Commits:
                 if not stores:
                     self._unindexed.pop(cell, None)
 
+    def drain_later(self, cells: set[str]) -> None:
+        """Have the next ``drain`` deliver these cells' outboxes too (a drain made by a catalog call
+        could not: ``catalog.audit.AuditBacklog``)."""
+        self._undrained |= cells
+
     async def drain(self, *, wait_ms: int = BUSY_TIMEOUT_MS) -> bool:
         """Deliver the audit rows of the saves made here since the last drain; False if some stay in the
         outbox for the next drain (a database stayed locked for ``wait_ms``, or failed)."""

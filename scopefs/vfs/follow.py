@@ -36,7 +36,7 @@ from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.lean import Thrift
-from scopefs.vfs.mount import MountState
+from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
@@ -50,7 +50,7 @@ LATE_LOOK_S = 1.0  # after the last report, when to read once more (a commit who
 FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
-AUDIT_WAIT_MS = 50  # how long the audit writes of a tick wait for another process's lock on state.sqlite
+BACKLOG_PATIENT = 10_000  # held audit rows from which a tick waits for the lock as long as any write would
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
@@ -201,15 +201,31 @@ class Follow:
         with it: a new revision took 6.7 s to show (``bench/RESULTS.md``,
         issue 14 seventh step). So they wait at most ``AUDIT_WAIT_MS`` and
         are tried again at the next tick: the save rows stay in the outbox,
-        the read rows here. Only the last flush (``patient``) waits as long
-        as any write would.
+        the read rows here. The same holds for the audit writes the catalog
+        calls make themselves (a refusal's, a search's, an integrity
+        failure's, the outbox drain after an ``fsync``): they wait as briefly
+        and leave what they could not write in the mount's backlog, delivered
+        here. Only the last flush (``patient``) waits as long as any write
+        would, and so does a flush whose backlog grew to ``BACKLOG_PATIENT``
+        rows: memory bounds how long the audit may lag.
         """
-        wait_ms = BUSY_TIMEOUT_MS if patient else AUDIT_WAIT_MS
+        held, cells = self._mount.audit_backlog.take()
+        wait_ms = BUSY_TIMEOUT_MS if patient or len(held) >= BACKLOG_PATIENT else AUDIT_WAIT_MS
+        self._commits.drain_later(cells)
         try:
             if not await self._commits.drain(wait_ms=wait_ms):
                 log.warning("save audit not drained yet: the rows wait in the outbox")
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
             log.warning("save audit not drained (%s)", type(exc).__name__)
+        if held:  # refusals, errors and searches the catalog calls could not audit at once
+            try:
+                await self._mount.catalog(catalog_ops.record_events, self._mount.home, held, wait_ms=wait_ms)
+            except CATALOG_FAILURES as exc:
+                if patient:
+                    log.warning("held audit rows not recorded (%s)", type(exc).__name__)
+                else:
+                    self._mount.audit_backlog.keep(held)
+                    log.warning("held audit rows not recorded yet (%s)", type(exc).__name__)
         batch, exposed = self._reads.take_exposures()
         if batch:
             try:

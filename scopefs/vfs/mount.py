@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from scopefs.catalog.audit import AuditEvent
+from scopefs.catalog.audit import AuditBacklog, AuditEvent
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.catalog.marks import Mark, mark
@@ -56,6 +56,7 @@ T = TypeVar("T")
 
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
 FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
+AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for another process's lock
 
 
 def fail(code: int) -> pyfuse3.FUSEError:
@@ -80,6 +81,9 @@ class MountState:
         # Failed verification in this mount: EIO until the view moves on, once the event says it is audited.
         self.bad_revisions: dict[str, trio.Event] = {}
         self._limiter = trio.CapacityLimiter(1)
+        # The audit rows catalog calls could not write yet, kept for the follower's next tick: an audit
+        # write waits at most AUDIT_WAIT_MS on the catalog thread, where refreshes queue behind it.
+        self.audit_backlog = AuditBacklog(AUDIT_WAIT_MS)
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
@@ -95,8 +99,12 @@ class MountState:
     # -- the catalog thread and the view -------------------------------------
 
     async def catalog(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run catalog work on a thread, one call at a time (apsw connections are not shared)."""
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+        """Run catalog work on a thread, one call at a time (apsw connections are not shared), its
+        audit writes under the mount's backlog (``catalog.audit.AuditBacklog``)."""
+        def run() -> T:
+            with self.audit_backlog.active():
+                return fn(*args, **kwargs)
+        return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
     @property
     def view(self) -> VisibleView:
