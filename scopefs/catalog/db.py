@@ -83,6 +83,37 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False) -> apsw
     return conn
 
 
+def checkpoint(paths: list[Path], *, vfs: str | None = None) -> int:
+    """A ``PASSIVE`` checkpoint of each database's write-ahead log, each on a connection of its own;
+    how many could not be checkpointed now (busy, failing storage: the next one, or any commit's
+    automatic checkpoint, copies their frames).
+
+    Why a connection of its own: a checkpoint copies the log's pages into
+    the database and syncs both, 10 ms and more, and whichever commit
+    crosses the automatic threshold pays for it. A process whose commits
+    hold up a reader (a mount: a save's close, its view's refresh) raises
+    that threshold on its connections (``PRAGMA wal_autocheckpoint``) and
+    runs this on another thread instead. ``PASSIVE`` takes no lock a writer
+    or a reader waits for; frames a reader still uses wait for the next one.
+    """
+    failed = 0
+    for path in paths:
+        try:
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW,
+                                   vfs=vfs)
+        except STORAGE_FAILURES:
+            failed += 1
+            continue
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except STORAGE_FAILURES:
+            failed += 1
+        finally:
+            with contextlib.suppress(apsw.Error):
+                conn.close()
+    return failed
+
+
 @contextlib.contextmanager
 def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     """A short write transaction that commits on success, rolls back on error.

@@ -127,6 +127,7 @@ class Home:
         self._catalogs: dict[str, apsw.Connection] = {}
         self._key: bytes | None = None
         self._page_cache: str | None = None
+        self._checkpoint_pages: int | None = None  # see ``checkpoint_later``
 
     def page_cache(self) -> str:
         """The page cache this home's files live in now (``catalog.boot``); fixed for this process."""
@@ -211,6 +212,34 @@ class Home:
             if conn is not None:
                 conn.release_memory()
 
+    def checkpoint_later(self, pages: int) -> None:
+        """Commits on this home's connections copy their write-ahead log into the database only once it
+        holds ``pages`` pages (SQLite's default: 1,000): the caller checkpoints them sooner, on another
+        thread (``catalog.db.checkpoint`` of ``database_paths``). Applies to connections open now and later."""
+        self._checkpoint_pages = int(pages)
+        for conn in [self._state, *self._catalogs.values()]:
+            if conn is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages}")
+
+    def database_paths(self) -> list[Path]:
+        """The databases this home has opened so far."""
+        return ([self.state_path] if self._state is not None else []) + [
+            self.catalog_path(agent_id) for agent_id in list(self._catalogs)]
+
+    def changes(self) -> int:
+        """Rows changed through this home's connections so far: it moved, they have a commit to check-
+        point. Call it on the thread that uses them."""
+        total = 0
+        for conn in [self._state, *self._catalogs.values()]:
+            if conn is not None:
+                total += conn.total_changes()
+        return total
+
+    def _configured(self, conn: apsw.Connection) -> apsw.Connection:
+        if self._checkpoint_pages is not None:
+            conn.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages}")
+        return conn
+
     def close(self) -> None:
         for conn in [self._state, *self._catalogs.values()]:
             if conn is not None:
@@ -241,7 +270,7 @@ class Home:
         if self._state is None:
             conn = connect(self.state_path, vfs=self.vfs)
             ensure_schema(conn, STATE_SCHEMA)
-            self._state = conn
+            self._state = self._configured(conn)
         return self._state
 
     def agent_exists(self, agent_id: str) -> bool:
@@ -267,7 +296,7 @@ class Home:
         cell = one(conn, "SELECT agent_id FROM agent_cell")
         if cell is None or cell[0] != agent_id:
             raise StorageError(f"catalog of agent {agent_id} belongs to another agent cell; refusing to use it")
-        self._catalogs[agent_id] = conn
+        self._catalogs[agent_id] = self._configured(conn)
         return conn
 
     def open_catalogs(self) -> dict[str, apsw.Connection]:

@@ -30,7 +30,7 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES
+from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, checkpoint
 from scopefs.catalog.index import index_again
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
@@ -173,6 +173,7 @@ class Follow:
         await self._round(self.flush_audit)
         await self._round(self.index_verified)
         await self._round(self._commits.index)
+        await self._round(self.checkpoint)
         if self._thrift.due():  # last: an index round just done is not "quiet", the next look may be
             # SQLite's page caches first: they are most of what a woken mount grew by.
             await self._round(functools.partial(self._mount.catalog, self._mount.home.release_memory))
@@ -243,6 +244,20 @@ class Follow:
                     log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+
+    async def checkpoint(self) -> None:
+        """Copy the write-ahead logs of the databases this mount wrote to since the last tick into the
+        databases, on a thread of its own (``catalog.db.checkpoint``): not in a commit on the catalog
+        thread, where a save's close or the view's refresh would wait for its two disk syncs."""
+        mount = self._mount
+        if not mount.wrote:
+            return
+        mount.wrote = False
+        failed = await trio.to_thread.run_sync(functools.partial(
+            checkpoint, mount.home.database_paths(), vfs=mount.home.vfs))
+        if failed:  # busy or failing: the next tick tries again (the backstop bounds the log meanwhile)
+            mount.wrote = True
+            log.debug("%d write-ahead logs not checkpointed yet", failed)
 
     async def index_verified(self) -> None:
         """Revisions this mount verified get their search rows back if a search had retired them

@@ -57,6 +57,11 @@ T = TypeVar("T")
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
 FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
 AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for another process's lock
+# Write-ahead log pages from which a commit of this mount checkpoints the log itself. Below it the
+# follower does, on another thread, once a tick after this mount wrote (``vfs.follow``): a checkpoint
+# syncs the disk twice, and the commit that crossed SQLite's threshold (1,000 pages) paid for it
+# inside a save's close, or ahead of the view's refresh.
+WAL_BACKSTOP_PAGES = 8_192
 
 
 def fail(code: int) -> pyfuse3.FUSEError:
@@ -84,6 +89,9 @@ class MountState:
         # The audit rows catalog calls could not write yet, kept for the follower's next tick: an audit
         # write waits at most AUDIT_WAIT_MS on the catalog thread, where refreshes queue behind it.
         self.audit_backlog = AuditBacklog(AUDIT_WAIT_MS)
+        home.checkpoint_later(WAL_BACKSTOP_PAGES)
+        self._changes = 0  # ``home.changes()`` after the last catalog call
+        self.wrote = False  # a catalog call changed rows since the follower last checkpointed
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
@@ -100,10 +108,16 @@ class MountState:
 
     async def catalog(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run catalog work on a thread, one call at a time (apsw connections are not shared), its
-        audit writes under the mount's backlog (``catalog.audit.AuditBacklog``)."""
+        audit writes under the mount's backlog (``catalog.audit.AuditBacklog``); notes whether it wrote,
+        for the follower's checkpoint."""
         def run() -> T:
-            with self.audit_backlog.active():
-                return fn(*args, **kwargs)
+            try:
+                with self.audit_backlog.active():
+                    return fn(*args, **kwargs)
+            finally:
+                changes = self.home.changes()
+                if changes != self._changes:
+                    self._changes, self.wrote = changes, True
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
     @property
