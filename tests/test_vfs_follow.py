@@ -18,8 +18,12 @@ from pathlib import Path
 import apsw
 import trio
 
-from scopefs.vfs.follow import FOLLOW_S, LATE_LOOK_S, Follow
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
+from scopefs.vfs.follow import FOLLOW_S, LATE_LOOK_S, QUIET_PATIENCE_S, Follow
+from scopefs.vfs.mount import MountState
 from scopefs.vfs.watch import DirectoryWatch
+from tests.conftest import Scenario
 
 SLOW_WRITER = r"""
 import sys, time, apsw
@@ -111,3 +115,61 @@ def test_a_commit_whose_fsync_is_slow_is_seen_long_before_the_net(tmp_path: Path
     assert mount.seen_at is not None
     # Seen by the look a second after the report, not by the net: with a margin both ways.
     assert mount.seen_at - committed < (LATE_LOOK_S + FOLLOW_S) / 2, mount.seen_at - committed
+
+
+def test_the_watch_waits_for_an_idle_catalog_thread_but_is_never_starved(scenario: Scenario,
+                                                                         tmp_path: Path) -> None:
+    """The watch reads its reports once the mount's catalog thread is idle (its own commits make most
+    of them), and after ``QUIET_PATIENCE_S`` however busy that thread stays: a catalog thread that
+    never idles (calls queued back to back) still lets a change elsewhere through."""
+    home = Home.open(scenario.cli.home)
+    mount = MountState(home, scenario.alice_session, build(home, scenario.alice_session))
+    watched = tmp_path / "watched"
+    watched.mkdir()
+
+    async def main() -> tuple[float | None, float | None]:
+        watch = DirectoryWatch.open()
+        assert watch is not None
+        watch.watch("g", {watched}, 0x100)  # IN_CREATE
+        read_at: list[float] = []
+
+        async def busy() -> None:
+            while True:
+                await mount.catalog(time.sleep, 0.05)
+
+        async def quiet() -> None:
+            await mount.catalog_quiet(QUIET_PATIENCE_S)
+            read_at.append(time.monotonic())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run, quiet)
+            await trio.sleep(0.1)
+            # Idle: a report is read at once.
+            (watched / "idle").write_bytes(b"")
+            with trio.move_on_after(2):
+                await watch.changed("g")
+            idle_seen = time.monotonic()
+            for _ in range(2):  # one call runs, one waits: the thread is never idle from here on
+                nursery.start_soon(busy)
+            await trio.sleep(0.2)
+            # The watch, waiting on its descriptor, reads this one at once, then waits for quiet.
+            (watched / "first").write_bytes(b"")
+            with trio.move_on_after(2):
+                assert await watch.changed("g") == {"first"}
+            await trio.sleep(0.1)
+            started = time.monotonic()
+            (watched / "busy").write_bytes(b"")
+            busy_seen = None
+            with trio.move_on_after(5):
+                assert await watch.changed("g") == {"busy"}
+                busy_seen = time.monotonic()
+            nursery.cancel_scope.cancel()
+        return (idle_seen if read_at else None), (busy_seen - started if busy_seen is not None else None)
+
+    try:
+        idle_seen, busy_delay = trio.run(main)
+    finally:
+        mount.artifacts.close()
+        home.close()
+    assert idle_seen is not None
+    assert busy_delay is not None, "the watch was starved by a catalog thread that never idled"

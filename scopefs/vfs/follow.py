@@ -50,6 +50,7 @@ LATE_LOOK_S = 1.0  # after the last report, when to read once more (a commit who
 FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the mount and nothing expires: a net
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
+QUIET_PATIENCE_S = 0.02  # how long the watch waits for the catalog thread to be idle before reading reports
 BACKLOG_PATIENT = 10_000  # held audit rows from which a tick waits for the lock as long as any write would
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
@@ -68,7 +69,7 @@ class Follow:
     async def start(self, nursery: trio.Nursery) -> None:
         self._watch = DirectoryWatch.open()
         if self._watch is not None:
-            nursery.start_soon(self._watch.run)
+            nursery.start_soon(self._watch.run, functools.partial(self._mount.catalog_quiet, QUIET_PATIENCE_S))
         nursery.start_soon(self._follow)
         nursery.start_soon(self._settle)
         nursery.start_soon(self._watch_artifacts)

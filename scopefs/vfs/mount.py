@@ -86,6 +86,9 @@ class MountState:
         # Failed verification in this mount: EIO until the view moves on, once the event says it is audited.
         self.bad_revisions: dict[str, trio.Event] = {}
         self._limiter = trio.CapacityLimiter(1)
+        self._calls = 0  # catalog calls running or queued (``catalog``)
+        self._quiet = trio.Event()  # set while there are none
+        self._quiet.set()
         # The audit rows catalog calls could not write yet, kept for the follower's next tick: an audit
         # write waits at most AUDIT_WAIT_MS on the catalog thread, where refreshes queue behind it.
         self.audit_backlog = AuditBacklog(AUDIT_WAIT_MS)
@@ -118,7 +121,30 @@ class MountState:
                 changes = self.home.changes()
                 if changes != self._changes:
                     self._changes, self.wrote = changes, True
-        return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        if not self._calls:
+            self._quiet = trio.Event()
+        self._calls += 1
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._quiet.set()
+
+    async def catalog_quiet(self, patience_s: float) -> None:
+        """Return once no catalog call is running or queued, or after ``patience_s`` however busy.
+
+        The directory watch waits for this before it reads what inotify
+        reported (``vfs.watch``): most of what a busy mount's watch reports
+        are its own commits (a save writes its catalog's log several times),
+        and waking on each made the trio thread contend with the catalog
+        thread for the interpreter lock mid-commit: 0.4 ms of a 4.3 ms save.
+        Nothing is lost by waiting: a refresh the report would ask for runs
+        on the catalog thread, behind those very calls, and ``patience_s``
+        bounds the wait when the calls never stop."""
+        with trio.move_on_after(patience_s):
+            while self._calls:
+                await self._quiet.wait()
 
     @property
     def view(self) -> VisibleView:

@@ -38,7 +38,7 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -161,10 +161,15 @@ class DirectoryWatch:
         found.take()
         return True
 
-    async def run(self) -> None:
-        """Read the descriptor for as long as the mount lives; closes it when cancelled."""
+    async def run(self, quiet: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Read the descriptor for as long as the mount lives; closes it when cancelled.
+
+        ``quiet``: awaited before each wait on the descriptor; what is reported meanwhile is read in
+        one go after it (the kernel merges repeated events on one name while they are unread)."""
         try:
             while True:
+                if quiet is not None:
+                    await quiet()
                 await trio.lowlevel.wait_readable(self._fd)
                 chunks = self._drain()
                 if chunks:
