@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from pathlib import Path
 
 import apsw
 
@@ -43,16 +44,26 @@ def delivered_saves(state: apsw.Connection, session_id: str) -> int:
                              (session_id,)).fetchall()[0][0])
 
 
-def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenario: Scenario,
-                                                                          mounts: Mounts) -> None:  # noqa: F811
+def mounted_after_writing(scenario: Scenario, mounts: Mounts, name: str,  # noqa: F811
+                          data: bytes) -> tuple[str, Path, Path, apsw.Connection]:
+    """Write Alice's note ``name``, mount her session, read her fact through it and wait until that read
+    is recorded (no audit write pending): the new revision, the mount, the fact's path there, and a
+    connection to the state database for the test to take its lock with."""
     session = scenario.alice_session
-    second = scenario.cli.j("write", session, "private/notes/second.md", stdin=SECOND)["revision_id"]
+    revision = scenario.cli.j("write", session, f"private/notes/{name}", stdin=data)["revision_id"]
     where = mounts.mount(session, "alice")
     note = where / "private" / "notes" / "allergy.md"
     assert note.read_bytes() == ALICE_FACT
     holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
     holder.set_busy_timeout(10_000)
-    wait_until(lambda: exposed_revisions(holder, session), timeout=10)  # that read is recorded: none pending
+    wait_until(lambda: exposed_revisions(holder, session), timeout=10)
+    return revision, where, note, holder
+
+
+def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenario: Scenario,
+                                                                          mounts: Mounts) -> None:  # noqa: F811
+    session = scenario.alice_session
+    second, where, note, holder = mounted_after_writing(scenario, mounts, "second.md", SECOND)
     saves_before = delivered_saves(holder, session)
     holder.execute("BEGIN IMMEDIATE")  # another process's long write: the writer lock is taken
     try:
@@ -89,13 +100,7 @@ def audited(state: apsw.Connection, session_id: str, operation: str, decision: s
 def test_a_search_and_an_integrity_failure_under_the_lock_hold_up_no_view(scenario: Scenario,
                                                                          mounts: Mounts) -> None:  # noqa: F811
     session = scenario.alice_session
-    third = scenario.cli.j("write", session, "private/notes/third.md", stdin=THIRD)["revision_id"]
-    where = mounts.mount(session, "alice")
-    note = where / "private" / "notes" / "allergy.md"
-    assert note.read_bytes() == ALICE_FACT
-    holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
-    holder.set_busy_timeout(10_000)
-    wait_until(lambda: exposed_revisions(holder, session), timeout=10)  # the read above is recorded
+    third, where, note, holder = mounted_after_writing(scenario, mounts, "third.md", THIRD)
     assert not audited(holder, session, "search", "allow")
     tamper = artifact_path(scenario.cli.home, scenario.alice, "notes/third.md")
     holder.execute("BEGIN IMMEDIATE")  # another process's long write: the writer lock is taken

@@ -175,7 +175,7 @@ def settle(catalog: apsw.Connection, event_id: str, *, decision: str, reason: st
 
 
 def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, batch: int = 1000) -> int:
-    """Copy ready outbox rows to the shared audit; returns how many.
+    """Copy ready outbox rows to the shared audit, then remove them from the outbox; returns how many.
 
     Idempotent: the shared table is keyed by event id, so a crash between
     the two commits re-delivers nothing twice.
@@ -193,12 +193,15 @@ def drain(state: apsw.Connection, catalog: apsw.Connection, agent_id: str, *, ba
             for event_id, payload in rows:
                 values = json.loads(str(payload))
                 state.execute(_INSERT, (event_id, *(values.get(c) for c in _COLUMNS)))
-        # The "drained" mark needs no fsync of its own: if power loss takes
-        # it, the rows are delivered again and INSERT OR IGNORE drops them.
-        # The next FULL commit on this database makes the mark durable.
+        # Delivered rows leave the outbox (older versions kept them, marked 'drained': those go too,
+        # a batch at a time, so that an outbox holds what is undelivered, not every write ever made).
+        # The delete needs no fsync of its own: if power loss takes it, the rows are delivered again
+        # and INSERT OR IGNORE drops them. The next FULL commit on this database makes it durable.
         with relaxed(catalog), immediate(catalog):
             for event_id, _ in rows:
-                catalog.execute("UPDATE audit_outbox SET state = 'drained' WHERE event_id = ?", (event_id,))
+                catalog.execute("DELETE FROM audit_outbox WHERE event_id = ?", (event_id,))
+            catalog.execute("DELETE FROM audit_outbox WHERE rowid IN (SELECT rowid FROM audit_outbox"
+                            " WHERE agent_id = ? AND state = 'drained' LIMIT ?)", (agent_id, batch))
         total += len(rows)
 
 

@@ -89,8 +89,9 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
                    prepared=index)
         if record is not None:
             record()
-        catalog.execute("UPDATE write_intents SET state = 'done', finished_at = ? WHERE intent_id = ?",
-                        (now, intent_id))
+        # Done, the intent says nothing the active revision does not: it goes, so that the table holds
+        # the writes in flight, not every write ever made (rolled-back ones stay, as a record of failure).
+        catalog.execute("DELETE FROM write_intents WHERE intent_id = ?", (intent_id,))
         if unsynced is not None:
             catalog.execute("INSERT INTO unsynced_revisions (revision_id, agent_id, resource_id, page_cache,"
                             " created_at) VALUES (?, ?, ?, ?, ?)", (revision_id, agent_id, resource_id, unsynced, now))
