@@ -9,10 +9,11 @@ import time
 import apsw
 import pytest
 
-from scopefs.catalog.audit import AuditBacklog, drain_quietly, record_many
-from scopefs.catalog.errors import Denied
+from scopefs.catalog.audit import AuditBacklog, AuditEvent, drain_quietly, record_many
+from scopefs.catalog.errors import Denied, StorageError
 from scopefs.catalog.home import Home
 from scopefs.catalog.reasons import Reason
+from scopefs.catalog.searchstats import SearchStat, record_search
 from scopefs.writer.transaction import write_note
 from tests.conftest import (
     ACCOUNT,
@@ -108,7 +109,9 @@ def test_a_backlog_holds_what_a_locked_state_database_would_make_wait(scenario: 
             assert time.monotonic() - began < 5  # not the busy timeout (10 s) each
         finally:
             holder.execute("ROLLBACK")
-        events, cells = backlog.take()
+        events, dropped = backlog.take()
+        cells = backlog.take_drains()
+        assert dropped == 0
         assert [(e.operation, e.decision, e.session_id) for e in events] == [
             ("append", "deny", scenario.alice_session)]
         assert cells == {"main"}
@@ -118,6 +121,34 @@ def test_a_backlog_holds_what_a_locked_state_database_would_make_wait(scenario: 
         rows = _audit(scenario)[start:]
         assert ("append", "deny") in {(r["operation"], r["decision"]) for r in rows}
         assert ("append", "allow") in {(r["operation"], r["decision"]) for r in rows}  # the drained save
+    finally:
+        holder.close()
+        home.close()
+
+
+def test_a_full_backlog_drops_refusal_rows_and_fails_a_search(scenario: Scenario) -> None:
+    """The backlog is bounded (code in a sandbox can make refusals at will): past its limit a refusal's
+    row is counted, not held, and a search, whose rows audit what it exposes, fails instead."""
+    home = Home.open(scenario.cli.home)
+    holder = apsw.Connection(str(scenario.cli.home / "state.sqlite"))
+    backlog = AuditBacklog(wait_ms=20, limit=2)
+    event = AuditEvent("search", "allow", Reason.ALLOWED, agent_id="main", session_id=scenario.alice_session)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with backlog.active():
+                for _ in range(3):
+                    with pytest.raises(Denied):
+                        write_note(home, scenario.alice_session, "agent-shared/x.md", b"nope")
+                with pytest.raises(StorageError):
+                    record_search(home.state(), [event], SearchStat(1, 1, 0))
+        finally:
+            holder.execute("ROLLBACK")
+        held, dropped = backlog.take()
+        assert (len(held), dropped) == (2, 2)  # the third refusal's row, and the search's
+        with backlog.active():  # the lock is free: a search writes its rows at once, nothing is held
+            record_search(home.state(), [event], SearchStat(1, 1, 0))
+        assert backlog.take() == ([], 0)
     finally:
         holder.close()
         home.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -72,23 +73,37 @@ def insert_many(state: apsw.Connection, events: list[AuditEvent]) -> None:
     state.executemany(_INSERT, [(None, *(getattr(e, c) for c in _COLUMNS)) for e in events])
 
 
-@dataclass
 class AuditBacklog:
     """What a process's audit writes could not deliver yet, for it to deliver later.
 
     Active (``active``) around a call, it makes that call's refusal, error
     and search audit rows, and its outbox drains, wait at most ``wait_ms``
     for another process's lock on ``state.sqlite`` (or on the cell's
-    catalog). Rows that could not be written are kept here; outboxes that
-    could not be drained are named here (their rows stay in the outbox).
-    The owner delivers both at its next tick (``vfs.follow``) and, when it
-    goes, waits as long as any write would. Without a backlog these writes
-    wait the full busy timeout, as every command's do.
+    catalog). Rows that could not be written because the lock stayed taken
+    are held here, up to ``limit``; outboxes that could not be drained are
+    named here (their rows stay in the outbox). The owner delivers both at
+    its next ticks (``vfs.follow``), each try as brief, the last one (when
+    it goes) as patient as any write. Without a backlog these writes wait
+    the full busy timeout, as every command's do.
+
+    Bounded, because code in a sandbox can make refusals at will: past
+    ``limit`` a row is not held but counted (``dropped``), as a row that
+    stayed locked out for the busy timeout was dropped before backlogs
+    existed; a search, whose rows are the audit of what it exposes, then
+    fails instead (``hold``). A failure other than the lock (a full disk)
+    is not held either: waiting does not cure it.
+
+    Thread-safe: the calls that hold rows run on one thread (a mount's
+    catalog thread), the owner takes them on another.
     """
 
-    wait_ms: int
-    events: list[AuditEvent] = field(default_factory=list)
-    cells: set[str] = field(default_factory=set)  # agent ids whose outbox still holds rows to drain
+    def __init__(self, wait_ms: int, limit: int = 10_000) -> None:
+        self.wait_ms = wait_ms
+        self.limit = limit
+        self.dropped = 0  # rows not held since the owner last took: the backlog was full
+        self._events: list[AuditEvent] = []
+        self._cells: set[str] = set()  # agent ids whose outbox still holds rows to drain
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[AuditBacklog]:
@@ -98,28 +113,60 @@ class AuditBacklog:
         finally:
             _BACKLOG.reset(token)
 
-    def take(self) -> tuple[list[AuditEvent], set[str]]:
-        """Everything kept so far, for the owner to deliver (``keep`` what it still cannot)."""
-        events, cells, self.events, self.cells = self.events, self.cells, [], set()
-        return events, cells
+    def hold(self, events: list[AuditEvent]) -> bool:
+        """Keep ``events`` for the owner, all or none; False (counted in ``dropped``) if they would
+        take the backlog past ``limit``."""
+        with self._lock:
+            if len(self._events) + len(events) > self.limit:
+                self.dropped += len(events)
+                return False
+            self._events += events
+            return True
+
+    def hold_drain(self, agent_id: str) -> None:
+        with self._lock:
+            self._cells.add(agent_id)
+
+    def take(self) -> tuple[list[AuditEvent], int]:
+        """The rows held so far and how many were dropped since the last take, for the owner to
+        deliver (and to ``keep`` what it still cannot)."""
+        with self._lock:
+            taken = self._events, self.dropped
+            self._events, self.dropped = [], 0
+            return taken
+
+    def take_drains(self) -> set[str]:
+        """The cells whose outbox a drain could not empty, for the owner to drain."""
+        with self._lock:
+            cells, self._cells = self._cells, set()
+            return cells
 
     def keep(self, events: list[AuditEvent]) -> None:
-        """Put back rows ``take`` gave that could not be written yet, ahead of those kept since."""
-        self.events[:0] = events
+        """Put back rows ``take`` gave that could not be written yet, ahead of those held since; the
+        newest past ``limit`` are dropped and counted."""
+        with self._lock:
+            merged = events + self._events
+            self.dropped += max(0, len(merged) - self.limit)
+            self._events = merged[:self.limit]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
 
 
 _BACKLOG: contextvars.ContextVar[AuditBacklog | None] = contextvars.ContextVar("audit_backlog", default=None)
 
 
-def current_backlog() -> AuditBacklog | None:
-    """The backlog of the call running now, if its caller made one active."""
-    return _BACKLOG.get()
+def contended(exc: BaseException) -> bool:
+    """Whether a failed write failed because another connection held the lock past the wait (and so
+    may succeed later), not because the storage failed."""
+    return isinstance(exc, apsw.BusyError) or isinstance(exc.__cause__, apsw.BusyError)
 
 
 @contextlib.contextmanager
 def patience(*conns: apsw.Connection) -> Iterator[AuditBacklog | None]:
     """Wait as the current backlog says (briefly) on ``conns`` inside the block, or the full busy timeout
-    if there is none; yields the backlog, for the caller to keep what the block could not write."""
+    if there is none; yields the backlog, for the caller to hold what the block could not write."""
     backlog = _BACKLOG.get()
     if backlog is None:
         yield None
@@ -135,16 +182,15 @@ def record_quietly(state: apsw.Connection, event: AuditEvent) -> bool:
 
     Used on paths that are already failing (integrity errors, refusals):
     the refusal stands either way; audit delivery never decides access.
-    Under a backlog, a row that cannot be written now is kept for later.
+    Under a backlog, a row locked out now is held for later (``True``).
     """
     try:
         with patience(state) as backlog:
             try:
                 record(state, event)
-            except CATALOG_FAILURES:
-                if backlog is None:
+            except CATALOG_FAILURES as exc:
+                if backlog is None or not contended(exc) or not backlog.hold([event]):
                     raise
-                backlog.events.append(event)
     except CATALOG_FAILURES:
         return False
     return True
@@ -213,5 +259,5 @@ def drain_quietly(state: apsw.Connection, catalog: apsw.Connection, agent_id: st
             drain(state, catalog, agent_id)
         except CATALOG_FAILURES:
             if backlog is not None:
-                backlog.cells.add(agent_id)
+                backlog.hold_drain(agent_id)
             raise

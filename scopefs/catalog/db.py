@@ -85,8 +85,8 @@ def connect(path: Path, *, vfs: str | None = None, create: bool = False) -> apsw
 
 def checkpoint(paths: list[Path], *, vfs: str | None = None) -> int:
     """A ``PASSIVE`` checkpoint of each database's write-ahead log, each on a connection of its own;
-    how many could not be checkpointed now (busy, failing storage: the next one, or any commit's
-    automatic checkpoint, copies their frames).
+    how many were not copied whole (another checkpoint was running, a reader still uses frames, or
+    the storage failed): the next call, or any commit's automatic checkpoint, copies what is left.
 
     Why a connection of its own: a checkpoint copies the log's pages into
     the database and syncs both, 10 ms and more, and whichever commit
@@ -105,7 +105,10 @@ def checkpoint(paths: list[Path], *, vfs: str | None = None) -> int:
             failed += 1
             continue
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            # (busy, frames in the log, frames copied): busy and short copies are answers, not errors
+            busy, frames, copied = (int(v or 0) for v in conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[0])
+            if busy or copied < frames:
+                failed += 1
         except STORAGE_FAILURES:
             failed += 1
         finally:
@@ -158,7 +161,7 @@ def relaxed(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     """Commits inside this block are not synced to disk (``synchronous=NORMAL``).
 
     For what a power loss may lose by contract (DESIGN.md §6): a close
-    through a mount, the "drained" mark of the audit outbox. Such a commit
+    through a mount, the removal of delivered audit outbox rows. Such a commit
     survives the death of any process; the next ``synchronous=FULL`` commit
     on the same database makes it durable too, since it syncs the whole
     write-ahead log.

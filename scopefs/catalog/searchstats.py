@@ -12,9 +12,12 @@ session, no principal, no path. The table is bounded: the same transaction
 deletes all but the newest rows.
 
 Under an audit backlog (a mount: ``catalog.audit.AuditBacklog``) the
-transaction waits only briefly for another process's lock; if it cannot
-be written, the audit rows are kept for the mount to write at its next
-tick and the timing row, a metric, is dropped.
+transaction waits only briefly for another process's lock; if that lock
+stays taken, the audit rows are held for the mount to write at its next
+tick (the results are returned meanwhile, as a mount's reads are before
+their batched audit) and the timing row, a metric, is dropped. If the
+backlog is full, or the storage failed, the search fails as it does
+without one.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from scopefs.catalog.audit import AuditEvent, insert_many, patience
+from scopefs.catalog.audit import AuditEvent, contended, insert_many, patience
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed
 
@@ -43,10 +46,9 @@ def record_search(state: apsw.Connection, events: list[AuditEvent], stat: Search
     with patience(state) as backlog:
         try:
             _record(state, events, stat)
-        except CATALOG_FAILURES:
-            if backlog is None:
-                raise
-            backlog.events.extend(events)
+        except CATALOG_FAILURES as exc:
+            if backlog is None or not contended(exc) or not backlog.hold(events):
+                raise  # the search fails: nothing it found is exposed unaudited
 
 
 def _record(state: apsw.Connection, events: list[AuditEvent], stat: SearchStat) -> None:

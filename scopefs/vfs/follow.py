@@ -51,7 +51,6 @@ FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the moun
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 QUIET_PATIENCE_S = 0.02  # how long the watch waits for the catalog thread to be idle before reading reports
-BACKLOG_PATIENT = 10_000  # held audit rows from which a tick waits for the lock as long as any write would
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
@@ -206,28 +205,37 @@ class Follow:
         the read rows here. The same holds for the audit writes the catalog
         calls make themselves (a refusal's, a search's, an integrity
         failure's, the outbox drain after an ``fsync``): they wait as briefly
-        and leave what they could not write in the mount's backlog, delivered
-        here. Only the last flush (``patient``) waits as long as any write
-        would, and so does a flush whose backlog grew to ``BACKLOG_PATIENT``
-        rows: memory bounds how long the audit may lag.
+        and hold what stayed locked out in the mount's backlog, delivered
+        here (``catalog.audit.AuditBacklog``, bounded). Only the last flush
+        (``patient``) waits as long as any write would. Whatever is taken
+        for a write is put back if that write is cancelled (the unmount
+        cancels the ticks before the last flush).
         """
-        held, cells = self._mount.audit_backlog.take()
-        wait_ms = BUSY_TIMEOUT_MS if patient or len(held) >= BACKLOG_PATIENT else AUDIT_WAIT_MS
-        self._commits.drain_later(cells)
+        wait_ms = BUSY_TIMEOUT_MS if patient else AUDIT_WAIT_MS
+        backlog = self._mount.audit_backlog
+        self._commits.drain_later(backlog.take_drains())
         try:
             if not await self._commits.drain(wait_ms=wait_ms):
                 log.warning("save audit not drained yet: the rows wait in the outbox")
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
             log.warning("save audit not drained (%s)", type(exc).__name__)
+        held, dropped = backlog.take()
+        if dropped:
+            log.warning("%d audit rows not recorded: state.sqlite stayed locked and the backlog was full", dropped)
         if held:  # refusals, errors and searches the catalog calls could not audit at once
             try:
                 await self._mount.catalog(catalog_ops.record_events, self._mount.home, held, wait_ms=wait_ms)
             except CATALOG_FAILURES as exc:
-                if patient:
-                    log.warning("held audit rows not recorded (%s)", type(exc).__name__)
+                if patient:  # the mount is going: there is no next tick
+                    log.warning("%d held audit rows not recorded (%s)", len(held), type(exc).__name__)
                 else:
-                    self._mount.audit_backlog.keep(held)
+                    backlog.keep(held)
                     log.warning("held audit rows not recorded yet (%s)", type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("%d held audit rows not recorded (%s)", len(held), type(exc).__name__)
+            except BaseException:  # cancelled (the unmount): the last flush records them
+                backlog.keep(held)
+                raise
         batch, exposed = self._reads.take_exposures()
         if batch:
             try:
@@ -245,6 +253,9 @@ class Follow:
                     log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
             except Exception as exc:  # noqa: BLE001
                 log.warning("read audit batch not recorded (%s)", type(exc).__name__)
+            except BaseException:  # cancelled (the unmount): the last flush records it
+                self._reads.keep_exposures(batch, exposed)
+                raise
 
     async def checkpoint(self) -> None:
         """Copy the write-ahead logs of the databases this mount wrote to since the last tick into the
@@ -256,7 +267,7 @@ class Follow:
         mount.wrote = False
         failed = await trio.to_thread.run_sync(functools.partial(
             checkpoint, mount.home.database_paths(), vfs=mount.home.vfs))
-        if failed:  # busy or failing: the next tick tries again (the backstop bounds the log meanwhile)
+        if failed:  # not copied whole: the next tick tries again (the backstop bounds the log meanwhile)
             mount.wrote = True
             log.debug("%d write-ahead logs not checkpointed yet", failed)
 

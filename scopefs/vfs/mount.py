@@ -137,11 +137,12 @@ class MountState:
         The directory watch waits for this before it reads what inotify
         reported (``vfs.watch``): most of what a busy mount's watch reports
         are its own commits (a save writes its catalog's log several times),
-        and waking on each made the trio thread contend with the catalog
+        and handling each made the trio thread contend with the catalog
         thread for the interpreter lock mid-commit: 0.4 ms of a 4.3 ms save.
-        Nothing is lost by waiting: a refresh the report would ask for runs
-        on the catalog thread, behind those very calls, and ``patience_s``
-        bounds the wait when the calls never stop."""
+        A refresh a report asks for runs on the catalog thread, behind those
+        very calls, so waiting delays no view; a changed artifact's pages
+        are looked at again (``Reads.recheck_named``) up to ``patience_s``
+        later, which also bounds the wait when the calls never stop."""
         with trio.move_on_after(patience_s):
             while self._calls:
                 await self._quiet.wait()

@@ -307,7 +307,8 @@ class Reads:
 
     async def _refuse_if_bad(self, note: VisibleNote) -> None:
         """EIO for a revision that failed verification here, once that failure is audited: the READ
-        that found it replies only after its audit row, and no other READ may reply sooner."""
+        that found it replies only after its audit row was written (or, while another process holds
+        ``state.sqlite``'s lock, held in the mount's audit backlog), and no other READ may reply sooner."""
         audited = self._mount.bad_revisions.get(note.revision_id)
         if audited is not None:
             await audited.wait()

@@ -164,13 +164,14 @@ class DirectoryWatch:
     async def run(self, quiet: Callable[[], Awaitable[None]] | None = None) -> None:
         """Read the descriptor for as long as the mount lives; closes it when cancelled.
 
-        ``quiet``: awaited before each wait on the descriptor; what is reported meanwhile is read in
-        one go after it (the kernel merges repeated events on one name while they are unread)."""
+        ``quiet``: awaited once the descriptor has something to read, before reading it; what is
+        reported meanwhile is read with it in one go (the kernel merges repeated events on one name
+        while they are unread)."""
         try:
             while True:
+                await trio.lowlevel.wait_readable(self._fd)
                 if quiet is not None:
                     await quiet()
-                await trio.lowlevel.wait_readable(self._fd)
                 chunks = self._drain()
                 if chunks:
                     self._hand_out(chunks)
