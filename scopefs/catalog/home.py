@@ -228,11 +228,12 @@ class Home:
 
     def changes(self) -> int:
         """Rows changed through this home's connections so far: it moved, they have a commit to check-
-        point. Call it on the thread that uses them."""
+        point. Call it on the thread that uses them. A connection closed meanwhile counts nothing."""
         total = 0
         for conn in [self._state, *self._catalogs.values()]:
             if conn is not None:
-                total += conn.total_changes()
+                with contextlib.suppress(apsw.Error):
+                    total += conn.total_changes()
         return total
 
     def _configured(self, conn: apsw.Connection) -> apsw.Connection:
