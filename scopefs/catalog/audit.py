@@ -149,10 +149,6 @@ class AuditBacklog:
             self.dropped += max(0, len(merged) - self.limit)
             self._events = merged[:self.limit]
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._events)
-
 
 _BACKLOG: contextvars.ContextVar[AuditBacklog | None] = contextvars.ContextVar("audit_backlog", default=None)
 

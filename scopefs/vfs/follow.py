@@ -51,6 +51,7 @@ FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the moun
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 QUIET_PATIENCE_S = 0.02  # how long the watch waits for the catalog thread to be idle before reading reports
+CHECKPOINT_TRIES = 3  # ticks a checkpoint after a write is tried, until one copies the whole log
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
 
@@ -64,6 +65,7 @@ class Follow:
         self._commits = commits
         self._watch: DirectoryWatch | None = None  # the mount's one inotify descriptor (``start``)
         self._thrift = Thrift()
+        self._checkpoint_tries = 0  # checkpoints still to try after this mount's last write (``checkpoint``)
 
     async def start(self, nursery: trio.Nursery) -> None:
         self._watch = DirectoryWatch.open()
@@ -223,53 +225,55 @@ class Follow:
         if dropped:
             log.warning("%d audit rows not recorded: state.sqlite stayed locked and the backlog was full", dropped)
         if held:  # refusals, errors and searches the catalog calls could not audit at once
-            try:
-                await self._mount.catalog(catalog_ops.record_events, self._mount.home, held, wait_ms=wait_ms)
-            except CATALOG_FAILURES as exc:
-                if patient:  # the mount is going: there is no next tick
-                    log.warning("%d held audit rows not recorded (%s)", len(held), type(exc).__name__)
-                else:
-                    backlog.keep(held)
-                    log.warning("held audit rows not recorded yet (%s)", type(exc).__name__)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("%d held audit rows not recorded (%s)", len(held), type(exc).__name__)
-            except BaseException:  # cancelled (the unmount): the last flush records them
-                backlog.keep(held)
-                raise
+            await self._deliver("held audit rows", functools.partial(
+                catalog_ops.record_events, self._mount.home, held, wait_ms=wait_ms),
+                functools.partial(backlog.keep, held), patient=patient)
         batch, exposed = self._reads.take_exposures()
         if batch:
-            try:
-                access = self._mount.view.access
-                await self._mount.catalog(functools.partial(  # one commit, and every other mount wakes once
-                    catalog_ops.record_reads, self._mount.home, wait_ms=wait_ms,
-                    session_id=access.session.session_id, agent_id=access.session.agent_id, run_id="mount",
-                    operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
-                    audit=batch))
-            except CATALOG_FAILURES as exc:  # locked or failing storage: nothing was written
-                if patient:  # the mount is going: there is no next tick
-                    log.warning("read audit batch not recorded (%s)", type(exc).__name__)
-                else:
-                    self._reads.keep_exposures(batch, exposed)
-                    log.warning("read audit batch not recorded yet (%s)", type(exc).__name__)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("read audit batch not recorded (%s)", type(exc).__name__)
-            except BaseException:  # cancelled (the unmount): the last flush records it
-                self._reads.keep_exposures(batch, exposed)
-                raise
+            access = self._mount.view.access
+            await self._deliver("read audit batch", functools.partial(  # one commit: every other mount wakes once
+                catalog_ops.record_reads, self._mount.home, wait_ms=wait_ms,
+                session_id=access.session.session_id, agent_id=access.session.agent_id, run_id="mount",
+                operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
+                audit=batch), functools.partial(self._reads.keep_exposures, batch, exposed), patient=patient)
+
+    async def _deliver(self, what: str, write: Callable[[], None], put_back: Callable[[], None], *,
+                       patient: bool) -> None:
+        """``write`` on the catalog thread; ``put_back`` what it took if the write may succeed at a later
+        flush: locked or failing storage (nothing was written), unless this is the last flush, or the
+        unmount's cancel (the last flush, which follows, writes it)."""
+        try:
+            await self._mount.catalog(write)
+        except CATALOG_FAILURES as exc:
+            if patient:  # the mount is going: there is no next tick
+                log.warning("%s not recorded (%s)", what, type(exc).__name__)
+            else:
+                put_back()
+                log.warning("%s not recorded yet (%s)", what, type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("%s not recorded (%s)", what, type(exc).__name__)
+        except BaseException:
+            put_back()
+            raise
 
     async def checkpoint(self) -> None:
         """Copy the write-ahead logs of the databases this mount wrote to since the last tick into the
         databases, on a thread of its own (``catalog.db.checkpoint``): not in a commit on the catalog
         thread, where a save's close or the view's refresh would wait for its two disk syncs."""
         mount = self._mount
-        if not mount.wrote:
+        if mount.wrote:
+            mount.wrote = False
+            self._checkpoint_tries = CHECKPOINT_TRIES
+        if not self._checkpoint_tries:
             return
-        mount.wrote = False
+        self._checkpoint_tries -= 1
         failed = await trio.to_thread.run_sync(functools.partial(
             checkpoint, mount.home.database_paths(), vfs=mount.home.vfs))
-        if failed:  # not copied whole: the next tick tries again (the backstop bounds the log meanwhile)
-            mount.wrote = True
-            log.debug("%d write-ahead logs not checkpointed yet", failed)
+        if not failed:
+            self._checkpoint_tries = 0
+        # else: not copied whole (frames another mount's read still uses, say): the next tick tries again,
+        # a few times only, so that a mount that wrote once does not open connections every second after
+        # it; the log's automatic checkpoint (WAL_BACKSTOP_PAGES) bounds what is left.
 
     async def index_verified(self) -> None:
         """Revisions this mount verified get their search rows back if a search had retired them
