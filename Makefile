@@ -40,7 +40,7 @@ EXTRAS := test,embeddings,lint,coverage
 
 # pyfuse3 is the pinned upstream release with vendor/pyfuse3's patch applied,
 # built from source (vendor/pyfuse3/README.md); installed before the project so
-# that pip keeps it (3.5.0+inode.2 satisfies the lock's pyfuse3==3.5.0).
+# that pip keeps it (3.5.0+inode.3 satisfies the lock's pyfuse3==3.5.0).
 PYFUSE3_BUILD := build/pyfuse3
 PYFUSE3_INPUTS := $(wildcard vendor/pyfuse3/*)
 

@@ -4,7 +4,8 @@
 from memory, answers ``open`` and ``opendir`` with ENOSYS, wants only
 ``d/b.txt``'s closes (``flush_wanted``) and appends one
 line per request it receives to LOG (``opcode fh inode [detail]``), so a
-test can see exactly what the kernel sent.
+test can see exactly what the kernel sent, and a line ``wait`` each time
+the session loop tells it that it goes back to waiting (``main(on_wait=)``).
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ class ForkFS(pyfuse3.Operations):
 
 def main() -> None:
     mountpoint, log_path = sys.argv[1], sys.argv[2]
-    pyfuse3.init(ForkFS(log_path), mountpoint, {"fsname=forkfs", "default_permissions"})
+    fs = ForkFS(log_path)
+    pyfuse3.init(fs, mountpoint, {"fsname=forkfs", "default_permissions"})
     try:
-        trio.run(lambda: pyfuse3.main(poll_ns=100_000))
+        trio.run(lambda: pyfuse3.main(poll_ns=100_000, on_wait=lambda: fs.note("wait")))
     finally:
         pyfuse3.close()
 

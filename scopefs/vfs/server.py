@@ -38,6 +38,7 @@ from scopefs.catalog.policy import Op
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
+from scopefs.vfs.latency import ENVIRONMENT, CpuLatency, bound_from
 from scopefs.vfs.lean import give_back
 from scopefs.writer.recovery import drain_home, recover_home
 
@@ -71,15 +72,16 @@ async def _announce(mountpoint: str, on_ready: Callable[[], None]) -> None:
 
 
 async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None,
-               tasks: Sequence[Callable[..., Awaitable[None]]]) -> None:
+               tasks: Sequence[Callable[..., Awaitable[None]]], latency: CpuLatency) -> None:
     async with trio.open_nursery() as nursery:
         await fs.background(nursery)
         nursery.start_soon(_stop_on_signal, fs)
+        nursery.start_soon(latency.hold_while_busy)
         for task in tasks:
             await nursery.start(task)  # each is ready (listening, say) before the mount is announced
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
-        await pyfuse3.main(poll_ns=POLL_NS)
+        await pyfuse3.main(poll_ns=POLL_NS, on_wait=latency.touch)
         nursery.cancel_scope.cancel()
     await fs.shutdown()
 
@@ -95,15 +97,18 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     launcher's control socket); each is started with ``nursery.start`` and
     must report ``task_status.started()`` once it serves.
     """
+    bound_us = bound_from(os.environ.get(ENVIRONMENT))  # a bad value refuses the mount, before anything happens
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     recover_home(home)  # saves a power loss took are rolled back before anything is served
     drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint
+    latency = CpuLatency(bound_us)
     try:
-        trio.run(_run, fs, mountpoint, on_ready, tasks)
+        trio.run(_run, fs, mountpoint, on_ready, tasks, latency)
     finally:
+        latency.close()
         pyfuse3.close(unmount=fs.terminated)
 
 

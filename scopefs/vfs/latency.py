@@ -1,0 +1,134 @@
+"""Quick wake-ups while requests come: a CPU latency request held only while the mount is busy.
+
+Every request is a round trip between two processes: the tool sleeps in
+the kernel until the server answers, and the server sleeps until the next
+request. On a virtual machine a CPU with nothing to run halts, and waking
+it again takes an interrupt through the hypervisor, which costs more than
+most requests take to answer. A warm ``grep -r`` over 10,000 notes is one
+close (a FLUSH, answered in C) per file, so the wake-ups are most of its
+time: 0.23 s, against 0.076 s with the request below held and 0.034 s
+native (``bench/RESULTS.md``, issue 14 ninth step).
+
+Linux lets a process bound how long idle CPUs take to wake (PM QoS:
+``/dev/cpu_dma_latency``). While a bound of 0 is held, idle CPUs poll
+instead of halting, so a wake-up is a store to memory rather than an
+interrupt. Polling burns the CPU's time on the host for as long as the
+bound is held, so a mount holds it only while requests come and for
+``HOLD_S`` after the last one: an idle mount holds nothing.
+
+What a bound does is system-wide, so it is the operator's choice:
+``SCOPEFS_CPU_LATENCY`` in the mount server's environment is ``off``, or
+the bound in microseconds (default ``0``). Only root may open the device;
+a server that cannot holds nothing and serves as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+
+import trio
+
+from scopefs.catalog.errors import BadInput
+
+DEVICE = "/dev/cpu_dma_latency"
+ENVIRONMENT = "SCOPEFS_CPU_LATENCY"
+HOLD_S = 0.5  # how long after the last request the bound stays
+NO_BOUND_US = 2_000_000_000  # the kernel's own default request (PM_QOS_CPU_LATENCY_DEFAULT_VALUE): no bound
+MAX_BOUND_US = 1_000_000  # a bound above a second bounds nothing a request would notice
+
+log = logging.getLogger(__name__)
+
+
+def bound_from(value: str | None) -> int | None:
+    """The bound ``SCOPEFS_CPU_LATENCY`` asks for, in microseconds, or None for ``off``.
+
+    Unset or empty means the default, 0. Anything else than ``off`` or a
+    whole number from 0 to ``MAX_BOUND_US`` is refused, so that a typo does
+    not silently leave the machine polling (or not).
+    """
+    if value is None or value == "":
+        return 0
+    if value == "off":
+        return None
+    if len(value) <= 8 and value.isascii() and value.isdigit() and int(value) <= MAX_BOUND_US:
+        return int(value)
+    raise BadInput(f"{ENVIRONMENT} must be 'off' or a whole number of microseconds from 0 to {MAX_BOUND_US}")
+
+
+class CpuLatency:
+    """The mount server's latency request: opened once, bounded while busy.
+
+    ``touch`` is pyfuse3's ``on_wait`` (``vfs.server``): the session loop
+    calls it each time it goes back to waiting for a request, closes it
+    answers in C included, so it is cheap and never raises.
+    ``hold_while_busy`` is the task that lets the bound go ``HOLD_S`` after
+    the last call. Closing the descriptor, which the kernel does for a
+    killed server too, withdraws the request.
+    """
+
+    def __init__(self, bound_us: int | None, device: str = DEVICE) -> None:
+        self.bound_us = bound_us
+        self.held = False
+        self._fd = -1
+        self._last = 0.0
+        self._busy = trio.Event()
+        if bound_us is None:
+            return
+        try:
+            # Opening adds a request without a bound; writing a value bounds it.
+            self._fd = os.open(device, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.info("no CPU latency request (%s): requests are answered as before", exc.strerror)
+
+    @property
+    def active(self) -> bool:
+        """Whether this server can bound the latency at all (the device opened)."""
+        return self._fd >= 0
+
+    def touch(self) -> None:
+        if self._fd < 0:
+            return
+        self._last = trio.current_time()
+        if not self.held and self.bound_us is not None and self._ask(self.bound_us):
+            self.held = True
+            self._busy.set()
+
+    async def hold_while_busy(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            task_status.started()
+            if self._fd < 0:
+                return
+            while True:
+                await self._busy.wait()
+                await self._quiet()
+                self._busy = trio.Event()
+                self.held = False
+                self._ask(NO_BOUND_US)
+        finally:
+            self.close()
+
+    async def _quiet(self) -> None:
+        """Return once ``HOLD_S`` passed without a ``touch`` (which only moves ``_last``: cheap)."""
+        while True:
+            await trio.sleep_until(self._last + HOLD_S)
+            if trio.current_time() >= self._last + HOLD_S:
+                return
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+            self.held = False
+
+    def _ask(self, bound_us: int) -> bool:
+        try:
+            os.write(self._fd, struct.pack("=i", bound_us))
+        except OSError as exc:  # the device went away: serve on without a bound
+            log.info("the CPU latency request failed (%s)", exc.strerror)
+            self.close()
+            return False
+        return True

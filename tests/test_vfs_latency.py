@@ -1,0 +1,108 @@
+"""A busy mount bounds the CPUs' wake-up latency, and only while busy (``vfs.latency``).
+
+Seen from outside, through the kernel's own answer: reading
+``/dev/cpu_dma_latency`` gives the lowest bound any process holds. The
+mount is told a bound no other process here asks for (7 µs), so the
+aggregate shows whether it is the mount's: held once requests come, let go
+within ``HOLD_S`` of the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scopefs.catalog.errors import BadInput
+from scopefs.vfs.latency import DEVICE, ENVIRONMENT, MAX_BOUND_US, NO_BOUND_US, bound_from
+from tests.conftest import Scenario
+from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+
+MOUNT_BOUND_US = 7
+
+
+def current_bound() -> int:
+    """The bound the kernel applies now: the lowest of every process's request."""
+    fd = os.open(DEVICE, os.O_RDONLY)
+    try:
+        return int(struct.unpack("=i", os.read(fd, 4))[0])
+    finally:
+        os.close(fd)
+
+
+def server_pid(mountpoint: Path) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"scopefs.vfs.server" in argv and str(mountpoint).encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no mount server for {mountpoint}")
+
+
+def holds_the_device(pid: int) -> bool:
+    return any(os.readlink(fd) == DEVICE for fd in Path(f"/proc/{pid}/fd").iterdir())
+
+
+@pytest.fixture
+def bound_env(scenario: Scenario) -> Iterator[dict[str, str]]:
+    env = scenario.cli.env
+    yield env
+    env.pop(ENVIRONMENT, None)
+
+
+def test_the_bound_is_held_while_requests_come_and_let_go_after(scenario: Scenario, mounts: Mounts,  # noqa: F811
+                                                                bound_env: dict[str, str]) -> None:
+    bound_env[ENVIRONMENT] = str(MOUNT_BOUND_US)
+    assert current_bound() != MOUNT_BOUND_US
+    where = mounts.mount(scenario.alice_session, "alice")
+    assert holds_the_device(server_pid(where))
+    note = where / "private" / "notes" / "busy.md"
+    note.write_bytes(b"a note to close again and again\n")
+    wait_until(lambda: current_bound() != MOUNT_BOUND_US)  # the write's requests are over: let go
+
+    def request_then_look() -> bool:
+        note.read_bytes()  # at least a close (FLUSH), answered in C: Python never sees it
+        return current_bound() == MOUNT_BOUND_US
+
+    wait_until(request_then_look)
+    assert wait_until(lambda: current_bound() != MOUNT_BOUND_US, timeout=5)  # idle again: nothing held
+
+
+def test_off_opens_nothing(scenario: Scenario, mounts: Mounts, bound_env: dict[str, str]) -> None:  # noqa: F811
+    bound_env[ENVIRONMENT] = "off"
+    where = mounts.mount(scenario.alice_session, "alice")
+    pid = server_pid(where)
+    for _ in range(20):
+        (where / "private" / "notes").is_dir()
+    assert not holds_the_device(pid)
+
+
+def test_a_bad_value_refuses_the_mount(scenario: Scenario, tmp_path: Path, bound_env: dict[str, str]) -> None:
+    bound_env[ENVIRONMENT] = "fast"
+    where = tmp_path / "refused"
+    where.mkdir()
+    result = scenario.cli("mount", scenario.alice_session, str(where))
+    assert result.code == 2
+    assert ENVIRONMENT in result.err
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        assert not any(line.split()[4] == str(where) for line in info)
+
+
+@pytest.mark.parametrize(("value", "bound"), [(None, 0), ("", 0), ("off", None), ("0", 0), ("25", 25),
+                                              (str(MAX_BOUND_US), MAX_BOUND_US)])
+def test_values(value: str | None, bound: int | None) -> None:
+    assert bound_from(value) == bound
+
+
+@pytest.mark.parametrize("value", ["-1", "1e3", "ten", "OFF", " 5", str(MAX_BOUND_US + 1), "٣", "9" * 400,
+                                   str(NO_BOUND_US)])
+def test_bad_values(value: str) -> None:
+    with pytest.raises(BadInput):
+        bound_from(value)
+
