@@ -749,7 +749,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     mounts = Mounts(work, manifest["session_id"])
     report: dict[str, Any] = {"params": {**manifest["params"], "rounds": args.rounds,
                                          "cold_rounds": args.cold_rounds, "saves": min(args.saves, layout.notes),
-                                         "matches": manifest["matches"]},
+                                         "matches": manifest["matches"], "bound_latency": args.bound_latency},
                               "setup": manifest["setup"], "commands": WORKLOADS,
                               "machine": {**wr.machine_info(work), "tools": tool_versions()},
                               "fsync_probe_before": wr.fsync_probe(work), "load_before": load(),
@@ -798,7 +798,8 @@ def render(report: dict[str, Any]) -> str:
     p, m = report["params"], report["machine"]
     lines = [(f"# FUSE benchmark: {p['notes']:,} notes in {p['folders']} folders, "
               f"{p['big_bytes'] >> 20} MiB file; {p['cold_rounds']} cold rounds, {p['rounds']} warm rounds, "
-              f"{p['saves']} saves"), "",
+              f"{p['saves']} saves" + ("; a wake-up latency bound of 0 held throughout" if p.get("bound_latency")
+                                        else "")), "",
              (f"commit {m['source']['commit']} · {m['nproc']} CPUs · kernel {m['kernel']} · "
               f"{m['filesystem']['fstype']} on {m['filesystem']['source']} · fsync probe p50 "
               f"{report['fsync_probe_before']['p50_us']:.0f} µs before, "
@@ -866,6 +867,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--save-modes", default=",".join(SAVE_MODES),
                         help=f"which saves to time, comma-separated (default {','.join(SAVE_MODES)}): "
                              "plain (no sync), fsync (the temp file), durable (and the folder)")
+    parser.add_argument("--bound-latency", action="store_true",
+                        help="hold a CPU wake-up latency bound of 0 (PM QoS, /dev/cpu_dma_latency) for the "
+                             "whole run, so native and the passthrough wake as quickly as a busy scopefs "
+                             "mount makes them (scopefs/vfs/latency.py); without it they get the bound only "
+                             "while a scopefs mount holds it")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 500 notes, 16 MiB file, 2 rounds, 1 cold round, 200 saves")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -881,6 +887,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.notes, args.big_mib, args.rounds, args.cold_rounds, args.saves = 500, 16, 2, 1, 200
     return args
+
+
+@contextlib.contextmanager
+def bounded_latency(held: bool) -> Iterator[None]:
+    """With ``held``, idle CPUs poll instead of halting until the block ends (the descriptor's close ends it)."""
+    if not held:
+        yield
+        return
+    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, (0).to_bytes(4, sys.byteorder))
+        yield
+    finally:
+        os.close(fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -918,7 +938,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        report = run(args, work)
+        with bounded_latency(args.bound_latency):
+            report = run(args, work)
     finally:
         still = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                  if line.split()[4].startswith(str(work) + "/")]
