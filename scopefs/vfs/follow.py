@@ -12,7 +12,8 @@ on this loop). Writers nobody closed are committed and removals whose
 grace period ended are tombstoned, every ``POLL_S`` while there are any;
 once a second the artifacts behind cached pages are looked at again, the
 audit is written in batches, and revisions verified here are indexed
-again if a search had retired their rows. An idle mount wakes a few
+again if a search had retired their rows (those last two wait, a few
+seconds at most, while reads keep coming: ``_reads_streaming``). An idle mount wakes a few
 times a second, so a hundred of them leave the CPUs to the ones in use.
 A failure of one round is logged by type and the next round tries again:
 nothing in here may end the mount.
@@ -51,6 +52,7 @@ FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the moun
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 QUIET_PATIENCE_S = 0.02  # how long the watch waits for the catalog thread to be idle before reading reports
+DEFER_TICKS = 4  # ticks the reads' bookkeeping waits while reads keep coming (``_reads_streaming``)
 CHECKPOINT_TRIES = 3  # ticks a checkpoint after a write is tried, until one copies the whole log
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
@@ -66,6 +68,8 @@ class Follow:
         self._watch: DirectoryWatch | None = None  # the mount's one inotify descriptor (``start``)
         self._thrift = Thrift()
         self._checkpoint_tries = 0  # checkpoints still to try after this mount's last write (``checkpoint``)
+        self._exposed_seen = 0  # ``Reads.exposed_count`` at the last tick
+        self._deferred = 0  # ticks in a row the reads' bookkeeping waited
 
     async def start(self, nursery: trio.Nursery) -> None:
         self._watch = DirectoryWatch.open()
@@ -172,14 +176,35 @@ class Follow:
 
     async def _tick(self) -> None:
         await self._round(self._reads.recheck)
-        await self._round(self.flush_audit)
-        await self._round(self.index_verified)
+        streaming = self._reads_streaming()
+        await self._round(functools.partial(self.flush_audit, reads=not streaming))
+        if not streaming:
+            await self._round(self.index_verified)
         await self._round(self._commits.index)
         await self._round(self.checkpoint)
         if self._thrift.due():  # last: an index round just done is not "quiet", the next look may be
             # SQLite's page caches first: they are most of what a woken mount grew by.
             await self._round(functools.partial(self._mount.catalog, self._mount.home.release_memory))
             self._thrift.give_back()
+
+    def _reads_streaming(self) -> bool:
+        """Whether the reads' bookkeeping waits this tick: new reads came since the last, and it has not
+        waited ``DEFER_TICKS`` in a row yet.
+
+        Each read verified makes two catalog writes later: its exposure row
+        (inserted at a random place in an index of every exposure) and a
+        look at its search rows (``index_verified``). Done every second
+        while a cold ``grep -r`` streams, they take the disk and a CPU from
+        the reads they record: 0.25 of its 1.9 s over 10,000 notes
+        (``bench/RESULTS.md``, issue 14 ninth step). Waiting for the first
+        quiet tick does the same work once the reads pause, and at most
+        ``DEFER_TICKS`` seconds later than before.
+        """
+        count = self._reads.exposed_count
+        streaming = count != self._exposed_seen and self._deferred < DEFER_TICKS
+        self._exposed_seen = count
+        self._deferred = self._deferred + 1 if streaming else 0
+        return streaming
 
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""
@@ -194,8 +219,9 @@ class Follow:
         self._reads.drop_readers()
         self._mount.artifacts.close()
 
-    async def flush_audit(self, *, patient: bool = False) -> None:
-        """The read exposures of the last second, and the outbox rows of the saves made meanwhile.
+    async def flush_audit(self, *, patient: bool = False, reads: bool = True) -> None:
+        """The read exposures of the last second (unless not ``reads``: ``_reads_streaming``), and the
+        outbox rows of the saves made meanwhile.
 
         Both are writes to ``state.sqlite`` on the catalog thread, where the
         view's refreshes queue behind them. Another process holding that
@@ -228,6 +254,8 @@ class Follow:
             await self._deliver("held audit rows", functools.partial(
                 catalog_ops.record_events, self._mount.home, held, wait_ms=wait_ms),
                 functools.partial(backlog.keep, held), patient=patient)
+        if not reads:
+            return
         batch, exposed = self._reads.take_exposures()
         if batch:
             access = self._mount.view.access

@@ -81,6 +81,7 @@ class Reads:
         self._exposures: list[AuditEvent] = []
         self._exposed_rows: list[Exposed] = []
         self._exposed: set[str] = set()
+        self.exposed_count = 0  # revisions exposed since the mount started: whether reads keep coming
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
         self._cached: dict[int, Node] = {}  # inodes whose pages the kernel may hold, for ``recheck``
@@ -323,6 +324,7 @@ class Reads:
         """
         if note.revision_id not in self._exposed:
             self._exposed.add(note.revision_id)
+            self.exposed_count += 1
             self._exposures.append(self._mount.event(Op.READ, "allow", Reason.ALLOWED, note))
             self._exposed_rows.append(Exposed(note.revision_id, note.resource_id))
 
