@@ -62,9 +62,9 @@ def patch(variant: str) -> None:
     if "audit-once" in parts:
         flush_audit = Follow.flush_audit
 
-        async def audit_once(self):  # type: ignore[no-untyped-def]
+        async def audit_once(self, **options):  # type: ignore[no-untyped-def]
             keep = set(self._reads._exposed)
-            await flush_audit(self)
+            await flush_audit(self, **options)
             self._reads._exposed = keep
         Follow.flush_audit = audit_once
     if "noflush" in parts:

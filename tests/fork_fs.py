@@ -4,8 +4,9 @@
 from memory, answers ``open`` and ``opendir`` with ENOSYS, wants only
 ``d/b.txt``'s closes (``flush_wanted``) and appends one
 line per request it receives to LOG (``opcode fh inode [detail]``), so a
-test can see exactly what the kernel sent, and a line ``wait`` each time
-the session loop tells it that it goes back to waiting (``main(on_wait=)``).
+test can see exactly what the kernel sent, and a line ``wait N`` each time
+the session loop tells it that it goes back to waiting, N being the
+requests it received so far (``main(on_wait=)``).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def main() -> None:
     fs = ForkFS(log_path)
     pyfuse3.init(fs, mountpoint, {"fsname=forkfs", "default_permissions"})
     try:
-        trio.run(lambda: pyfuse3.main(poll_ns=100_000, on_wait=lambda: fs.note("wait")))
+        trio.run(lambda: pyfuse3.main(poll_ns=100_000, on_wait=lambda received: fs.note("wait", received)))
     finally:
         pyfuse3.close()
 

@@ -53,7 +53,7 @@ def test_the_patched_build_is_installed() -> None:
     assert pyfuse3.Operations.inode_requests is False  # opt-in: stock behaviour unless a file system asks
     assert pyfuse3.Operations.enable_atomic_o_trunc is True
     assert pyfuse3.Operations.flush_wanted is None
-    assert pyfuse3.__version__ == "3.5.0+inode.3"
+    assert pyfuse3.__version__ == "3.5.0+inode.4"
 
 
 def test_importing_the_patched_build_leaves_importlib_metadata_unloaded() -> None:
@@ -140,10 +140,17 @@ def test_closes_of_unwanted_inodes_are_answered_without_python(mounted: Mounted)
 def test_the_loop_says_when_it_goes_back_to_waiting(mounted: Mounted) -> None:
     a = mounted.root / "a.txt"
     assert a.read_bytes() == b"alpha\n" * 1000
-    before = len(mounted.requests("wait"))
+    waits = mounted.requests("wait")
+    calls, received = len(waits), int(waits[-1][1])
     for _ in range(1_000):
         os.close(os.open(a, os.O_RDONLY))
+    assert a.read_bytes() == b"alpha\n" * 1000  # nothing needs Python here: the loop says so on its next wait
+    os.listdir(mounted.root / "d")  # a request for Python: the call before it counts every close
     # Every one of those closes was answered in C, none reached Python, and yet the file system
-    # heard at least once per 65 of them that requests keep coming.
+    # heard at least once per 65 of them that requests keep coming, and how many came.
     assert not mounted.requests("flush")
-    assert len(mounted.requests("wait")) - before >= 1_000 // 65
+    waits = mounted.requests("wait")
+    assert len(waits) - calls >= 1_000 // 65
+    assert int(waits[-1][1]) - received >= 1_000
+    counts = [int(line[1]) for line in waits]
+    assert counts == sorted(counts)

@@ -70,7 +70,9 @@ def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenari
         # Both audit writes of the mount's next ticks are now due: a read's, and a save's outbox row.
         assert (where / "private" / "notes" / "second.md").read_bytes() == SECOND
         (where / "private" / "notes" / "saved.md").write_bytes(b"saved through the mount while locked\n")
-        time.sleep(2.2)  # two ticks pass: the mount tries both writes and finds the lock taken
+        # Three ticks pass: the mount tries both writes and finds the lock taken (the read's waits for
+        # a tick without new reads first: ``Follow._reads_streaming``).
+        time.sleep(3.2)
         home = Home.open(scenario.cli.home)
         try:
             write_note(home, session, "private/notes/allergy.md", NEW, durable=False)  # the agent's catalog only

@@ -9,15 +9,29 @@ within ``HOLD_S`` of the last one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from scopefs.catalog.errors import BadInput
-from scopefs.vfs.latency import DEVICE, ENVIRONMENT, MAX_BOUND_US, NO_BOUND_US, bound_from
+from scopefs.vfs.latency import (
+    BURST_REQUESTS,
+    BURST_WINDOW_S,
+    DEVICE,
+    ENVIRONMENT,
+    HOLD_S,
+    MAX_BOUND_US,
+    NO_BOUND_US,
+    CpuLatency,
+    bound_from,
+)
 from tests.conftest import Scenario
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
@@ -45,8 +59,16 @@ def server_pid(mountpoint: Path) -> int:
     raise AssertionError(f"no mount server for {mountpoint}")
 
 
+def descriptors_of(pid: int, target: str) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+            count += os.readlink(fd) == target
+    return count
+
+
 def holds_the_device(pid: int) -> bool:
-    return any(os.readlink(fd) == DEVICE for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return descriptors_of(pid, DEVICE) > 0
 
 
 @pytest.fixture
@@ -64,11 +86,18 @@ def test_the_bound_is_held_while_requests_come_and_let_go_after(scenario: Scenar
     assert holds_the_device(server_pid(where))
     note = where / "private" / "notes" / "busy.md"
     note.write_bytes(b"a note to close again and again\n")
-    wait_until(lambda: current_bound() != MOUNT_BOUND_US)  # the write's requests are over: let go
+    time.sleep(2 * HOLD_S)  # the mount's and the write's requests (releases come after the reply) are over
+    wait_until(lambda: current_bound() != MOUNT_BOUND_US)
 
     def request_then_look() -> bool:
-        note.read_bytes()  # at least a close (FLUSH), answered in C: Python never sees it
+        for _ in range(4 * BURST_REQUESTS):  # a stream of closes (FLUSH), answered in C: Python never sees them
+            note.read_bytes()
         return current_bound() == MOUNT_BOUND_US
+
+    for _ in range(50):  # a tool that looks now and then holds nothing
+        note.read_bytes()
+        assert current_bound() != MOUNT_BOUND_US
+        time.sleep(BURST_WINDOW_S * 2)
 
     wait_until(request_then_look)
     assert wait_until(lambda: current_bound() != MOUNT_BOUND_US, timeout=5)  # idle again: nothing held
@@ -106,3 +135,62 @@ def test_bad_values(value: str) -> None:
     with pytest.raises(BadInput):
         bound_from(value)
 
+
+
+def written_bounds(path: Path) -> list[int]:
+    data = path.read_bytes()
+    return [int(v) for (v,) in struct.iter_unpack("=i", data)]
+
+
+def test_the_bound_follows_streams_of_requests(tmp_path: Path) -> None:
+    """The timing of ``CpuLatency`` on trio's mock clock, a plain file standing in for the device."""
+    device = tmp_path / "cpu_dma_latency"
+    device.touch()
+    clock = trio.testing.MockClock()
+    latency = CpuLatency(3, device=str(device))
+    seen: list[list[int]] = []
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(latency.hold_while_busy)
+            received = 0
+            for _ in range(20):  # one request now and then: never a stream
+                received += 1
+                latency.touch(received)
+                clock.jump(BURST_WINDOW_S * 2)
+                await trio.testing.wait_all_tasks_blocked()
+            seen.append(written_bounds(device))
+            for _ in range(10):  # a stream: 65 requests a millisecond, for a second
+                for _ in range(100):
+                    received += 65
+                    latency.touch(received)
+                    clock.jump(0.001)
+                    await trio.testing.wait_all_tasks_blocked()
+                assert latency.held
+            seen.append(written_bounds(device))
+            clock.jump(HOLD_S / 2)  # a trickle after the stream does not keep the bound
+            received += 1
+            latency.touch(received)
+            await trio.testing.wait_all_tasks_blocked()
+            assert latency.held
+            clock.jump(HOLD_S / 2 + 0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not latency.held
+            seen.append(written_bounds(device))
+            for _ in range(BURST_REQUESTS + 1):  # a short burst holds it again
+                received += 1
+                latency.touch(received)
+            await trio.testing.wait_all_tasks_blocked()
+            seen.append(written_bounds(device))
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario, clock=clock)
+    assert seen == [[], [3], [3, NO_BOUND_US], [3, NO_BOUND_US, 3]]
+    assert descriptors_of(os.getpid(), str(device)) == 0  # the end of the task withdrew the request
+    assert not latency.held
+
+
+def test_a_bound_out_of_range_is_refused() -> None:
+    with pytest.raises(BadInput):
+        CpuLatency(MAX_BOUND_US + 1, device="/nonexistent")
+    assert not CpuLatency(0, device="/nonexistent").held  # no device: nothing held, nothing raised

@@ -52,7 +52,7 @@ FOLLOW_S = 5.0  # the longest the catalog goes unread when nothing woke the moun
 TICK_S = RECHECK_S  # the artifact recheck, the audit batch, the reindex
 IDLE_SETTLE_S = 10.0  # how long the settling task sleeps when nothing waits and nothing woke it
 QUIET_PATIENCE_S = 0.02  # how long the watch waits for the catalog thread to be idle before reading reports
-DEFER_TICKS = 4  # ticks the reads' bookkeeping waits while reads keep coming (``_reads_streaming``)
+DEFER_S = 4.0  # how long the reads' bookkeeping waits at most while reads keep coming (``_reads_streaming``)
 CHECKPOINT_TRIES = 3  # ticks a checkpoint after a write is tried, until one copies the whole log
 WRITEBACK_S = 30.0  # how often what closes committed without a sync is made durable (the kernel's own pace)
 
@@ -69,7 +69,6 @@ class Follow:
         self._thrift = Thrift()
         self._checkpoint_tries = 0  # checkpoints still to try after this mount's last write (``checkpoint``)
         self._exposed_seen = 0  # ``Reads.exposed_count`` at the last tick
-        self._deferred = 0  # ticks in a row the reads' bookkeeping waited
 
     async def start(self, nursery: trio.Nursery) -> None:
         self._watch = DirectoryWatch.open()
@@ -188,8 +187,8 @@ class Follow:
             self._thrift.give_back()
 
     def _reads_streaming(self) -> bool:
-        """Whether the reads' bookkeeping waits this tick: new reads came since the last, and it has not
-        waited ``DEFER_TICKS`` in a row yet.
+        """Whether the reads' bookkeeping waits this tick: new reads came since the last, and the oldest
+        read not yet recorded is less than ``DEFER_S`` old.
 
         Each read verified makes two catalog writes later: its exposure row
         (inserted at a random place in an index of every exposure) and a
@@ -198,12 +197,15 @@ class Follow:
         the reads they record: 0.25 of its 1.9 s over 10,000 notes
         (``bench/RESULTS.md``, issue 14 ninth step). Waiting for the first
         quiet tick does the same work once the reads pause, and at most
-        ``DEFER_TICKS`` seconds later than before.
+        ``DEFER_S`` later than before. The age, not a count of ticks,
+        bounds it: rows put back after a failed write are as old as their
+        reads, so a locked database does not add a deferral to its delay.
         """
         count = self._reads.exposed_count
-        streaming = count != self._exposed_seen and self._deferred < DEFER_TICKS
+        oldest = self._reads.oldest_exposure_us()
+        fresh = oldest is None or now_us() - oldest < DEFER_S * 1_000_000
+        streaming = count != self._exposed_seen and fresh
         self._exposed_seen = count
-        self._deferred = self._deferred + 1 if streaming else 0
         return streaming
 
     async def shutdown(self) -> None:
@@ -214,6 +216,7 @@ class Follow:
             log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)
         await self.flush_audit(patient=True)
+        await self._round(self.index_verified)  # a read deferred it (``_reads_streaming``): its rows come back
         await self._round(functools.partial(self._commits.index, everything=True))
         await self._round(self._commits.write_back)
         self._reads.drop_readers()

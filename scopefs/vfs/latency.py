@@ -1,4 +1,4 @@
-"""Quick wake-ups while requests come: a CPU latency request held only while the mount is busy.
+"""Quick wake-ups while requests stream: a CPU latency bound held only while the mount is busy.
 
 Every request is a round trip between two processes: the tool sleeps in
 the kernel until the server answers, and the server sleeps until the next
@@ -6,20 +6,24 @@ request. On a virtual machine a CPU with nothing to run halts, and waking
 it again takes an interrupt through the hypervisor, which costs more than
 most requests take to answer. A warm ``grep -r`` over 10,000 notes is one
 close (a FLUSH, answered in C) per file, so the wake-ups are most of its
-time: 0.23 s, against 0.076 s with the request below held and 0.034 s
+time: 0.23 s, against 0.076 s with the bound below held and 0.034 s
 native (``bench/RESULTS.md``, issue 14 ninth step).
 
 Linux lets a process bound how long idle CPUs take to wake (PM QoS:
-``/dev/cpu_dma_latency``). While a bound of 0 is held, idle CPUs poll
-instead of halting, so a wake-up is a store to memory rather than an
-interrupt. Polling burns the CPU's time on the host for as long as the
-bound is held, so a mount holds it only while requests come and for
-``HOLD_S`` after the last one: an idle mount holds nothing.
+``/dev/cpu_dma_latency``). While a bound of 0 is held, a cpuidle driver
+with a polling state (``haltpoll`` on these machines) keeps idle CPUs
+polling instead of halting, so a wake-up is a store to memory rather than
+an interrupt. Polling burns the CPUs' time on the host for as long as the
+bound is held, so a mount holds it only while requests stream (at least
+``BURST_REQUESTS`` within ``BURST_WINDOW_S``) and for ``HOLD_S`` after
+the last such stream: a tool that looks at one file now and then, or an
+idle mount, holds nothing.
 
 What a bound does is system-wide, so it is the operator's choice:
 ``SCOPEFS_CPU_LATENCY`` in the mount server's environment is ``off``, or
 the bound in microseconds (default ``0``). Only root may open the device;
-a server that cannot holds nothing and serves as before.
+a server that cannot serves as before (and says so once if the variable
+asked for a bound explicitly).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from scopefs.catalog.errors import BadInput
 
 DEVICE = "/dev/cpu_dma_latency"
 ENVIRONMENT = "SCOPEFS_CPU_LATENCY"
-HOLD_S = 0.5  # how long after the last request the bound stays
+HOLD_S = 0.5  # how long after the last stream of requests the bound stays
+BURST_REQUESTS = 16  # requests within BURST_WINDOW_S that make a stream
+BURST_WINDOW_S = 0.05
 NO_BOUND_US = 2_000_000_000  # the kernel's own default request (PM_QOS_CPU_LATENCY_DEFAULT_VALUE): no bound
 MAX_BOUND_US = 1_000_000  # a bound above a second bounds nothing a request would notice
 
@@ -59,21 +65,25 @@ def bound_from(value: str | None) -> int | None:
 
 
 class CpuLatency:
-    """The mount server's latency request: opened once, bounded while busy.
+    """The mount server's latency request: opened once, bounded while requests stream.
 
     ``touch`` is pyfuse3's ``on_wait`` (``vfs.server``): the session loop
-    calls it each time it goes back to waiting for a request, closes it
-    answers in C included, so it is cheap and never raises.
-    ``hold_while_busy`` is the task that lets the bound go ``HOLD_S`` after
-    the last call. Closing the descriptor, which the kernel does for a
-    killed server too, withdraws the request.
+    calls it with the requests received so far each time it goes back to
+    waiting, closes answered in C included, so it is cheap and never
+    raises. ``hold_while_busy`` is the task that lets the bound go
+    ``HOLD_S`` after the last stream. Closing the descriptor, which the
+    kernel does for a killed server too, withdraws the request.
     """
 
-    def __init__(self, bound_us: int | None, device: str = DEVICE) -> None:
+    def __init__(self, bound_us: int | None, *, device: str = DEVICE, explicit: bool = False) -> None:
+        if bound_us is not None and not 0 <= bound_us <= MAX_BOUND_US:
+            raise BadInput(f"a CPU latency bound is from 0 to {MAX_BOUND_US} µs")
         self.bound_us = bound_us
         self.held = False
         self._fd = -1
-        self._last = 0.0
+        self._last = 0.0  # when requests last streamed
+        self._window_start = float("-inf")
+        self._window_received = 0  # requests received when the window started
         self._busy = trio.Event()
         if bound_us is None:
             return
@@ -81,17 +91,18 @@ class CpuLatency:
             # Opening adds a request without a bound; writing a value bounds it.
             self._fd = os.open(device, os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
-            log.info("no CPU latency request (%s): requests are answered as before", exc.strerror)
+            (log.warning if explicit else log.info)(
+                "%s: no CPU latency bound (%s): requests are answered as before", ENVIRONMENT, exc.strerror)
 
-    @property
-    def active(self) -> bool:
-        """Whether this server can bound the latency at all (the device opened)."""
-        return self._fd >= 0
-
-    def touch(self) -> None:
+    def touch(self, received: int) -> None:
         if self._fd < 0:
             return
-        self._last = trio.current_time()
+        now = trio.current_time()
+        if now - self._window_start > BURST_WINDOW_S:
+            self._window_start, self._window_received = now, received
+        if received - self._window_received < BURST_REQUESTS:
+            return
+        self._last = now
         if not self.held and self.bound_us is not None and self._ask(self.bound_us):
             self.held = True
             self._busy.set()
@@ -111,7 +122,7 @@ class CpuLatency:
             self.close()
 
     async def _quiet(self) -> None:
-        """Return once ``HOLD_S`` passed without a ``touch`` (which only moves ``_last``: cheap)."""
+        """Return once ``HOLD_S`` passed without a stream (``touch`` only moves ``_last``: cheap)."""
         while True:
             await trio.sleep_until(self._last + HOLD_S)
             if trio.current_time() >= self._last + HOLD_S:
@@ -128,7 +139,8 @@ class CpuLatency:
         try:
             os.write(self._fd, struct.pack("=i", bound_us))
         except OSError as exc:  # the device went away: serve on without a bound
-            log.info("the CPU latency request failed (%s)", exc.strerror)
+            log.warning("%s: the CPU latency request failed (%s): requests are answered as before",
+                        ENVIRONMENT, exc.strerror)
             self.close()
             return False
         return True

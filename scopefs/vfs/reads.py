@@ -328,6 +328,10 @@ class Reads:
             self._exposures.append(self._mount.event(Op.READ, "allow", Reason.ALLOWED, note))
             self._exposed_rows.append(Exposed(note.revision_id, note.resource_id))
 
+    def oldest_exposure_us(self) -> int | None:
+        """When the oldest read not yet recorded was made (µs), if any: put back ones included."""
+        return self._exposures[0].at if self._exposures else None
+
     def take_exposures(self) -> tuple[list[AuditEvent], list[Exposed]]:
         """The exposures not yet recorded, as audit rows and as exposure rows; the caller records
         them (``vfs.follow``), or gives them back (``keep_exposures``)."""

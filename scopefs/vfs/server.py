@@ -104,7 +104,7 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint
-    latency = CpuLatency(bound_us)
+    latency = CpuLatency(bound_us, explicit=bool(os.environ.get(ENVIRONMENT)))
     try:
         trio.run(_run, fs, mountpoint, on_ready, tasks, latency)
     finally:
