@@ -449,7 +449,7 @@ class Bench:
                     self.check(workload, system, out)
                     self.record("warm", workload, system, seconds)
                     if system == "scopefs" and not self.args.bound_latency:
-                        time.sleep(HOLD_S)  # the next system runs once the mount has let its latency bound go
+                        time.sleep(HOLD_S + 0.1)  # the next system runs once the mount let its latency bound go
             log(f"  warm round {r + 1}/{self.args.rounds}: " + ", ".join(
                 f"{w} " + "/".join(f"{self.samples['warm'][w][s][-1]:.3f}" for s in SYSTEMS) for w in WARM))
 

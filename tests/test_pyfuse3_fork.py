@@ -53,7 +53,7 @@ def test_the_patched_build_is_installed() -> None:
     assert pyfuse3.Operations.inode_requests is False  # opt-in: stock behaviour unless a file system asks
     assert pyfuse3.Operations.enable_atomic_o_trunc is True
     assert pyfuse3.Operations.flush_wanted is None
-    assert pyfuse3.__version__ == "3.5.0+inode.4"
+    assert pyfuse3.__version__ == "3.5.0+inode.5"
 
 
 def test_importing_the_patched_build_leaves_importlib_metadata_unloaded() -> None:

@@ -144,48 +144,50 @@ def written_bounds(path: Path) -> list[int]:
 
 def test_the_bound_follows_streams_of_requests(tmp_path: Path) -> None:
     """The timing of ``CpuLatency`` on trio's mock clock, a plain file standing in for the device."""
-    device = tmp_path / "cpu_dma_latency"
+    device = Path(os.path.realpath(tmp_path)) / "cpu_dma_latency"
     device.touch()
     clock = trio.testing.MockClock()
     latency = CpuLatency(3, device=str(device))
     seen: list[list[int]] = []
+    received = 0
+
+    async def touch(requests: int, after_s: float) -> None:
+        nonlocal received
+        clock.jump(after_s)
+        received += requests
+        latency.touch(received)
+        await trio.testing.wait_all_tasks_blocked()
 
     async def scenario() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(latency.hold_while_busy)
-            received = 0
-            for _ in range(20):  # one request now and then: never a stream
-                received += 1
-                latency.touch(received)
-                clock.jump(BURST_WINDOW_S * 2)
-                await trio.testing.wait_all_tasks_blocked()
+            assert descriptors_of(os.getpid(), str(device)) == 1
+            for _ in range(100):  # one request every 10 ms: a trickle, never a stream
+                await touch(1, 0.010)
+            await touch(1, 0.2)
+            await touch(BURST_REQUESTS - 2, 0.001)  # 15 requests in a window: just short of a stream
             seen.append(written_bounds(device))
-            for _ in range(10):  # a stream: 65 requests a millisecond, for a second
-                for _ in range(100):
-                    received += 65
-                    latency.touch(received)
-                    clock.jump(0.001)
-                    await trio.testing.wait_all_tasks_blocked()
-                assert latency.held
+            await touch(64, 10.0)  # a lump after a long idle: the requests that woke the loop, spread over it
             seen.append(written_bounds(device))
-            clock.jump(HOLD_S / 2)  # a trickle after the stream does not keep the bound
-            received += 1
-            latency.touch(received)
-            await trio.testing.wait_all_tasks_blocked()
+            await touch(64, 0.030)  # a run of closes answered in C, reported in one lump after a short gap
+            assert latency.held
+            for _ in range(1000):  # a stream: one touch a millisecond (a request handled in Python each)
+                await touch(1, 0.001)
+            assert latency.held
+            seen.append(written_bounds(device))
+            await touch(1, HOLD_S / 2)  # a trickle after the stream does not keep the bound
             assert latency.held
             clock.jump(HOLD_S / 2 + 0.01)
             await trio.testing.wait_all_tasks_blocked()
             assert not latency.held
             seen.append(written_bounds(device))
-            for _ in range(BURST_REQUESTS + 1):  # a short burst holds it again
-                received += 1
-                latency.touch(received)
-            await trio.testing.wait_all_tasks_blocked()
+            await touch(1, 0.5)
+            await touch(BURST_REQUESTS, 0.002)  # a short burst holds it again
             seen.append(written_bounds(device))
             nursery.cancel_scope.cancel()
 
     trio.run(scenario, clock=clock)
-    assert seen == [[], [3], [3, NO_BOUND_US], [3, NO_BOUND_US, 3]]
+    assert seen == [[], [], [3], [3, NO_BOUND_US], [3, NO_BOUND_US, 3]]
     assert descriptors_of(os.getpid(), str(device)) == 0  # the end of the task withdrew the request
     assert not latency.held
 

@@ -203,7 +203,7 @@ class Follow:
         """
         count = self._reads.exposed_count
         oldest = self._reads.oldest_exposure_us()
-        fresh = oldest is None or now_us() - oldest < DEFER_S * 1_000_000
+        fresh = oldest is None or 0 <= now_us() - oldest < DEFER_S * 1_000_000  # a clock set back: flush
         streaming = count != self._exposed_seen and fresh
         self._exposed_seen = count
         return streaming

@@ -82,8 +82,9 @@ class CpuLatency:
         self.held = False
         self._fd = -1
         self._last = 0.0  # when requests last streamed
-        self._window_start = float("-inf")
-        self._window_received = 0  # requests received when the window started
+        self._window_start = float("-inf")  # the window the rate is measured over: from a touch...
+        self._window_received = 0  # ...and the requests received by then
+        self._previous = (float("-inf"), 0)  # the last touch: when, and the requests received by then
         self._busy = trio.Event()
         if bound_us is None:
             return
@@ -95,12 +96,18 @@ class CpuLatency:
                 "%s: no CPU latency bound (%s): requests are answered as before", ENVIRONMENT, exc.strerror)
 
     def touch(self, received: int) -> None:
+        """Requests stream when at least ``BURST_REQUESTS`` came per ``BURST_WINDOW_S`` since the window
+        began. A window older than that starts again at the previous touch, so that requests the loop
+        reports in a lump (it tells once per run answered in C) still count after a short gap, and a
+        lump after a long idle (``received`` counts the requests that woke it too) is spread over it."""
         if self._fd < 0:
             return
         now = trio.current_time()
         if now - self._window_start > BURST_WINDOW_S:
-            self._window_start, self._window_received = now, received
-        if received - self._window_received < BURST_REQUESTS:
+            self._window_start, self._window_received = self._previous
+        self._previous = (now, received)
+        span = max(BURST_WINDOW_S, now - self._window_start)
+        if (received - self._window_received) * BURST_WINDOW_S < BURST_REQUESTS * span:
             return
         self._last = now
         if not self.held and self.bound_us is not None and self._ask(self.bound_us):

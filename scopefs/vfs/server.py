@@ -101,10 +101,10 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     recover_home(home)  # saves a power loss took are rolled back before anything is served
     drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
+    latency = CpuLatency(bound_us, explicit=bool(os.environ.get(ENVIRONMENT)))  # before the mount: never fails it
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint
-    latency = CpuLatency(bound_us, explicit=bool(os.environ.get(ENVIRONMENT)))
     try:
         trio.run(_run, fs, mountpoint, on_ready, tasks, latency)
     finally:
