@@ -65,7 +65,7 @@ try:
 
     from scopefs.catalog.home import Home
     from scopefs.sandbox.mounts import mounted_fstype
-    from scopefs.vfs.latency import HOLD_S
+    from scopefs.vfs.latency import DEVICE, HOLD_S
     from scopefs.vfs.server import MOUNT_OPTIONS
     from scopefs.writer.transaction import write_note
 except ImportError as exc:  # pragma: no cover - a usage error, not a result
@@ -901,7 +901,7 @@ def bounded_latency(held: bool) -> Iterator[None]:
     if not held:
         yield
         return
-    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY | os.O_CLOEXEC)
+    fd = os.open(DEVICE, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, (0).to_bytes(4, sys.byteorder))
         yield

@@ -56,6 +56,23 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[4] == target for line in info)
 
 
+def view_servers(where: Path) -> set[int]:
+    """Live ``scopefs.vfs.server`` processes serving ``where``."""
+    wanted = os.path.realpath(where).encode()
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"scopefs.vfs.server" in argv and wanted in argv and state not in ("Z", "X"):
+            found.add(int(entry.name))
+    return found
+
+
 @dataclass
 class Mounts:
     cli: Cli

@@ -33,7 +33,7 @@ import pytest
 
 from scopefs.sandbox.bwrap import FULL, TMP_BYTES
 from tests.conftest import SCOPEFS, Result, Scenario
-from tests.mountkit import wait_until
+from tests.mountkit import view_servers, wait_until
 from tests.sandboxrun import leftovers, server_processes, settle, stdout_into
 
 pytestmark = pytest.mark.slow
@@ -64,27 +64,10 @@ def _mount_count(where: Path) -> int:
         return sum(1 for line in info if line.split()[4] == target)
 
 
-def _view_servers(where: Path) -> set[int]:
-    """Live ``scopefs.vfs.server`` processes serving ``where``."""
-    wanted = os.path.realpath(where).encode()
-    found = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"scopefs.vfs.server" in argv and wanted in argv and state not in ("Z", "X"):
-            found.add(int(entry.name))
-    return found
-
-
 def _settled_servers(where: Path, timeout: float = 30.0) -> set[int]:
     """The servers of ``where`` still running once they had ``timeout`` to exit."""
     deadline = time.monotonic() + timeout
-    while (found := _view_servers(where)) and time.monotonic() < deadline:
+    while (found := view_servers(where)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
 
@@ -99,9 +82,9 @@ def _clear_mounts(where: Path) -> None:
         if _mount_count(where) == 0:
             break
         _lazy_unmount(where)
-    for pid in _view_servers(where):
+    for pid in view_servers(where):
         os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: not _view_servers(where), timeout=30)
+    wait_until(lambda: not view_servers(where), timeout=30)
 
 
 def _stop_extra_servers(before: dict[str, set]) -> None:
@@ -173,7 +156,7 @@ def test_concurrent_mounts_on_one_directory_mount_exactly_one_view(scenario: Sce
     sessions = _four_sessions(scenario)
     try:
         results = _race(scenario, [["--json", "mount", session, str(where)] for session in sessions])
-        stacked, servers = _mount_count(where), _view_servers(where)
+        stacked, servers = _mount_count(where), view_servers(where)
         unmounted = scenario.cli("umount", str(where))
         after, servers_after = _mount_count(where), _settled_servers(where)
     finally:
@@ -242,7 +225,7 @@ def _attempt_mount(scenario: Scenario, session: str, where: Path, *, foreground:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    for pid in _view_servers(where):
+    for pid in view_servers(where):
         os.kill(pid, signal.SIGTERM)
     return Result(proc.returncode, out, err.decode("utf-8", "replace"))
 
@@ -288,7 +271,7 @@ def test_a_mount_point_in_or_around_the_brokers_folders_is_refused(scenario: Sce
     resolved = os.path.realpath(where)
     assert result.code == 2, (result.code, result.err)
     assert result.err.startswith(f"scopefs: mount point {resolved} {says};") and result.err.count("\n") == 1
-    assert _mount_count(where) == 0 and not _view_servers(where)
+    assert _mount_count(where) == 0 and not view_servers(where)
     # The broker still works through its own folders.
     scenario.cli.j("write", scenario.alice_session, "private/notes/after.md", stdin=b"still writable\n")
     assert scenario.cli("read", scenario.alice_session, "private/notes/after.md").out == b"still writable\n"

@@ -33,7 +33,7 @@ from scopefs.vfs.latency import (
     bound_from,
 )
 from tests.conftest import Scenario
-from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+from tests.mountkit import Mounts, mounts, view_servers, wait_until  # noqa: F401
 
 MOUNT_BOUND_US = 7
 
@@ -47,24 +47,17 @@ def current_bound() -> int:
         os.close(fd)
 
 
-def server_pid(mountpoint: Path) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"scopefs.vfs.server" in argv and str(mountpoint).encode() in argv:
-                return int(entry.name)
-    raise AssertionError(f"no mount server for {mountpoint}")
-
-
 def descriptors_of(pid: int, target: str) -> int:
     count = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):  # a descriptor closed meanwhile
             count += os.readlink(fd) == target
     return count
+
+
+def one_server(where: Path) -> int:
+    (pid,) = view_servers(where)
+    return pid
 
 
 def holds_the_device(pid: int) -> bool:
@@ -83,7 +76,7 @@ def test_the_bound_is_held_while_requests_come_and_let_go_after(scenario: Scenar
     bound_env[ENVIRONMENT] = str(MOUNT_BOUND_US)
     assert current_bound() > MOUNT_BOUND_US, "another process holds a stricter bound: the mount's would not show"
     where = mounts.mount(scenario.alice_session, "alice")
-    assert holds_the_device(server_pid(where))
+    assert holds_the_device(one_server(where))
     note = where / "private" / "notes" / "busy.md"
     note.write_bytes(b"a note to close again and again\n")
     time.sleep(2 * HOLD_S)  # the mount's and the write's requests (releases come after the reply) are over
@@ -106,7 +99,7 @@ def test_the_bound_is_held_while_requests_come_and_let_go_after(scenario: Scenar
 def test_off_opens_nothing(scenario: Scenario, mounts: Mounts, bound_env: dict[str, str]) -> None:  # noqa: F811
     bound_env[ENVIRONMENT] = "off"
     where = mounts.mount(scenario.alice_session, "alice")
-    pid = server_pid(where)
+    pid = one_server(where)
     for _ in range(20):
         (where / "private" / "notes").is_dir()
     assert not holds_the_device(pid)

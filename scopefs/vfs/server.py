@@ -97,11 +97,12 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     launcher's control socket); each is started with ``nursery.start`` and
     must report ``task_status.started()`` once it serves.
     """
-    bound_us = bound_from(os.environ.get(ENVIRONMENT))  # a bad value refuses the mount, before anything happens
+    setting = os.environ.get(ENVIRONMENT)
+    bound_us = bound_from(setting)  # a bad value refuses the mount, before anything happens
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     recover_home(home)  # saves a power loss took are rolled back before anything is served
     drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
-    latency = CpuLatency(bound_us, explicit=bool(os.environ.get(ENVIRONMENT)))  # before the mount: never fails it
+    latency = CpuLatency(bound_us, explicit=bool(setting))  # before the mount: it never fails one
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint
