@@ -12,6 +12,10 @@ from __future__ import annotations
 import apsw
 import pytest
 
+from scopefs.catalog.errors import Conflict
+from scopefs.catalog.home import Home
+from scopefs.writer.publish import publish
+from scopefs.writer.steps import Step, set_hook
 from tests.conftest import (
     ACCOUNT,
     ALICE_FACT,
@@ -140,6 +144,64 @@ def test_role_publishers_write_the_role_store_members_read_it(scenario: Scenario
     for session in (s.alice_session, s.group_session):
         assert s.cli("read", session, "roles/finance/budget.md").code == 3
     _unchanged(s.cli, ["write", s.bob_session, "roles/finance/budget.md"], stdin=b"x", code=3)
+
+
+def test_a_publisher_never_replaces_another_publishers_copy(scenario: Scenario) -> None:
+    s = scenario
+    _grant(s, s.alice)
+    _grant(s, s.bob)
+    name = "ref/allergy.md"
+    published = "agent-shared/" + name
+    first = s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", name, "--yes")
+    # Bob holds a grant for the same store, which makes him no owner of Alice's copy: neither the
+    # preview nor the publish goes ahead, and his refusal names no other scope.
+    for more in ((), ("--yes",)):
+        err = _unchanged(s.cli, ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name, *more],
+                         code=2)
+        assert "another publisher" in err and "hazelnut" not in err
+    assert s.cli("read", s.group_session, published, check=True).out == ALICE_FACT
+    # Another name is free; Alice replaces her own copy, even from another note of her store.
+    s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "ref/peanuts.md", "--yes")
+    s.cli.j("write", s.alice_session, "private/notes/other.md", stdin=b"walnuts too\n")
+    again = s.cli.j("publish", s.alice_session, "private/notes/other.md", "--to", "agent-shared", "--as", name,
+                    "--yes")
+    assert again["resource_id"] == first["resource_id"] and again["revision"] == 2
+    assert s.cli("read", s.group_session, published, check=True).out == b"walnuts too\n"
+    # Once Alice's source is gone her copy is held, unreadable for good: its name is free again.
+    s.cli.j("rm", s.alice_session, "private/notes/other.md")
+    assert s.cli("read", s.group_session, published).code == 3
+    s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name, "--yes")
+    assert s.cli("read", s.group_session, published, check=True).out == BOB_FACT
+
+
+def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None:
+    """Bob's publish checked the name free; Alice publishes there while his content is staged. His commit
+    checks the copy it would replace again and fails, changing nothing of hers."""
+    s = scenario
+    _grant(s, s.alice)
+    _grant(s, s.bob)
+    home = Home.open(s.cli.home)
+    name = "ref/allergy.md"
+    done: list[str] = []
+
+    def alice_first(step: Step) -> None:
+        if step is Step.STAGED and not done:
+            done.append("alice")  # her own write passes here too
+            publish(home, s.alice_session, SOURCE, "agent-shared", name=name, yes=True)
+
+    set_hook(alice_first)
+    try:
+        with pytest.raises(Conflict, match="another publisher"):
+            publish(home, s.bob_session, SOURCE, "agent-shared", name=name, yes=True)
+    finally:
+        set_hook(None)
+        home.close()
+    assert done == ["alice"]
+    assert s.cli("read", s.group_session, "agent-shared/" + name, check=True).out == ALICE_FACT
+    with catalog(s.cli.home) as conn:
+        assert conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
+                            " WHERE r.path = ? AND v.state = 'active'", (name,)).fetchall() == [(1,)]
+        assert conn.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [(0,)]
 
 
 @pytest.mark.parametrize("call", [
