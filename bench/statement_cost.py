@@ -77,11 +77,14 @@ def main() -> int:
         checks: dict[str, Callable[[], object]] = {
             "policy entries (a join, an OR of two indexed terms)":
                 lambda: policy_entries(catalog, "main", store, resource),
+            "identity binding live (a join)": lambda: binding_live(state, binding[0], binding[1]),
             "a resource by its key (no join)":
                 lambda: catalog.execute("SELECT path FROM resources WHERE resource_id = ?", (resource,)).fetchall(),
         }
-        checks["identity binding live (a join)"] = lambda: binding_live(state, binding[0], binding[1])
-        results = {name: round(_per_call_us(fn, args.calls), 2) for name, fn in checks.items()}
+        try:
+            results = {name: round(_per_call_us(fn, args.calls), 2) for name, fn in checks.items()}
+        finally:
+            home.close()
     report = {"sqlite": apsw.sqlite_lib_version(), "apsw": apsw.apsw_version(), "us_per_call": results}
     if args.json:
         print(json.dumps(report, indent=2))
