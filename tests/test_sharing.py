@@ -12,7 +12,7 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from scopefs.catalog.errors import Conflict
+from scopefs.catalog.errors import Denied
 from scopefs.catalog.home import Home
 from scopefs.writer.publish import publish
 from scopefs.writer.steps import Step, set_hook
@@ -153,13 +153,16 @@ def test_a_publisher_never_replaces_another_publishers_copy(scenario: Scenario) 
     name = "ref/allergy.md"
     published = "agent-shared/" + name
     first = s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", name, "--yes")
-    # Bob holds a grant for the same store, which makes him no owner of Alice's copy: neither the
-    # preview nor the publish goes ahead, and his refusal names no other scope.
-    for more in ((), ("--yes",)):
-        err = _unchanged(s.cli, ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name, *more],
-                         code=2)
-        assert "another publisher" in err and "hazelnut" not in err
+    # Bob holds a grant for the same store, which makes him no owner of Alice's copy. His preview writes
+    # nothing and does not look at the name; his publish is refused, audited, and changes nothing else.
+    preview = s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name)
+    assert preview["published"] is False
+    err = _unchanged(s.cli, ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name, "--yes"],
+                     code=3)
+    assert "name-taken" in err
     assert s.cli("read", s.group_session, published, check=True).out == ALICE_FACT
+    denied = s.cli.j("audit", "--agent", s.agent, "--reason", "name-taken")["rows"]
+    assert [(e["operation"], e["decision"]) for e in denied] == [("publish", "deny")]
     # Another name is free; Alice replaces her own copy, even from another note of her store.
     s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "ref/peanuts.md", "--yes")
     s.cli.j("write", s.alice_session, "private/notes/other.md", stdin=b"walnuts too\n")
@@ -167,16 +170,32 @@ def test_a_publisher_never_replaces_another_publishers_copy(scenario: Scenario) 
                     "--yes")
     assert again["resource_id"] == first["resource_id"] and again["revision"] == 2
     assert s.cli("read", s.group_session, published, check=True).out == b"walnuts too\n"
-    # Once Alice's source is gone her copy is held, unreadable for good: its name is free again.
+    # Once Alice removed her own source her copy is held, unreadable for good: its name is free again.
     s.cli.j("rm", s.alice_session, "private/notes/other.md")
     assert s.cli("read", s.group_session, published).code == 3
     s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name, "--yes")
     assert s.cli("read", s.group_session, published, check=True).out == BOB_FACT
 
 
+def test_a_copy_held_by_someone_elses_removal_keeps_its_name(scenario: Scenario) -> None:
+    """Bob cannot free Alice's name by removing a note of his that hers was derived from."""
+    s = scenario
+    _grant(s, s.alice)
+    _grant(s, s.bob)
+    s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "bob.md", "--yes")
+    s.cli.j("derive", s.alice_session, "--from", "agent-shared/bob.md", "--to", "private/digest.md",
+            stdin=b"a digest of what Bob shared\n")
+    s.cli.j("publish", s.alice_session, "private/digest.md", "--to", "agent-shared", "--as", "digest.md", "--yes")
+    s.cli.j("rm", s.bob_session, SOURCE)  # holds Bob's copy, Alice's digest, and her copy of it
+    assert s.cli("read", s.group_session, "agent-shared/digest.md").code == 3
+    s.cli.j("write", s.bob_session, "private/notes/new.md", stdin=b"mine now\n")
+    assert "name-taken" in _unchanged(s.cli, ["publish", s.bob_session, "private/notes/new.md", "--to",
+                                              "agent-shared", "--as", "digest.md", "--yes"], code=3)
+
+
 def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None:
-    """Bob's publish checked the name free; Alice publishes there while his content is staged. His commit
-    checks the copy it would replace again and fails, changing nothing of hers."""
+    """Bob's publish found the name free; Alice publishes there while his content is staged. His commit
+    decides again with the copy it would replace, and refuses, changing nothing of hers."""
     s = scenario
     _grant(s, s.alice)
     _grant(s, s.bob)
@@ -191,17 +210,18 @@ def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None
 
     set_hook(alice_first)
     try:
-        with pytest.raises(Conflict, match="another publisher"):
+        with pytest.raises(Denied) as refused:
             publish(home, s.bob_session, SOURCE, "agent-shared", name=name, yes=True)
     finally:
         set_hook(None)
         home.close()
-    assert done == ["alice"]
+    assert refused.value.reason == "name-taken" and done == ["alice"]
     assert s.cli("read", s.group_session, "agent-shared/" + name, check=True).out == ALICE_FACT
     with catalog(s.cli.home) as conn:
         assert conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
-                            " WHERE r.path = ? AND v.state = 'active'", (name,)).fetchall() == [(1,)]
+                            " WHERE r.path = ? AND v.state != 'rolled-back'", (name,)).fetchall() == [(1,)]
         assert conn.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [(0,)]
+    assert s.cli.j("doctor")["findings"] == []  # no file of Bob's left behind in the store or staging
 
 
 @pytest.mark.parametrize("call", [

@@ -132,6 +132,15 @@ def is_held(conn: apsw.Connection, revision_id: str) -> bool:
     return bool(conn.execute("SELECT 1 FROM lineage_holds WHERE revision_id = ? LIMIT 1", (revision_id,)).fetchall())
 
 
+def held_only_from(conn: apsw.Connection, revision_id: str, store_id: str) -> bool:
+    """Whether ``revision_id`` is held, and every retired source that holds it was a note of ``store_id``:
+    that store's owner retired what it came from, and nobody else had a say."""
+    stores = {str(r[0]) for r in conn.execute(
+        "SELECT r.store_id FROM lineage_holds h JOIN revisions v ON v.revision_id = h.cause_revision_id"
+        " JOIN resources r ON r.resource_id = v.resource_id WHERE h.revision_id = ?", (revision_id,))}
+    return stores == {store_id}
+
+
 def parents(conn: apsw.Connection, agent_id: str, revision_id: str) -> list[tuple[str, str]]:
     """(parent revision, relation) of one revision."""
     return [(str(r[0]), str(r[1])) for r in conn.execute(

@@ -36,6 +36,8 @@ class Reason(StrEnum):
     # the owner belongs to (catalog.sharing).
     NOT_OWNER = "not-owner"
     NOT_IN_AUDIENCE = "not-in-audience"
+    # A publish at a name that holds another publisher's live copy (``writer.publish``).
+    NAME_TAKEN = "name-taken"
     # Deposits (audit only: a depositor is told one generic refusal).
     HANDLE_INVALID = "handle-invalid"
     POSTBOX_OFF = "postbox-off"
@@ -64,7 +66,7 @@ SESSION_REASONS = frozenset(
 # Reasons about the caller's own authority to share: they name nothing of
 # another scope, so the caller sees them as they are.
 SHARING_REASONS = frozenset({Reason.NOT_PUBLISHER, Reason.NOT_OWNER, Reason.NOT_IN_AUDIENCE, Reason.MIXED_AUDIENCE,
-                             Reason.FORGOTTEN})
+                             Reason.FORGOTTEN, Reason.NAME_TAKEN})
 
 
 def public_reason(reason: Reason, *, read_like: bool) -> Reason:

@@ -13,10 +13,14 @@ trust origin ``publish`` and an audit row, committed by the same write
 transaction as every note; the grant and the source are decided again
 inside both of its commits, so a revocation landing meanwhile wins.
 
-A name that holds another publisher's copy is refused: publishing again
-replaces only a copy published from the publisher's own store. Holding a
-grant for the same store does not make two publishers one; without this,
-either could silently replace what the other reviewed and published.
+A name that holds another publisher's live copy is refused (``name-taken``,
+audited): publishing again replaces only a copy published from the
+publisher's own store. Holding a grant for the same store does not make
+two publishers one; without this, either could silently replace what the
+other reviewed and published. The name is part of the decision made
+again inside both commits, so a copy landing meanwhile wins. A preview
+does not look at the name: it writes nothing, and a publisher who is no
+member of a role learns what the role's store holds only by publishing.
 
 An administrator grants and revokes publisher authority; granting it
 exercises nothing (the grant names a principal, whose own session must
@@ -31,11 +35,12 @@ from typing import Any
 import apsw
 
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import one, scalar
-from scopefs.catalog.errors import BadInput, Conflict
+from scopefs.catalog.db import one
+from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import get_principal
-from scopefs.catalog.lineage import add_lineage, inherited_validity, is_held
+from scopefs.catalog.lineage import add_lineage, held_only_from, inherited_validity
+from scopefs.catalog.paths import Parts
 from scopefs.catalog.policies import add_entry, revoke_entry
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.reasons import Reason
@@ -106,31 +111,28 @@ def publish(home: Home, session_id: str, path: str, to: str, *, name: str | None
     scope_kind, audience_id = audience.published_store()
     inner = source.copy_name(name)
     catalog = home.catalog(access.agent_id)
-    decision = _decide(catalog, source, scope_kind, audience_id)
+    decision = _decide(catalog, source, scope_kind, audience_id, inner if yes else None)
     if not decision:
         raise access.refuse(Op.PUBLISH, decision.reason)
-    if _held_by_another(catalog, source, _current_copy(catalog, access.agent_id, scope_kind, audience_id, inner)):
-        raise BadInput("the target already holds another publisher's note by that name; choose another with --as")
     preview = source.preview(target=audience.spelled, target_path=f"{audience.published_root()}/{'/'.join(inner)}",
                              audience=_audience_line(audience))
     if not yes:
         return Published(preview, None)
 
     def record(conn: apsw.Connection, _resource_id: str, revision_id: str) -> None:
-        # The revision this copy replaces is the one its commit checked unchanged, not the one the
-        # check above saw: another publisher may have published at this name in between.
-        replaced = scalar(conn, "SELECT base_revision_id FROM revisions WHERE revision_id = ?", (revision_id,))
-        if _held_by_another(conn, source, replaced):
-            raise Conflict("another publisher published a note by that name meanwhile; nothing was written")
         add_lineage(conn, access.agent_id, revision_id, source.revision_id, "publish")
 
-    provenance = Provenance(Op.PUBLISH, "publish", lambda conn, _: _decide(conn, source, scope_kind, audience_id),
-                            record, valid_until=lambda conn: inherited_validity(conn, [source.revision_id]))
+    # Inside each commit the note at the name is the one the commit replaces: both check it unchanged first.
+    provenance = Provenance(Op.PUBLISH, "publish",
+                            lambda conn, _: _decide(conn, source, scope_kind, audience_id, inner), record,
+                            valid_until=lambda conn: inherited_validity(conn, [source.revision_id]))
     return Published(preview, write_copy(access, scope_kind, audience_id, inner, source.data, provenance))
 
 
-def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_id: str) -> Decision:
-    """A live grant for the subject (else ``not-publisher``), a note of its own (else ``not-owner``), still active."""
+def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_id: str,
+            inner: Parts | None) -> Decision:
+    """A live grant for the subject (else ``not-publisher``), a note of its own (else ``not-owner``), still
+    active, and (given the name ``inner``) no other publisher's live copy there (else ``name-taken``)."""
     access = source.access
     store = find_store(catalog, access.agent_id, scope_kind, audience_id)
     decision = may_publish(catalog, access.agent_id, access.session.subject, store.store_id if store else None,
@@ -139,33 +141,37 @@ def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_
         decision = Decision(False, Reason.NOT_OWNER)
     if decision:
         decision = lineage_allows(catalog, source, scope_kind, audience_id)
-    return decision if not decision else source_still_active(catalog, source.revision_id)
+    if decision:
+        decision = source_still_active(catalog, source.revision_id)
+    if decision and store is not None and inner is not None and _taken(catalog, source, store.store_id, inner):
+        decision = Decision(False, Reason.NAME_TAKEN)
+    return decision
 
 
-def _current_copy(catalog: apsw.Connection, agent_id: str, scope_kind: str, audience_id: str,
-                  inner: tuple[str, ...]) -> str | None:
-    """The active revision at ``inner`` in the target store, if a note is there."""
-    store = find_store(catalog, agent_id, scope_kind, audience_id)
-    resource = None if store is None else find_resource(catalog, agent_id, store.store_id, "/".join(inner))
-    revision = None if resource is None else active_revision(catalog, agent_id, resource.resource_id)
-    return None if revision is None else revision.revision_id
+def _taken(catalog: apsw.Connection, source: Source, store_id: str, inner: Parts) -> bool:
+    """Whether the note at ``inner`` in the target store is another publisher's copy that still counts.
 
-
-def _held_by_another(catalog: apsw.Connection, source: Source, revision_id: str | None) -> bool:
-    """Whether ``revision_id`` (what a copy would replace) was published from a store other than the source's.
-
-    A note published from the same store (its owner's, ``Source.own``) may be replaced by its
-    publisher. One that no publish made (an operator's migrated note) stays as replaceable as before,
-    and so does a held one (its source was removed or forgotten: nobody may read it again).
+    It counts while it was published from a store other than the source's, and neither expired nor
+    held because its own publisher retired what it came from. A copy no publish made (an operator's
+    migrated note) stays replaceable by any publisher, as before; one held by someone else's retired
+    source keeps its name (fail closed: a hold may yet be released).
     """
-    if revision_id is None or is_held(catalog, revision_id):
+    agent_id = source.access.agent_id
+    resource = find_resource(catalog, agent_id, store_id, "/".join(inner))
+    current = None if resource is None else active_revision(catalog, agent_id, resource.resource_id)
+    if current is None:
         return False
-    assert source.target.store is not None  # Source.own: a note of the subject's own store
     row = one(catalog, "SELECT r.store_id FROM lineage_edges e JOIN revisions p ON p.revision_id = e.parent_revision_id"
                        " JOIN resources r ON r.resource_id = p.resource_id"
                        " WHERE e.agent_id = ? AND e.child_revision_id = ? AND e.relation = 'publish'",
-              (source.access.agent_id, revision_id))
-    return row is not None and row[0] != source.target.store.store_id
+              (agent_id, current.revision_id))
+    assert source.target.store is not None  # Source.own: a note of the subject's own store
+    if row is None or row[0] == source.target.store.store_id:
+        return False
+    if held_only_from(catalog, current.revision_id, str(row[0])):
+        return False
+    until = inherited_validity(catalog, [current.revision_id])
+    return until is None or until > now_us()
 
 
 def _audience_line(audience: Audience) -> str:

@@ -30,19 +30,11 @@ from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home
-from scopefs.catalog.lineage import ancestor_stores, inherited_validity, is_held
+from scopefs.catalog.lineage import ancestor_stores, held_only_from, inherited_validity, is_held
 from scopefs.catalog.paths import check_parts, split_virtual_path
 from scopefs.catalog.policy import Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.writer.transaction import Provenance, WriteResult, write_parts
-
-
-def _causes_in_store(catalog: apsw.Connection, revision_id: str, store_id: str) -> bool:
-    """Whether every retired source that holds ``revision_id`` was a note of ``store_id``."""
-    stores = {str(r[0]) for r in catalog.execute(
-        "SELECT r.store_id FROM lineage_holds h JOIN revisions v ON v.revision_id = h.cause_revision_id"
-        " JOIN resources r ON r.resource_id = v.resource_id WHERE h.revision_id = ?", (revision_id,))}
-    return stores == {store_id}
 
 
 def release(home: Home, session_id: str, path: str, *, actor_id: str | None = None) -> WriteResult:
@@ -61,7 +53,7 @@ def release(home: Home, session_id: str, path: str, *, actor_id: str | None = No
     catalog = home.catalog(access.agent_id)
     own = (target.mount.scope_kind, target.mount.audience_id)
     above = set(ancestor_stores(catalog, access.agent_id, held_id))
-    if not _causes_in_store(catalog, held_id, target.store.store_id) or not above <= {own}:
+    if not held_only_from(catalog, held_id, target.store.store_id) or not above <= {own}:
         raise access.refuse(Op.REPLACE, Reason.NOT_OWNER, store_id=target.store.store_id, revision_id=held_id)
     data = read_verified(home, access.agent_id, target.store, revision)
 
