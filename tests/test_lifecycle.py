@@ -529,11 +529,13 @@ def test_forgetting_never_touches_another_persons_revision_of_a_shared_copy_name
     for who in (s.alice, s.bob):
         s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", who, "--scope", "agent-shared")
     s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "x.md", "--yes")
+    # Alice removes her source: her copy is held by her own removal, so its name is free for Bob.
+    s.cli.j("rm", s.alice_session, SOURCE)
     bobs = b"Bob keeps the team calendar on the shared drive every week\n"
     s.cli.j("write", s.bob_session, "private/notes/team.md", stdin=bobs)
     s.cli.j("publish", s.bob_session, "private/notes/team.md", "--to", "agent-shared", "--as", "x.md", "--yes")
     report = s.cli.j("forget", s.alice_session, SOURCE)
-    assert [(n["relation"], n["revisions"]) for n in report["forgotten"]] == [("named", 1), ("copy", 1)]
+    assert [(n["relation"], n["revisions"]) for n in report["forgotten"]] == [("removed", 1), ("copy", 1)]
     assert s.cli("read", s.group_session, "agent-shared/x.md").out == bobs
     assert s.cli("write", s.bob_session, "private/notes/team2.md", stdin=bobs).code == 0
 
