@@ -9,10 +9,12 @@ one audience and is gone from every new read once revoked or expired.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import apsw
 import pytest
 
-from scopefs.catalog.errors import Denied
+from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.home import Home
 from scopefs.writer.publish import publish
 from scopefs.writer.steps import Step, set_hook
@@ -178,19 +180,40 @@ def test_a_publisher_never_replaces_another_publishers_copy(scenario: Scenario) 
 
 
 def test_a_copy_held_by_someone_elses_removal_keeps_its_name(scenario: Scenario) -> None:
-    """Bob cannot free Alice's name by removing a note of his that hers was derived from."""
+    """Bob cannot free Alice's name by removing a note of his that hers was derived from; Alice can, by
+    retiring a note of her own that it comes from."""
     s = scenario
     _grant(s, s.alice)
     _grant(s, s.bob)
     s.cli.j("publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "bob.md", "--yes")
-    s.cli.j("derive", s.alice_session, "--from", "agent-shared/bob.md", "--to", "private/digest.md",
-            stdin=b"a digest of what Bob shared\n")
+    s.cli.j("write", s.alice_session, "private/mine.md", stdin=b"what I add to it\n")
+    s.cli.j("derive", s.alice_session, "--from", "agent-shared/bob.md", "--from", "private/mine.md",
+            "--to", "private/digest.md", stdin=b"a digest of what Bob shared, and mine\n")
     s.cli.j("publish", s.alice_session, "private/digest.md", "--to", "agent-shared", "--as", "digest.md", "--yes")
     s.cli.j("rm", s.bob_session, SOURCE)  # holds Bob's copy, Alice's digest, and her copy of it
     assert s.cli("read", s.group_session, "agent-shared/digest.md").code == 3
     s.cli.j("write", s.bob_session, "private/notes/new.md", stdin=b"mine now\n")
-    assert "name-taken" in _unchanged(s.cli, ["publish", s.bob_session, "private/notes/new.md", "--to",
-                                              "agent-shared", "--as", "digest.md", "--yes"], code=3)
+    taking = ["publish", s.bob_session, "private/notes/new.md", "--to", "agent-shared", "--as", "digest.md", "--yes"]
+    assert "name-taken" in _unchanged(s.cli, taking, code=3)
+    # Alice removes her own source of it: her copy, still active and held, holds its name no more.
+    s.cli.j("rm", s.alice_session, "private/mine.md")
+    s.cli.j(*taking)
+    assert s.cli("read", s.group_session, "agent-shared/digest.md", check=True).out == b"mine now\n"
+
+
+def test_an_expired_copy_frees_its_name(scenario: Scenario) -> None:
+    s = scenario
+    _grant(s, s.alice)
+    _grant(s, s.bob)
+    until = (datetime.now(UTC) + timedelta(seconds=3)).isoformat(timespec="seconds")
+    note = f"---\nvalid-until: {until}\n---\nlunch at noon\n".encode()
+    s.cli.j("write", s.alice_session, "private/soon.md", stdin=note)
+    s.cli.j("publish", s.alice_session, "private/soon.md", "--to", "agent-shared", "--as", "lunch.md", "--yes")
+    taking = ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "lunch.md", "--yes"]
+    assert "name-taken" in _unchanged(s.cli, taking, code=3)
+    wait_until(lambda: s.cli("read", s.group_session, "agent-shared/lunch.md").code == 3, timeout=10)
+    s.cli.j(*taking)
+    assert s.cli("read", s.group_session, "agent-shared/lunch.md", check=True).out == BOB_FACT
 
 
 def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None:
@@ -222,6 +245,35 @@ def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None
                             " WHERE r.path = ? AND v.state != 'rolled-back'", (name,)).fetchall() == [(1,)]
         assert conn.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [(0,)]
     assert s.cli.j("doctor")["findings"] == []  # no file of Bob's left behind in the store or staging
+
+
+def test_a_copy_published_after_the_first_commit_fails_the_activation(scenario: Scenario) -> None:
+    """Alice publishes at the name after Bob's pending revision was recorded: his activation finds the
+    note changed (Conflict, nothing written) and a retry is refused as taken."""
+    s = scenario
+    _grant(s, s.alice)
+    _grant(s, s.bob)
+    home = Home.open(s.cli.home)
+    name = "ref/allergy.md"
+    done: list[str] = []
+
+    def alice_between(step: Step) -> None:
+        if step is Step.PENDING and not done:
+            done.append("alice")
+            publish(home, s.alice_session, SOURCE, "agent-shared", name=name, yes=True)
+
+    set_hook(alice_between)
+    try:
+        with pytest.raises(Conflict):
+            publish(home, s.bob_session, SOURCE, "agent-shared", name=name, yes=True)
+    finally:
+        set_hook(None)
+        home.close()
+    assert done == ["alice"]
+    assert s.cli("read", s.group_session, "agent-shared/" + name, check=True).out == ALICE_FACT
+    assert s.cli.j("doctor")["findings"] == []
+    assert "name-taken" in _unchanged(s.cli, ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name,
+                                              "--yes"], code=3)
 
 
 @pytest.mark.parametrize("call", [

@@ -132,13 +132,22 @@ def is_held(conn: apsw.Connection, revision_id: str) -> bool:
     return bool(conn.execute("SELECT 1 FROM lineage_holds WHERE revision_id = ? LIMIT 1", (revision_id,)).fetchall())
 
 
+def _hold_stores(conn: apsw.Connection, revision_id: str) -> set[str]:
+    """The stores of the retired sources that hold ``revision_id`` (empty: it is not held)."""
+    return {str(r[0]) for r in conn.execute(
+        "SELECT r.store_id FROM lineage_holds h JOIN revisions v ON v.revision_id = h.cause_revision_id"
+        " JOIN resources r ON r.resource_id = v.resource_id WHERE h.revision_id = ?", (revision_id,))}
+
+
 def held_only_from(conn: apsw.Connection, revision_id: str, store_id: str) -> bool:
     """Whether ``revision_id`` is held, and every retired source that holds it was a note of ``store_id``:
     that store's owner retired what it came from, and nobody else had a say."""
-    stores = {str(r[0]) for r in conn.execute(
-        "SELECT r.store_id FROM lineage_holds h JOIN revisions v ON v.revision_id = h.cause_revision_id"
-        " JOIN resources r ON r.resource_id = v.resource_id WHERE h.revision_id = ?", (revision_id,))}
-    return stores == {store_id}
+    return _hold_stores(conn, revision_id) == {store_id}
+
+
+def held_from(conn: apsw.Connection, revision_id: str, store_id: str) -> bool:
+    """Whether a retired source that holds ``revision_id`` was a note of ``store_id`` (whatever else holds it)."""
+    return store_id in _hold_stores(conn, revision_id)
 
 
 def parents(conn: apsw.Connection, agent_id: str, revision_id: str) -> list[tuple[str, str]]:

@@ -14,13 +14,19 @@ transaction as every note; the grant and the source are decided again
 inside both of its commits, so a revocation landing meanwhile wins.
 
 A name that holds another publisher's live copy is refused (``name-taken``,
-audited): publishing again replaces only a copy published from the
-publisher's own store. Holding a grant for the same store does not make
-two publishers one; without this, either could silently replace what the
-other reviewed and published. The name is part of the decision made
-again inside both commits, so a copy landing meanwhile wins. A preview
-does not look at the name: it writes nothing, and a publisher who is no
-member of a role learns what the role's store holds only by publishing.
+audited): holding a grant for the same store does not make two publishers
+one, and without this either could silently replace what the other
+reviewed and published. A copy stops holding its name once it expired, or
+once a note of its own publisher's store that it comes from was retired
+(it is held for good, and only that publisher retires notes there). A note
+no publish made (an operator's migrated one) holds no name. The name is
+part of the decision, so the first commit decides it again with the note
+it replaces: a copy that lands before that commit is refused the same way;
+one that lands after it fails the activation's check that the note is
+unchanged (``Conflict``, nothing written), and a retry is refused. A
+preview does not look at the name: it writes nothing, and a publisher who
+is no member of a role learns what the role's store holds only by
+publishing, which is audited.
 
 An administrator grants and revokes publisher authority; granting it
 exercises nothing (the grant names a principal, whose own session must
@@ -39,7 +45,7 @@ from scopefs.catalog.db import one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import get_principal
-from scopefs.catalog.lineage import add_lineage, held_only_from, inherited_validity
+from scopefs.catalog.lineage import add_lineage, held_from, inherited_validity
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policies import add_entry, revoke_entry
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
@@ -151,10 +157,9 @@ def _decide(catalog: apsw.Connection, source: Source, scope_kind: str, audience_
 def _taken(catalog: apsw.Connection, source: Source, store_id: str, inner: Parts) -> bool:
     """Whether the note at ``inner`` in the target store is another publisher's copy that still counts.
 
-    It counts while it was published from a store other than the source's, and neither expired nor
-    held because its own publisher retired what it came from. A copy no publish made (an operator's
-    migrated note) stays replaceable by any publisher, as before; one held by someone else's retired
-    source keeps its name (fail closed: a hold may yet be released).
+    It counts while it was published from a store other than the source's, has not expired, and is not
+    held by a retired note of its publisher's store. Held only by someone else's retired note, it keeps
+    its name: nobody but its publisher may free it.
     """
     agent_id = source.access.agent_id
     resource = find_resource(catalog, agent_id, store_id, "/".join(inner))
@@ -168,7 +173,7 @@ def _taken(catalog: apsw.Connection, source: Source, store_id: str, inner: Parts
     assert source.target.store is not None  # Source.own: a note of the subject's own store
     if row is None or row[0] == source.target.store.store_id:
         return False
-    if held_only_from(catalog, current.revision_id, str(row[0])):
+    if held_from(catalog, current.revision_id, str(row[0])):
         return False
     until = inherited_validity(catalog, [current.revision_id])
     return until is None or until > now_us()
