@@ -216,9 +216,14 @@ def test_an_expired_copy_frees_its_name(scenario: Scenario) -> None:
     assert s.cli("read", s.group_session, "agent-shared/lunch.md", check=True).out == BOB_FACT
 
 
-def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None:
-    """Bob's publish found the name free; Alice publishes there while his content is staged. His commit
-    decides again with the copy it would replace, and refuses, changing nothing of hers."""
+@pytest.mark.parametrize(("step", "refusal"), [(Step.STAGED, Denied), (Step.PENDING, Conflict)],
+                         ids=["before-the-first-commit", "after-the-first-commit"])
+def test_a_copy_published_at_the_name_while_a_publish_is_under_way_wins(
+        scenario: Scenario, step: Step, refusal: type[Exception]) -> None:
+    """Bob's publish found the name free; Alice publishes there meanwhile. Before his pending revision is
+    recorded, that commit decides again with her copy and refuses (``name-taken``); after it, his
+    activation finds the note changed (Conflict). Either way nothing of his is left and hers stands,
+    and his retry is refused as taken."""
     s = scenario
     _grant(s, s.alice)
     _grant(s, s.bob)
@@ -226,52 +231,27 @@ def test_a_copy_published_meanwhile_at_the_name_wins(scenario: Scenario) -> None
     name = "ref/allergy.md"
     done: list[str] = []
 
-    def alice_first(step: Step) -> None:
-        if step is Step.STAGED and not done:
+    def alice_meanwhile(at: Step) -> None:
+        if at is step and not done:
             done.append("alice")  # her own write passes here too
             publish(home, s.alice_session, SOURCE, "agent-shared", name=name, yes=True)
 
-    set_hook(alice_first)
+    set_hook(alice_meanwhile)
     try:
-        with pytest.raises(Denied) as refused:
+        with pytest.raises(refusal) as refused:
             publish(home, s.bob_session, SOURCE, "agent-shared", name=name, yes=True)
     finally:
         set_hook(None)
         home.close()
-    assert refused.value.reason == "name-taken" and done == ["alice"]
+    assert done == ["alice"]
+    if isinstance(refused.value, Denied):
+        assert refused.value.reason == "name-taken"
     assert s.cli("read", s.group_session, "agent-shared/" + name, check=True).out == ALICE_FACT
     with catalog(s.cli.home) as conn:
         assert conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
                             " WHERE r.path = ? AND v.state != 'rolled-back'", (name,)).fetchall() == [(1,)]
         assert conn.execute("SELECT count(*) FROM write_intents WHERE state = 'pending'").fetchall() == [(0,)]
     assert s.cli.j("doctor")["findings"] == []  # no file of Bob's left behind in the store or staging
-
-
-def test_a_copy_published_after_the_first_commit_fails_the_activation(scenario: Scenario) -> None:
-    """Alice publishes at the name after Bob's pending revision was recorded: his activation finds the
-    note changed (Conflict, nothing written) and a retry is refused as taken."""
-    s = scenario
-    _grant(s, s.alice)
-    _grant(s, s.bob)
-    home = Home.open(s.cli.home)
-    name = "ref/allergy.md"
-    done: list[str] = []
-
-    def alice_between(step: Step) -> None:
-        if step is Step.PENDING and not done:
-            done.append("alice")
-            publish(home, s.alice_session, SOURCE, "agent-shared", name=name, yes=True)
-
-    set_hook(alice_between)
-    try:
-        with pytest.raises(Conflict):
-            publish(home, s.bob_session, SOURCE, "agent-shared", name=name, yes=True)
-    finally:
-        set_hook(None)
-        home.close()
-    assert done == ["alice"]
-    assert s.cli("read", s.group_session, "agent-shared/" + name, check=True).out == ALICE_FACT
-    assert s.cli.j("doctor")["findings"] == []
     assert "name-taken" in _unchanged(s.cli, ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", name,
                                               "--yes"], code=3)
 
