@@ -22,12 +22,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import apsw
 import pytest
 
+from scopefs.catalog.home import Home
+from scopefs.writer.recovery import inspect
 from scopefs.writer.steps import Step
-from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli, diff_snapshots, snapshot
+from tests.conftest import ALICE_FACT, BOB_FACT, CHANNEL_FACT, Cli, db_copy, diff_snapshots, snapshot
 from tests.crashkit import (
     AFTER,
+    AGENT,
     ALICE_V2,
     NEW_NOTE,
     NEW_STORE,
@@ -40,6 +44,7 @@ from tests.crashkit import (
     assert_consistent,
     build_base,
     case_steps,
+    catalog_path,
     committed,
     copy_home,
     doctor,
@@ -194,3 +199,38 @@ def test_next_write_after_sigkill_recovers_by_itself(base: Base, tmp_path: Path,
     # Whatever the write-time recovery left for doctor is repairable, and nothing committed was lost.
     assert doctor(cli, fix=True).code == 0
     assert_consistent(cli.home, before)
+
+
+def test_doctor_fix_removes_the_finished_intents_older_versions_kept(base: Base, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 2026-12-03 a finished write kept its intent as 'done'; a home from then still has them. They
+    are a notice (nothing is wrong), and ``--fix`` removes them in batches, touching nothing else."""
+    cli = Cli(copy_home(base, tmp_path / "home"))
+    monkeypatch.setattr("scopefs.writer.recovery.SWEEP_BATCH", 2)  # in-process only: the CLI keeps its own
+    conn = apsw.Connection(str(catalog_path(cli.home)))
+    try:
+        revisions = [r[0] for r in conn.execute("SELECT revision_id FROM revisions WHERE state = 'active'")]
+        store = conn.execute("SELECT store_id FROM stores LIMIT 1").fetchall()[0][0]
+        with conn:
+            for n, revision in enumerate(revisions):
+                conn.execute("INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name,"
+                             " final_locator, expected_sha256, state, created_at, finished_at)"
+                             " VALUES (?, ?, ?, ?, 'x', 'y', ?, 'done', 1, 2)",
+                             (f"intent_legacy{n:020d}", AGENT, revision, store, "0" * 64))
+    finally:
+        conn.close()
+    assert len(revisions) >= 3
+    before = snapshot(cli.home, skip_tables=("write_intents", "audit"))
+    report = doctor(cli)
+    assert (report.code, report.kinds) == (0, Counter({"finished-intents": 1}))
+    assert report.findings[0]["notice"] and "doctor --fix" in report.findings[0]["hint"]
+    home = Home.open(cli.home)
+    try:
+        findings = inspect(home, AGENT, fix=True)
+    finally:
+        home.close()
+    assert [(f.kind, f.action) for f in findings] == [("finished-intents", f"removed {len(revisions)}")]
+    with db_copy(catalog_path(cli.home)) as copy:
+        assert copy.execute("SELECT count(*) FROM write_intents").fetchall() == [(0,)]
+    assert diff_snapshots(before, snapshot(cli.home, skip_tables=("write_intents", "audit"))) == []
+    assert doctor(cli).findings == []

@@ -65,7 +65,7 @@ from scopefs.catalog.artifacts import (
 )
 from scopefs.catalog.audit import drain, drain_quietly
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import one, scalar
+from scopefs.catalog.db import immediate, one, scalar
 from scopefs.catalog.errors import IntegrityError, StorageError
 from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
@@ -107,7 +107,14 @@ HINTS = {
     "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
                      "'scopefs doctor --fix' (or the next write, mount or read) returns it to the revision "
                      "before it",
+    "finished-intents": "write intents that finished, which scopefs versions before 2026-12-03 kept: they hold "
+                        "nothing the revisions do not, and cost the catalog space and every save index work; "
+                        "'scopefs doctor --fix' removes them",
 }
+
+# Finished intents removed per transaction: a batch holds the catalog's write lock for a fraction of a
+# second (a deletion overwrites what it removes, ``secure_delete``), not for the whole sweep.
+SWEEP_BATCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -469,7 +476,24 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             drain(home.state(), catalog, agent_id)
             action = "drained"
         findings.append(Finding("undrained-audit", agent_id, None, action))
+    if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'done' LIMIT 1", (agent_id,)):
+        findings.append(Finding("finished-intents", agent_id, None,
+                                _sweep_finished_intents(catalog, agent_id) if fix else None, notice=True))
     return findings
+
+
+def _sweep_finished_intents(catalog: apsw.Connection, agent_id: str) -> str:
+    """Remove the 'done' intents older versions kept (a finished write now deletes its own), a batch per
+    transaction; what was done, for the finding."""
+    removed = 0
+    while True:
+        with immediate(catalog):
+            catalog.execute("DELETE FROM write_intents WHERE rowid IN (SELECT rowid FROM write_intents"
+                            " WHERE agent_id = ? AND state = 'done' LIMIT ?)", (agent_id, SWEEP_BATCH))
+            batch = catalog.changes()
+        removed += batch
+        if batch < SWEEP_BATCH:
+            return f"removed {removed}"
 
 
 def migration_run_dir(home: Home, plan_digest: str) -> Path:
