@@ -558,7 +558,7 @@ def check(homes: dict[str, Home], views: dict[str, Views], manifest: dict[str, A
 @contextlib.contextmanager
 def phases(into: dict[str, float]) -> Iterator[None]:
     """Wrap the pipeline's steps in ``catalog.search`` with timers (this process only)."""
-    names = ("authorize_session", "scope_for", "_arms", "_rank", "_verified", "record_many")
+    names = ("authorize_session", "scope_for", "_arms", "_rank", "_verified", "record_search")
     saved = {name: getattr(search_mod, name) for name in names}
     saved_fill = search_mod._fill
 
@@ -898,7 +898,7 @@ def print_report(result: dict[str, Any]) -> None:
         print("where an authorized search spends its time (mean us per search, instrumented series;"
               " rows = arm rows decided by the postfilter):")
         cols = ("authorize_session", "scope_for", "_arms", "_fill vectors", "_fill words", "_rank", "_verified",
-                "record_many", "total")
+                "record_search", "total")
         print("| series | " + " | ".join(cols) + " | rows vectors / words |")
         print("|" + "---|" * (len(cols) + 2))
         for key, row in b.items():
