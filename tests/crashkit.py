@@ -45,6 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 AGENT = "main"
 STEPS: tuple[Step, ...] = WRITE_STEPS  # in the order the transaction passes them
 STORE_STEPS = frozenset({Step.STORE_DIR_MADE, Step.STORE_ROW})
+# A durable write records a pending revision (two transactions); a close through a mount leaves a marker
+# and commits once (``writer.transaction._commit_once``). Each passes only its own of the two.
+ONLY_DURABLE, ONLY_CLOSE = Step.PENDING, Step.MARKED
 
 ALICE_V2 = b"Alice's private fact, revised: allergic to hazelnuts and kiwi (canary A1c3)\n"
 AFTER = b"written after recovery, by a normal writer\n"
@@ -114,10 +117,10 @@ class WriteCase:
     path: str
     old: bytes | None  # the bytes a reader saw before; None for a new note
 
-    @property
-    def steps(self) -> tuple[Step, ...]:
+    def steps(self, *, durable: bool = True) -> tuple[Step, ...]:
         """The checkpoints this write passes (only a first store write makes a store)."""
-        return STEPS if self.name == "new-store" else tuple(s for s in STEPS if s not in STORE_STEPS)
+        skipped = {ONLY_CLOSE if durable else ONLY_DURABLE} | (set() if self.name == "new-store" else STORE_STEPS)
+        return tuple(s for s in STEPS if s not in skipped)
 
     def session_id(self, base: Base) -> str:
         return getattr(base, self.session)
@@ -128,9 +131,16 @@ NEW_NOTE = WriteCase("new-note", "alice_session", "private/notes/second.md", Non
 OVERWRITE = WriteCase("overwrite", "alice_session", "private/notes/allergy.md", ALICE_V2)
 
 
-def case_steps(*cases: WriteCase) -> list[Any]:
-    """pytest params (case, step) for every checkpoint each case passes."""
-    return [pytest.param(case, step, id=f"{case.name}-{step.value}") for case in cases for step in case.steps]
+def case_steps(*cases: WriteCase, durable: bool = True) -> list[Any]:
+    """pytest params (case, step) for every checkpoint each case passes (a close's, unless ``durable``)."""
+    return [pytest.param(case, step, id=f"{case.name}-{step.value}")
+            for case in cases for step in case.steps(durable=durable)]
+
+
+def case_durable_steps(*cases: WriteCase) -> list[Any]:
+    """pytest params (case, step, durable): every checkpoint of a durable write, then of a close."""
+    return [pytest.param(case, step, durable, id=f"{'durable' if durable else 'unsynced'}-{case.name}-{step.value}")
+            for durable in (True, False) for case in cases for step in case.steps(durable=durable)]
 
 
 def allowed_outcomes(case: WriteCase, step: Step, *, durable: bool = True) -> set[str]:

@@ -2,7 +2,9 @@
 
 A real writer process is SIGKILLed at every checkpoint of the staged-rename
 transaction, for a note in a store that does not exist yet, a new note in an
-existing store, and an overwrite of a note with committed history. Then:
+existing store, and an overwrite of a note with committed history; both for
+a durable write (two transactions) and for a close through a mount (a
+marker, one transaction). Then:
 
 * ``scopefs doctor`` names exactly the leftovers that step leaves and
   changes nothing (logical dump of every database, hash of every file);
@@ -43,7 +45,7 @@ from tests.crashkit import (
     artifact_path,
     assert_consistent,
     build_base,
-    case_steps,
+    case_durable_steps,
     catalog_path,
     committed,
     copy_home,
@@ -61,27 +63,43 @@ from tests.crashkit import (
 # exists on disk at that point: an uncatalogued store directory, a staged file
 # without an intent, a pending intent (its staged or final file is in flight),
 # an activated revision whose audit row is not yet in the shared audit.
-LEFTOVERS: dict[Step, Counter[str]] = {
+BEFORE_PLACING: dict[Step, Counter[str]] = {
     Step.STAGED: Counter({"staging-leftover": 1}),
     Step.STORE_DIR_MADE: Counter({"staging-leftover": 1, "orphan-store-dir": 1}),
     Step.STORE_ROW: Counter({"staging-leftover": 1}),  # an empty, catalogued store is a valid state
+}
+LEFTOVERS: dict[Step, Counter[str]] = {
+    **BEFORE_PLACING,
     Step.PENDING: Counter({"pending-intent": 1}),
     Step.RENAMED: Counter({"pending-intent": 1}),
     Step.FINALIZED: Counter({"pending-intent": 1}),
     Step.ACTIVATED: Counter({"undrained-audit": 1}),
     Step.AUDITED: Counter(),
 }
-# --fix finds the same, and rolling back a pending intent readies its audit
-# row (an error), which the same run then drains.
-FIXED: dict[Step, Counter[str]] = {
-    step: found + (Counter({"undrained-audit": 1}) if "pending-intent" in found else Counter())
-    for step, found in LEFTOVERS.items()
+# A close: its marker names its file, staged or placed; it drains its audit row with the mount's next batch,
+# never itself.
+CLOSE_LEFTOVERS: dict[Step, Counter[str]] = {
+    **BEFORE_PLACING,
+    Step.MARKED: Counter({"unfinished-close": 1}),  # its staged file too: the marker names it
+    Step.RENAMED: Counter({"unfinished-close": 1}),
+    Step.FINALIZED: Counter({"unfinished-close": 1}),
+    Step.ACTIVATED: Counter({"undrained-audit": 1}),
+    Step.AUDITED: Counter({"undrained-audit": 1}),
 }
+
+
+def fixed(step: Step, durable: bool) -> Counter[str]:
+    """What --fix finds: the same, and rolling back a pending intent readies its audit row (an error), which
+    the same run then drains. A close's marker has no audit row: nothing was recorded before its one commit."""
+    found = (LEFTOVERS if durable else CLOSE_LEFTOVERS)[step]
+    return found + (Counter({"undrained-audit": 1}) if "pending-intent" in found else Counter())
 
 
 def test_leftover_table_covers_every_step() -> None:
     """A new checkpoint must get its own expectation (and so its own crash case)."""
-    assert set(LEFTOVERS) == set(STEPS)
+    assert set(LEFTOVERS) | set(CLOSE_LEFTOVERS) == set(STEPS)
+    assert set(LEFTOVERS) == set(NEW_STORE.steps(durable=True))
+    assert set(CLOSE_LEFTOVERS) == set(NEW_STORE.steps(durable=False))
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +107,19 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     return build_base(tmp_path_factory.mktemp("crash-base") / "home")
 
 
-@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, NEW_NOTE, OVERWRITE))
-def test_sigkill_between_steps(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
+@pytest.mark.parametrize("case, step, durable", case_durable_steps(NEW_STORE, NEW_NOTE, OVERWRITE))
+def test_sigkill_between_steps(base: Base, tmp_path: Path, case: WriteCase, step: Step, durable: bool) -> None:
     """Kill -9 at ``step``: doctor reports without changing, --fix leaves old or new."""
     cli = Cli(copy_home(base, tmp_path / "home"))
     before = committed(cli.home)
-    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step) as writer:
+    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
+                           durable=durable) as writer:
         writer.kill()
 
     # doctor without --fix: reports exactly this step's leftovers, changes nothing.
     untouched = snapshot(cli.home)
     report = doctor(cli)
-    assert report.kinds == LEFTOVERS[step], report.findings
+    assert report.kinds == (LEFTOVERS if durable else CLOSE_LEFTOVERS)[step], report.findings
     assert all(f["action"] is None for f in report.findings), report.findings
     assert report.code == (1 if report.findings else 0)
     assert diff_snapshots(untouched, snapshot(cli.home)) == []
@@ -110,13 +129,13 @@ def test_sigkill_between_steps(base: Base, tmp_path: Path, case: WriteCase, step
     acknowledged = STEPS.index(step) >= STEPS.index(Step.ACTIVATED)
     assert seen == ("new" if acknowledged else ("old" if case.old is not None else "absent"))
 
-    fixed = doctor(cli, fix=True)
-    assert fixed.kinds == FIXED[step], fixed.findings
-    assert all(f["action"] is not None for f in fixed.findings), fixed.findings
-    assert fixed.code == 0, fixed.findings
+    repaired = doctor(cli, fix=True)
+    assert repaired.kinds == fixed(step, durable), repaired.findings
+    assert all(f["action"] is not None for f in repaired.findings), repaired.findings
+    assert repaired.code == 0, repaired.findings
 
-    outcome = verify_recovered(cli, case, base, step, before)
-    assert outcome in allowed_outcomes(case, step)
+    outcome = verify_recovered(cli, case, base, step, before, durable=durable)
+    assert outcome in allowed_outcomes(case, step, durable=durable)
 
 
 def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_path: Path) -> None:
@@ -180,22 +199,42 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert again.kinds == Counter({"missing-artifact": 1})  # the missing one cannot be repaired from here
 
 
-@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE))
-def test_next_write_after_sigkill_recovers_by_itself(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
+@pytest.mark.parametrize("step", [Step.MARKED, Step.RENAMED, Step.FINALIZED], ids=lambda s: s.value)
+def test_doctor_leaves_a_close_in_flight_alone(base: Base, tmp_path: Path, step: Step) -> None:
+    """A live close between its marker and its commit is neither reported nor touched (its flock says so);
+    once it is dead, its marker is what doctor reports."""
+    cli = Cli(copy_home(base, tmp_path / "home"))
+    with writer_stopped_at(cli.home, OVERWRITE.session_id(base), OVERWRITE.path, new_bytes(step), step,
+                           durable=False) as writer:
+        untouched = snapshot(cli.home)
+        report = doctor(cli)
+        assert (report.code, report.findings) == (0, [])
+        assert diff_snapshots(untouched, snapshot(cli.home)) == []
+        writer.kill()
+    assert doctor(cli).kinds == Counter({"unfinished-close": 1})
+
+
+@pytest.mark.parametrize("case, step, durable", case_durable_steps(NEW_STORE, OVERWRITE))
+def test_next_write_after_sigkill_recovers_by_itself(base: Base, tmp_path: Path, case: WriteCase, step: Step,
+                                                     durable: bool) -> None:
     """Without any doctor, the next write settles the crashed one and succeeds.
 
     DESIGN.md §6.5: recovery completes abandoned intents before writing, so a
     crash is invisible to the next writer: it must not fail with "the note
-    changed while it was being written" when nobody else wrote.
+    changed while it was being written" when nobody else wrote. A close's
+    placed file goes with its marker: no doctor finds it afterwards.
     """
     cli = Cli(copy_home(base, tmp_path / "home"))
     before = committed(cli.home)
-    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step) as writer:
+    with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
+                           durable=durable) as writer:
         writer.kill()
 
     result = cli("write", case.session_id(base), case.path, stdin=AFTER)
     assert result.code == 0, result.err
     assert cli("read", case.session_id(base), case.path, check=True).out == AFTER
+    left = doctor(cli).kinds
+    assert not left & Counter({"unfinished-close": 1, "pending-intent": 1, "orphan-file": 1}), left
     # Whatever the write-time recovery left for doctor is repairable, and nothing committed was lost.
     assert doctor(cli, fix=True).code == 0
     assert_consistent(cli.home, before)

@@ -423,7 +423,8 @@ def _settle_in_process(root: Path, agent: str, target: Target, expected: bytes |
     return problems
 
 
-def _faulty_write(root: Path, plan: FaultPlan, target: Target, data: bytes) -> tuple[object, bool | None]:
+def _faulty_write(root: Path, plan: FaultPlan, target: Target, data: bytes,
+                  durable: bool = True) -> tuple[object, bool | None]:
     """One in-process write through the faulty VFS.
 
     Returns the WriteResult or the exception, and whether the first injected
@@ -440,7 +441,7 @@ def _faulty_write(root: Path, plan: FaultPlan, target: Target, data: bytes) -> t
             try:
                 plan.armed = True
                 try:
-                    outcome: object = write_note(home, target.session, target.path, data)
+                    outcome: object = write_note(home, target.session, target.path, data, durable=durable)
                 except Exception as exc:  # noqa: BLE001 - the type is what is under test
                     outcome = exc
                 finally:
@@ -455,9 +456,10 @@ def _faulty_write(root: Path, plan: FaultPlan, target: Target, data: bytes) -> t
 @pytest.mark.root
 @pytest.mark.parametrize("target_name", TARGETS)
 @pytest.mark.parametrize("sticky", [False, True], ids=["once", "from-n-on"])
-@pytest.mark.parametrize("kind", ["xWrite", "xSync"])
+@pytest.mark.parametrize(("kind", "durable"), [("xWrite", True), ("xSync", True), ("xWrite", False)],
+                         ids=["xWrite", "xSync", "xWrite-close"])  # a close syncs nothing: no xSync to fail
 def test_vfs_fault_at_every_call_fails_cleanly(prepared: Prepared, ramdisk: Path, tmp_path: Path, kind: str,
-                                               sticky: bool, target_name: str) -> None:
+                                               durable: bool, sticky: bool, target_name: str) -> None:
     """SQLite's Nth xWrite/xSync fails, for every N of one write, then N past the end.
 
     ``once`` is a transient error (the writer's own rollback then succeeds);
@@ -471,7 +473,7 @@ def test_vfs_fault_at_every_call_fails_cleanly(prepared: Prepared, ramdisk: Path
     work = ramdisk / tmp_path.name
     counting = FaultPlan()
     root = prepared.clone(work / "count")
-    outcome, _ = _faulty_write(root, counting, target, b"counting run\n")
+    outcome, _ = _faulty_write(root, counting, target, b"counting run\n", durable)
     assert isinstance(outcome, WriteResult), f"uninjected write failed: {outcome!r}"
     total = counting.counts[kind]
     assert total >= 1, f"no {kind} call observed in one write: {counting.counts}"
@@ -482,7 +484,7 @@ def test_vfs_fault_at_every_call_fails_cleanly(prepared: Prepared, ramdisk: Path
         root = prepared.clone(work / f"n{n}")
         new = f"new content; {kind} failure at call {n}\n".encode()
         plan = FaultPlan(kind, n, sticky=sticky)
-        outcome, fired_before_activation = _faulty_write(root, plan, target, new)
+        outcome, fired_before_activation = _faulty_write(root, plan, target, new, durable)
         run: list[str] = []
         if n <= total and not plan.fired:
             run.append("the injection never fired")

@@ -37,7 +37,7 @@ from tests.crashkit import (
     assert_consistent,
     audited,
     build_base,
-    case_steps,
+    case_durable_steps,
     committed,
     copy_home,
     doctor,
@@ -58,8 +58,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     return build_base(tmp_path_factory.mktemp("power-base") / "home")
 
 
-@pytest.mark.parametrize("durable", [True, False], ids=["durable", "unsynced"])
-@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE))
+@pytest.mark.parametrize("case, step, durable", case_durable_steps(NEW_STORE, OVERWRITE))
 def test_power_loss_between_steps(base: Base, tmp_path: Path, case: WriteCase, step: Step, durable: bool) -> None:
     """Cut the power at ``step``: after reboot and repair, old or new, nothing committed lost.
 

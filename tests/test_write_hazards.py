@@ -53,9 +53,15 @@ DENY_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", DENY_CASES)
-def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: str) -> None:
-    """The policy is re-evaluated inside both commits; the refusal is audited once."""
+# A close has no resource before its one commit: a deny on the new note cannot land while it is written.
+DENY_RUNS = [pytest.param(case, durable, id=f"{case}-{'durable' if durable else 'close'}")
+             for durable in (True, False) for case in DENY_CASES if durable or case != "on-the-new-note"]
+
+
+@pytest.mark.parametrize(("case", "durable"), DENY_RUNS)
+def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: str, durable: bool) -> None:
+    """The policy is re-evaluated inside every commit (a close's one, a durable write's two); the refusal
+    is audited once, and a close leaves neither its placed file nor its marker."""
     step, path, target_kind, capability, audience = DENY_CASES[case]
     old = read_note(Home.open(scenario.cli.home), scenario.alice_session, path) if path == NOTE else None
     home = Home.open(scenario.cli.home)
@@ -75,7 +81,7 @@ def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: st
     steps.set_hook(deny_now)
     try:
         with pytest.raises(Denied):
-            write_note(home, scenario.alice_session, path, b"refused\n")
+            write_note(home, scenario.alice_session, path, b"refused\n", durable=durable)
     finally:
         steps.set_hook(None)
     _no_pending(scenario)
@@ -122,7 +128,46 @@ def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenari
     assert again.code == 0 and again.json()["findings"] == []
 
 
-def test_a_failed_first_write_leaves_no_name(scenario: Scenario) -> None:
+_DIE_AFTER_A_CLOSES_FAILED_COMMIT = r"""
+import os, sys
+from scopefs.catalog.home import Home
+from tests.faultkit import FaultPlan, faulty_vfs
+from scopefs.writer import steps, transaction
+
+home_dir, session, path = sys.argv[1:4]
+plan = FaultPlan("xWrite", 1)  # the first catalog write after FINALIZED: the close's one commit
+transaction._landed = lambda *a, **k: os._exit(9)  # die before telling whether it landed, marker and file left
+
+def arm(step):
+    if step is steps.Step.FINALIZED:
+        plan.armed = True
+
+with faulty_vfs(plan) as vfs:
+    home = Home.open(__import__("pathlib").Path(home_dir), vfs=vfs)
+    steps.set_hook(arm)
+    transaction.write_note(home, session, path, b"new bytes\n", durable=False)
+os._exit(0)
+"""
+
+
+def test_death_after_a_closes_failed_commit_leaves_nothing_readable(scenario: Scenario) -> None:
+    """A close whose one commit failed, then died: its marker makes recovery remove the file it placed."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_A_CLOSES_FAILED_COMMIT, str(scenario.cli.home),
+                           scenario.alice_session, NOTE], cwd=repo, capture_output=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr.decode()
+    report = scenario.cli("--json", "doctor")
+    assert report.code == 1 and [f["kind"] for f in report.json()["findings"]] == ["unfinished-close"], report.out
+    fixed = scenario.cli("--json", "doctor", "--fix")
+    assert fixed.code == 0, fixed.out
+    assert scenario.cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    _no_pending(scenario)
+    again = scenario.cli("--json", "doctor")
+    assert again.code == 0 and again.json()["findings"] == []
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "close"])
+def test_a_failed_first_write_leaves_no_name(scenario: Scenario, durable: bool) -> None:
     home = Home.open(scenario.cli.home)
 
     def fail(step: steps.Step) -> None:
@@ -132,9 +177,10 @@ def test_a_failed_first_write_leaves_no_name(scenario: Scenario) -> None:
     steps.set_hook(fail)
     try:
         with pytest.raises(StorageError):
-            write_note(home, scenario.alice_session, "private/proj", b"x")
+            write_note(home, scenario.alice_session, "private/proj", b"x", durable=durable)
     finally:
         steps.set_hook(None)
+    _no_pending(scenario)
     cli = scenario.cli
     assert [e["name"] for e in cli.j("ls", scenario.alice_session, "private")["entries"]] == ["notes"]
     assert cli.j("write", scenario.alice_session, "private/proj/notes.md", stdin=b"a folder now\n")["created"]

@@ -75,28 +75,44 @@ def activate(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store
         decision = recheck()
         if not decision:
             raise PolicyChanged(decision)
-        if base_revision_id is not None:
-            catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
-        catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
-                        (now, revision_id))
-        if index is None:
-            catalog.execute("INSERT INTO index_backlog (revision_id, agent_id, store_id, queued_at)"
-                            " VALUES (?, ?, ?, ?)", (revision_id, agent_id, store_id, now))
-        else:
-            if base_revision_id is not None:  # what superseding queued (trigger), done now
-                retire_rows(catalog, base_revision_id)
-            insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
-                   prepared=index)
-        if record is not None:
-            record()
+        settle_active(catalog, agent_id, resource_id=resource_id, store_id=store_id, revision_id=revision_id,
+                      base_revision_id=base_revision_id, intent_id=intent_id, event_id=event_id, index=index,
+                      unsynced=unsynced, record=record, now=now)
+
+
+def settle_active(catalog: apsw.Connection, agent_id: str, *, resource_id: str, store_id: str, revision_id: str,
+                  base_revision_id: str | None, intent_id: str | None, event_id: str | None,
+                  index: PreparedIndex | None, unsynced: str | None, record: Callable[[], None] | None,
+                  now: int) -> None:
+    """The rows that make a checked pending revision the active one, inside the caller's transaction.
+
+    ``activate`` calls it once its checks passed; a close through a mount
+    (``writer.close``) calls it in the one transaction that also records the
+    revision, after the same checks.
+    """
+    if base_revision_id is not None:
+        catalog.execute("UPDATE revisions SET state = 'superseded' WHERE revision_id = ?", (base_revision_id,))
+    catalog.execute("UPDATE revisions SET state = 'active', activated_at = ? WHERE revision_id = ?",
+                    (now, revision_id))
+    if index is None:
+        catalog.execute("INSERT INTO index_backlog (revision_id, agent_id, store_id, queued_at)"
+                        " VALUES (?, ?, ?, ?)", (revision_id, agent_id, store_id, now))
+    else:
+        if base_revision_id is not None:  # what superseding queued (trigger), done now
+            retire_rows(catalog, base_revision_id)
+        insert(catalog, agent_id, revision_id=revision_id, resource_id=resource_id, store_id=store_id,
+               prepared=index)
+    if record is not None:
+        record()
+    if intent_id is not None:
         # Done, the intent says nothing the active revision does not: it goes, so that the table holds
         # the writes in flight, not every write ever made (rolled-back ones stay, as a record of failure).
         catalog.execute("DELETE FROM write_intents WHERE intent_id = ?", (intent_id,))
-        if unsynced is not None:
-            catalog.execute("INSERT INTO unsynced_revisions (revision_id, agent_id, resource_id, page_cache,"
-                            " created_at) VALUES (?, ?, ?, ?, ?)", (revision_id, agent_id, resource_id, unsynced, now))
-        if event_id is not None:
-            settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
+    if unsynced is not None:
+        catalog.execute("INSERT INTO unsynced_revisions (revision_id, agent_id, resource_id, page_cache,"
+                        " created_at) VALUES (?, ?, ?, ?, ?)", (revision_id, agent_id, resource_id, unsynced, now))
+    if event_id is not None:
+        settle(catalog, event_id, decision="allow", reason=Reason.ALLOWED)
 
 
 def roll_back(catalog: apsw.Connection, agent_id: str, *, revision_id: str, intent_id: str, event_id: str | None,

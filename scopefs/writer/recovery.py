@@ -13,6 +13,8 @@ with ``fix`` repairs, everything that does not match the catalog:
   error once, to the descriptors open at the time; a fresh fsync may return
   success over lost data). Completing it would retry and trust an fsync;
   rolling it back loses nothing anyone was promised;
+* closes through a mount that died between placing their file and their
+  one commit (``writer.placing``): the file removed, never acknowledged;
 * staging leftovers (never committed content) of writers that died:
   removed. A staging file whose writer is alive holds an flock and is left
   alone, so doctor never disturbs a write that is still reading its input;
@@ -71,7 +73,7 @@ from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
-from scopefs.writer import lock, unsynced
+from scopefs.writer import lock, placing, unsynced
 from scopefs.writer.commit import roll_back
 from scopefs.writer.quarantine import remove_tampered, tampered_copies, tampered_name
 from scopefs.writer.scrub import scrub, unscrubbed
@@ -107,6 +109,9 @@ HINTS = {
     "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
                      "'scopefs doctor --fix' (or the next write, mount or read) returns it to the revision "
                      "before it",
+    "unfinished-close": "a save through a mount stopped between placing its file and committing it (its mount "
+                        "died): it was never acknowledged and no one can read the file; 'scopefs doctor --fix' "
+                        "(or the next write) removes it",
     "finished-intents": "write intents that finished, which scopefs versions before 2026-12-03 kept: they hold "
                         "nothing the revisions do not, and cost the catalog space and every save index work; "
                         "'scopefs doctor --fix' removes them",
@@ -225,22 +230,28 @@ def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Inten
 
 
 def recover_pending_if_idle(home: Home, agent_id: str) -> int:
-    """Settle abandoned intents, and unsynced revisions of a page cache that is gone, when no writer
-    is active; returns how many intents."""
+    """Settle abandoned intents and closes, and unsynced revisions of a page cache that is gone, when no
+    writer is active; returns how many intents."""
     catalog = home.catalog(agent_id)
     pending = one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,))
     restarted = unsynced.restarted(home, agent_id)
-    if pending is None and not restarted:
-        return 0
-    with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
-        if not held:
+    staging_fd = open_dir(home.staging_dir(agent_id))
+    try:
+        if pending is None and not restarted and not placing.markers(staging_fd):
             return 0
-        intents = _pending_intents(home, agent_id)
-        for intent in intents:
-            _settle(home, agent_id, intent)
-        if restarted:
-            unsynced.settle_restarted(home, agent_id)
-        return len(intents)
+        with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
+            if not held:
+                return 0
+            for marker in placing.markers(staging_fd):  # listed again under the lock: none has a live writer
+                placing.settle(home, agent_id, staging_fd, marker)
+            intents = _pending_intents(home, agent_id)
+            for intent in intents:
+                _settle(home, agent_id, intent)
+            if restarted:
+                unsynced.settle_restarted(home, agent_id)
+            return len(intents)
+    finally:
+        os.close(staging_fd)
 
 
 def recover_home(home: Home) -> int:
@@ -272,7 +283,7 @@ def _names(dirfd: int) -> Iterator[os.DirEntry[str]]:
 
 
 def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix: bool,
-                   lost: frozenset[str]) -> list[Finding]:
+                   lost: frozenset[str], placed: set[str]) -> list[Finding]:
     catalog = home.catalog(agent_id)
     findings: list[Finding] = []
     tampered: list[str] = []
@@ -318,6 +329,8 @@ def _inspect_store(home: Home, agent_id: str, store_id: str, path_key: str, fix:
                 findings.append(Finding("forgotten-artifact", agent_id, known[0], removed))
                 continue
             if known is None:
+                if entry.name in placed or (not fix and lock_held(entry.name, dir_fd=store_fd)):
+                    continue  # a close's file: reported with its marker, or still in flight
                 moved = None
                 if fix:
                     _to_quarantine(home, agent_id, store_fd, entry.name)
@@ -404,8 +417,18 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
             action = ("rolled back to the revision before it" if one_settled.lost else "synced") if fix else None
             findings.append(Finding("lost-revision" if one_settled.lost else "unsynced-revision", agent_id,
                                     one_settled.revision_id, action))
+        placed, marked = set(), set()
+        for marker in placing.markers(staging_fd):
+            if not fix and placing.in_flight(home, agent_id, staging_fd, marker):
+                continue  # a live close between its marker and its commit
+            placed.add(marker.locator)  # reported here, not again as an orphan file of its store,
+            marked.add(marker.staged_name)  # nor as a staging leftover
+            findings.append(Finding("unfinished-close", agent_id, None,
+                                    placing.settle(home, agent_id, staging_fd, marker) if fix else None))
         part_of_intents = {i.staged_name for i in pending}
         for entry in _names(staging_fd):
+            if placing.is_marker(entry.name) or entry.name in marked:
+                continue  # a close's marker and its staged file, handled above
             if entry.name in part_of_intents and not fix:
                 continue  # reported with its intent
             if entry.is_file(follow_symlinks=False) and _in_flight(staging_fd, entry.name):
@@ -453,7 +476,7 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
         os.close(scopes_fd)
     lost = frozenset(s.revision_id for s in settled if s.lost)  # reported above, not as tampering
     for path_key, store_id in stores.items():
-        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix, lost))
+        findings.extend(_inspect_store(home, agent_id, store_id, path_key, fix, lost, placed))
     findings += _forgotten_copies(home, agent_id, fix)
     if fix:
         catch_up(home, agent_id)  # what a killed mount left queued; a search would do it too

@@ -17,10 +17,11 @@ class Step(StrEnum):
     STAGED = "staged"  # 1: staged file written and fsynced (before any lock or catalog row)
     STORE_DIR_MADE = "store-dir-made"  # lazy store: directory exists, no catalog row yet
     STORE_ROW = "store-row"  # lazy store: catalog row committed
-    PENDING = "pending"  # 2: pending revision, intent and outbox committed
+    PENDING = "pending"  # 2: pending revision, intent and outbox committed (a durable write, a copy)
+    MARKED = "marked"  # 2': a close's one-transaction write (``_commit_once``) left its marker, nothing placed yet
     RENAMED = "renamed"  # 3a: staged file renamed to its final locator
-    FINALIZED = "finalized"  # 3b: file and directory fsynced, final hash computed
-    ACTIVATED = "activated"  # 4: revision active, resource repointed
+    FINALIZED = "finalized"  # 3b: file and directory fsynced (durable only), final hash computed
+    ACTIVATED = "activated"  # 4: revision active, resource repointed (a close: its one commit)
     AUDITED = "audited"  # after: outbox drained to the shared audit
     # A forget (``writer.forget``): one transaction, then the bytes leave the disk.
     FORGETTING = "forgetting"  # inside the forget's transaction, before its commit

@@ -62,9 +62,9 @@ from scopefs.catalog.access import (
 from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, one, relaxed, scalar
 from scopefs.catalog.digests import hash_fd, sha256_for
-from scopefs.catalog.errors import BadInput, Conflict, storage_error
+from scopefs.catalog.errors import BadInput, Conflict, IntegrityError, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.human import TRUST_ORIGIN as HUMAN_ORIGIN
@@ -76,9 +76,9 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.stores import ResourceRow, StoreRow, active_revision, find_resource, path_conflict, policy_entries
 from scopefs.catalog.subject import SubjectKind
 from scopefs.catalog.view import READ_WRITE, View
-from scopefs.writer import lock
-from scopefs.writer.commit import PolicyChanged, activate, roll_back
-from scopefs.writer.facts import content_facts, read_head
+from scopefs.writer import lock, placing
+from scopefs.writer.commit import PolicyChanged, activate, roll_back, settle_active
+from scopefs.writer.facts import ContentFacts, content_facts, read_head
 from scopefs.writer.recovery import recover_pending_if_idle
 from scopefs.writer.steps import Step, checkpoint
 from scopefs.writer.stores import ensure_store
@@ -309,7 +309,7 @@ class _Pending:
     revision_id: str
     revision_no: int
     base_revision_id: str | None
-    intent_id: str
+    intent_id: str | None  # None in a close's one transaction
     event_id: str
     created: bool
 
@@ -318,56 +318,71 @@ def _record_pending(access: Access, store: StoreRow, target: Target, op: Op,
                     staged: _Staged, locator: str, expected_resource_id: Expected,
                     provenance: Provenance | None = None) -> _Pending:
     """Step 2: one short transaction, no file I/O."""
+    catalog = access.home.catalog(access.agent_id)
+    with relaxed(catalog), immediate(catalog):  # a lost pending row leaves an orphan file doctor quarantines
+        return _pending_rows(access, store, target, op, staged, locator, expected_resource_id, provenance,
+                             revision_id=ids.new_id("revision"), intent=True)
+
+
+def _pending_rows(access: Access, store: StoreRow, target: Target, op: Op, staged: _Staged, locator: str,
+                  expected_resource_id: Expected, provenance: Provenance | None, *, revision_id: str,
+                  intent: bool) -> _Pending:
+    """Check the base and the policy again and record the pending revision, inside the caller's transaction.
+
+    Step 2's rows, and the first half of a close's one transaction
+    (``_commit_once``), which has no intent: its marker stands for it.
+    """
     agent_id = access.agent_id
     catalog = access.home.catalog(agent_id)
     path = target.inner_path
     expected_base = target.revision.revision_id if target.revision else None
     now = now_us()
-    with relaxed(catalog), immediate(catalog):  # a lost pending row leaves an orphan file doctor quarantines
-        resource = find_resource(catalog, agent_id, store.store_id, path)
-        expect_resource(resource, expected_resource_id)
-        current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
-        if (current.revision_id if current else None) != expected_base:
-            raise Conflict("the note changed while it was being written; nothing was written, try again")
-        decision = _recheck(access, dataclasses.replace(target, store=store), op)
-        if decision and provenance is not None:
-            decision = provenance.authority(catalog, False)
-        if not decision:
-            raise PolicyChanged(decision)
-        created = resource is None
-        if created:
-            why = path_conflict(catalog, agent_id, store.store_id, path)
-            if why is not None:
-                raise BadInput(f"invalid path: {why}")
-            resource_id = ids.new_id("resource")
-            catalog.execute(
-                "INSERT INTO resources (resource_id, agent_id, store_id, path, created_at) VALUES (?, ?, ?, ?, ?)",
-                (resource_id, agent_id, store.store_id, path, now),
-            )
-        else:
-            assert resource is not None
-            resource_id = resource.resource_id
-        revision_no = scalar(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
-                             (resource_id,))
-        revision_id, intent_id = ids.new_id("revision"), ids.new_id("intent")
-        event = access.event(provenance.operation if provenance else op, "allow", Reason.ALLOWED,
-                             store_id=store.store_id, revision_id=revision_id)
-        event_id = enqueue(catalog, agent_id, event)
+    resource = find_resource(catalog, agent_id, store.store_id, path)
+    expect_resource(resource, expected_resource_id)
+    current = active_revision(catalog, agent_id, resource.resource_id) if resource else None
+    if (current.revision_id if current else None) != expected_base:
+        raise Conflict("the note changed while it was being written; nothing was written, try again")
+    decision = _recheck(access, dataclasses.replace(target, store=store), op)
+    if decision and provenance is not None:
+        decision = provenance.authority(catalog, False)
+    if not decision:
+        raise PolicyChanged(decision)
+    created = resource is None
+    if created:
+        why = path_conflict(catalog, agent_id, store.store_id, path)
+        if why is not None:
+            raise BadInput(f"invalid path: {why}")
+        resource_id = ids.new_id("resource")
         catalog.execute(
-            "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
-            " size, locator, state, session_id, actor_id, trust_origin, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
-            (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
-             access.session.session_id, access.actor_id,
-             provenance.trust_origin if provenance else _trust_origin(access), now),
+            "INSERT INTO resources (resource_id, agent_id, store_id, path, created_at) VALUES (?, ?, ?, ?, ?)",
+            (resource_id, agent_id, store.store_id, path, now),
         )
+    else:
+        assert resource is not None
+        resource_id = resource.resource_id
+    revision_no = scalar(catalog, "SELECT coalesce(max(revision_no), 0) + 1 FROM revisions WHERE resource_id = ?",
+                         (resource_id,))
+    intent_id = ids.new_id("intent") if intent else None
+    event = access.event(provenance.operation if provenance else op, "allow", Reason.ALLOWED,
+                         store_id=store.store_id, revision_id=revision_id)
+    event_id = enqueue(catalog, agent_id, event)
+    catalog.execute(
+        "INSERT INTO revisions (revision_id, agent_id, resource_id, revision_no, base_revision_id, content_sha256,"
+        " size, locator, state, session_id, actor_id, trust_origin, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+        (revision_id, agent_id, resource_id, revision_no, expected_base, staged.sha256, staged.size, locator,
+         access.session.session_id, access.actor_id,
+         provenance.trust_origin if provenance else _trust_origin(access), now),
+    )
+    if intent_id is not None:
         catalog.execute(
             "INSERT INTO write_intents (intent_id, agent_id, revision_id, store_id, staged_name, final_locator,"
             " expected_sha256, event_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id, now),
+            (intent_id, agent_id, revision_id, store.store_id, staged.name, locator, staged.sha256, event_id,
+             now),
         )
-        if provenance is not None:
-            provenance.reserve(catalog, resource_id, revision_id)
+    if provenance is not None:
+        provenance.reserve(catalog, resource_id, revision_id)
     return _Pending(resource_id, revision_id, revision_no, expected_base, intent_id, event_id, created)
 
 
@@ -386,10 +401,12 @@ def _abandon(access: Access, staging_fd: int, store_fd: int, staged: _Staged, lo
     did not create is never removed.
     """
     catalog = access.home.catalog(access.agent_id)
+    intent_id = pending.intent_id
+    assert intent_id is not None  # only the two-transaction write abandons a pending row
 
     def rows() -> bool:
         try:
-            return roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=pending.intent_id,
+            return roll_back(catalog, access.agent_id, revision_id=pending.revision_id, intent_id=intent_id,
                              event_id=pending.event_id, reason=reason, decision=decision)
         except CATALOG_FAILURES:
             return False
@@ -422,6 +439,21 @@ def _final_hash(store_fd: int, locator: str) -> tuple[str, int]:
         os.close(fd)
 
 
+def _record_rows(access: Access, pending: _Pending, facts: ContentFacts, provenance: Provenance | None) -> None:
+    """What is written with the activation besides the revision: lineage, front matter facts, a copy's rows."""
+    catalog = access.home.catalog(access.agent_id)
+    inherited = provenance.valid_until(catalog) if provenance and provenance.valid_until else None
+    base = pending.base_revision_id
+    if base is not None and _stays_derived(catalog, base, provenance):
+        add_lineage(catalog, access.agent_id, pending.revision_id, base, "derive")
+        from_base = inherited_validity(catalog, [base])
+        if from_base is not None:
+            inherited = from_base if inherited is None else min(inherited, from_base)
+    facts.record(catalog, access.agent_id, pending.revision_id, inherited)
+    if provenance is not None:
+        provenance.record(catalog, pending.resource_id, pending.revision_id)
+
+
 def _commit(access: Access, store: StoreRow, target: Target, op: Op,
             staging_fd: int, staged: _Staged, expected_resource_id: Expected, *, durable: bool = True,
             provenance: Provenance | None = None, defer_index: bool = False) -> WriteResult:
@@ -438,64 +470,13 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     store_fd = open_store_dir(home, agent_id, store.path_key)
     try:
         revalidate(access, shown_op)
-        try:
-            pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id, provenance)
-        except PolicyChanged as changed:
-            raise access.refuse(shown_op, changed.decision.reason, store_id=store.store_id) from None
-        checkpoint(Step.PENDING)
-        # What activation re-checks: the same target, now with its resource
-        # (new or not), so entries added to it meanwhile count too.
-        planned = dataclasses.replace(target, store=store, resource=ResourceRow(
-            pending.resource_id, store.store_id, target.inner_path, "live"))
-
-        def recheck() -> Decision:
-            decision = _recheck(access, planned, op)
-            if decision and provenance is not None:
-                decision = provenance.authority(catalog, True)
-            return facts.check(catalog, agent_id) if decision else decision
-
-        def record() -> None:
-            inherited = provenance.valid_until(catalog) if provenance and provenance.valid_until else None
-            base = pending.base_revision_id
-            if base is not None and _stays_derived(catalog, base, provenance):
-                add_lineage(catalog, agent_id, pending.revision_id, base, "derive")
-                from_base = inherited_validity(catalog, [base])
-                if from_base is not None:
-                    inherited = from_base if inherited is None else min(inherited, from_base)
-            facts.record(catalog, agent_id, pending.revision_id, inherited)
-            if provenance is not None:
-                provenance.record(catalog, pending.resource_id, pending.revision_id)
-
-        renamed = placed = False
-        try:
-            renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
-            renamed = staged.consumed = True
-            checkpoint(Step.RENAMED)
-            if durable:
-                os.fsync(staged.fd)  # an error here is final: never retried, never trusted
-                os.fsync(store_fd)
-            placed = True
-            final_sha256, _ = _final_hash(store_fd, locator)
-            checkpoint(Step.FINALIZED)
-            # The slow part, before the transaction; a mount leaves it to the index's catch-up.
-            index = None if defer_index else prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))
-            revalidate(access, shown_op)
-            activate(catalog, agent_id, resource_id=pending.resource_id, store_id=store.store_id,
-                     revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
-                     intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
-                     final_sha256=final_sha256, recheck=recheck,
-                     unsynced=None if durable else home.page_cache(), record=record)
-        except BaseException as exc:
-            refusal = exc.decision if isinstance(exc, PolicyChanged) else None
-            _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
-                     content_durable=placed,
-                     reason=refusal.reason if refusal is not None else Reason.REVISION_STALE,
-                     decision="deny" if refusal is not None else "error")
-            if refusal is not None:  # the outbox row already carries the audit of this refusal
-                raise access.denied(shown_op, refusal.reason) from None
-            if isinstance(exc, OSError):
-                raise storage_error("cannot finalize the note", exc) from exc
-            raise
+        if not durable and provenance is None:
+            pending = _commit_once(access, store, target, op, staging_fd, store_fd, staged, locator, facts,
+                                   expected_resource_id, defer_index=defer_index)
+        else:
+            pending = _commit_twice(access, store, target, op, staging_fd, store_fd, staged, locator, facts,
+                                    expected_resource_id, durable=durable, provenance=provenance,
+                                    defer_index=defer_index)
     finally:
         os.close(store_fd)
     checkpoint(Step.ACTIVATED)
@@ -504,6 +485,136 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     checkpoint(Step.AUDITED)
     return WriteResult(pending.resource_id, pending.revision_id, pending.revision_no, staged.sha256, staged.size,
                        pending.created, store.store_id)
+
+
+def _commit_twice(access: Access, store: StoreRow, target: Target, op: Op, staging_fd: int, store_fd: int,
+                  staged: _Staged, locator: str, facts: ContentFacts, expected_resource_id: Expected, *,
+                  durable: bool, provenance: Provenance | None, defer_index: bool) -> _Pending:
+    """Steps 2-4 as DESIGN.md §6 has them: a pending revision, the file placed (and synced), the activation.
+
+    For every write that promises more than a close: a durable one, whose
+    syncs between the two commits can take long (its pending row tells
+    recovery and doctor about the file meanwhile), and a copy, whose
+    reservation must stay taken if the write then fails.
+    """
+    home, agent_id = access.home, access.agent_id
+    catalog = home.catalog(agent_id)
+    shown_op = provenance.operation if provenance else op
+    try:
+        pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id, provenance)
+    except PolicyChanged as changed:
+        raise access.refuse(shown_op, changed.decision.reason, store_id=store.store_id) from None
+    checkpoint(Step.PENDING)
+    # What activation re-checks: the same target, now with its resource
+    # (new or not), so entries added to it meanwhile count too.
+    planned = dataclasses.replace(target, store=store, resource=ResourceRow(
+        pending.resource_id, store.store_id, target.inner_path, "live"))
+    assert pending.intent_id is not None
+
+    def recheck() -> Decision:
+        decision = _recheck(access, planned, op)
+        if decision and provenance is not None:
+            decision = provenance.authority(catalog, True)
+        return facts.check(catalog, agent_id) if decision else decision
+
+    renamed = placed = False
+    try:
+        renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
+        renamed = staged.consumed = True
+        checkpoint(Step.RENAMED)
+        if durable:
+            os.fsync(staged.fd)  # an error here is final: never retried, never trusted
+            os.fsync(store_fd)
+        placed = True
+        final_sha256, _ = _final_hash(store_fd, locator)
+        checkpoint(Step.FINALIZED)
+        # The slow part, before the transaction; a mount leaves it to the index's catch-up.
+        index = None if defer_index else prepare_from_fd(staged.fd, current_model(home.catalog(agent_id)))
+        revalidate(access, shown_op)
+        activate(catalog, agent_id, resource_id=pending.resource_id, store_id=store.store_id,
+                 revision_id=pending.revision_id, index=index, base_revision_id=pending.base_revision_id,
+                 intent_id=pending.intent_id, event_id=pending.event_id, expected_sha256=staged.sha256,
+                 final_sha256=final_sha256, recheck=recheck,
+                 unsynced=None if durable else home.page_cache(),
+                 record=lambda: _record_rows(access, pending, facts, provenance))
+    except BaseException as exc:
+        refusal = exc.decision if isinstance(exc, PolicyChanged) else None
+        _abandon(access, staging_fd, store_fd, staged, locator if renamed else None, pending,
+                 content_durable=placed,
+                 reason=refusal.reason if refusal is not None else Reason.REVISION_STALE,
+                 decision="deny" if refusal is not None else "error")
+        if refusal is not None:  # the outbox row already carries the audit of this refusal
+            raise access.denied(shown_op, refusal.reason) from None
+        if isinstance(exc, OSError):
+            raise storage_error("cannot finalize the note", exc) from exc
+        raise
+    return pending
+
+
+def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, staging_fd: int, store_fd: int,
+                 staged: _Staged, locator: str, facts: ContentFacts, expected_resource_id: Expected, *,
+                 defer_index: bool) -> _Pending:
+    """A close through a mount: the file placed first, then one transaction records and activates it.
+
+    A close syncs nothing, so nothing slow stands between placing its file
+    and committing it, and a second transaction would only double the
+    catalog work of every save. What the pending row told recovery, a
+    marker in the staging folder tells it (``writer.placing``): a crash
+    between the rename and the commit leaves a file no revision names, and
+    the next write or doctor removes it. Everything the two transactions
+    check, this one checks: the base revision, the policy, forgotten
+    content, the final hash; a refusal changes nothing and is audited.
+    """
+    home, agent_id = access.home, access.agent_id
+    catalog = home.catalog(agent_id)
+    revision_id = ids.new_id("revision")
+    try:
+        marker = placing.mark(staging_fd, store.path_key, locator, revision_id, staged.name)
+    except OSError as exc:
+        raise storage_error("cannot finalize the note", exc) from exc
+    checkpoint(Step.MARKED)
+    renamed = False
+    try:
+        renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
+        renamed = staged.consumed = True
+        checkpoint(Step.RENAMED)
+        final_sha256, _ = _final_hash(store_fd, locator)
+        if final_sha256 != staged.sha256:
+            raise IntegrityError("the final file does not match what was staged; nothing was activated")
+        checkpoint(Step.FINALIZED)
+        index = None if defer_index else prepare_from_fd(staged.fd, current_model(catalog))
+        with relaxed(catalog), immediate(catalog):
+            pending = _pending_rows(access, store, target, op, staged, locator, expected_resource_id, None,
+                                    revision_id=revision_id, intent=False)
+            decision = facts.check(catalog, agent_id)
+            if not decision:
+                raise PolicyChanged(decision)
+            settle_active(catalog, agent_id, resource_id=pending.resource_id, store_id=store.store_id,
+                          revision_id=revision_id, base_revision_id=pending.base_revision_id, intent_id=None,
+                          event_id=pending.event_id, index=index, unsynced=home.page_cache(),
+                          record=lambda: _record_rows(access, pending, facts, None), now=now_us())
+    except BaseException as exc:
+        landed = _landed(catalog, agent_id, revision_id)
+        if landed is False and renamed:  # a commit that reached the log keeps its file, whatever was raised
+            _unlink_quietly(store_fd, locator)
+        if landed is not None:  # unknown: the marker stays, for recovery to settle by the catalog
+            placing.unmark(staging_fd, marker)
+        if isinstance(exc, PolicyChanged):
+            raise access.refuse(op, exc.decision.reason, store_id=store.store_id) from None
+        if isinstance(exc, OSError):
+            raise storage_error("cannot finalize the note", exc) from exc
+        raise
+    placing.unmark(staging_fd, marker)
+    return pending
+
+
+def _landed(catalog: apsw.Connection, agent_id: str, revision_id: str) -> bool | None:
+    """Whether a revision's commit reached the catalog, after an exception; None when that cannot be told."""
+    try:
+        return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
+                   (agent_id, revision_id)) is not None
+    except CATALOG_FAILURES:
+        return None
 
 
 def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO, *,

@@ -1,0 +1,125 @@
+"""Markers of closes that placed their file and have not committed it yet.
+
+A close through a mount commits in one transaction (``writer.transaction``,
+``_commit_once``): its file is renamed into the store first, then one
+commit records and activates the revision. Between the two, nothing in the
+catalog names the file, so a crash there would leave an orphan that only a
+scan of the whole store folder finds. Before the rename the writer leaves an
+empty marker in the agent's staging folder, named after the store folder,
+the file, the revision it will be and the staged file it was, and removes
+it after the commit.
+
+Under the writer's exclusive lock no marker has a live writer (every writer
+holds the lock shared from before its marker to after its removal), so each
+one left is settled by what the catalog says: a revision by that id was
+committed (the marker outlived its commit), or it was not (the file is
+removed, wherever the crash left it, staged or placed; no one was ever told
+the close succeeded). The marker costs a
+close one create and one unlink, where the pending revision it replaces
+cost a transaction.
+
+A power loss may keep the rename and lose the marker only if it also loses
+the marker's removal after a commit that did not reach the disk either:
+that file is an orphan ``scopefs doctor`` finds in the store folder, as a
+lost pending row always left one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+
+from scopefs.catalog.artifacts import open_store_dir
+from scopefs.catalog.db import one
+from scopefs.catalog.errors import IntegrityError
+from scopefs.catalog.fsafe import lock_held
+from scopefs.catalog.home import Home
+
+# path key, locator, revision id, staged name: our own random tokens, never a name anyone chose.
+_MARKER = re.compile(r"([a-z2-7]{26})\.([a-z2-7]{26})\.(v_[a-z2-7]{26})\.([a-z2-7]{26})")
+
+
+@dataclass(frozen=True)
+class Placing:
+    """One marker: where the close's file was staged and went, and which revision would have named it."""
+
+    name: str
+    path_key: str
+    locator: str
+    revision_id: str
+    staged_name: str
+
+
+def mark(staging_fd: int, path_key: str, locator: str, revision_id: str, staged_name: str) -> Placing:
+    """Leave the marker before the file is renamed into the store (not synced: see the module docstring)."""
+    placing = Placing(f"{path_key}.{locator}.{revision_id}.{staged_name}", path_key, locator, revision_id,
+                      staged_name)
+    fd = os.open(placing.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=staging_fd)
+    os.close(fd)
+    return placing
+
+
+def unmark(staging_fd: int, placing: Placing) -> None:
+    """The close is settled (committed, or its file removed): the marker goes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(placing.name, dir_fd=staging_fd)
+
+
+def is_marker(name: str) -> bool:
+    return _MARKER.fullmatch(name) is not None
+
+
+def markers(staging_fd: int) -> list[Placing]:
+    """Every marker in the staging folder (bounded by its names' fixed shape)."""
+    found = []
+    with os.scandir(staging_fd) as entries:
+        for entry in entries:
+            match = _MARKER.fullmatch(entry.name)
+            if match is not None and entry.is_file(follow_symlinks=False):
+                found.append(Placing(entry.name, *match.groups()))
+    return found
+
+
+def in_flight(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> bool:
+    """Whether a live writer still holds its file, staged or placed (the staged file's flock moves with it).
+
+    Only a look without the exclusive lock (``doctor`` without ``--fix``) needs to ask.
+    """
+    if lock_held(placing.staged_name, dir_fd=staging_fd):
+        return True
+    try:
+        store_fd = open_store_dir(home, agent_id, placing.path_key)
+    except IntegrityError:
+        return False
+    try:
+        return lock_held(placing.locator, dir_fd=store_fd)
+    finally:
+        os.close(store_fd)
+
+
+def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
+    """Settle one abandoned marker under the exclusive writer lock; returns what was done.
+
+    The files go first, durably, then the marker: dying in between leaves
+    the marker, and the next settle finds no file to remove. A committed
+    close left no staged file (its rename came first).
+    """
+    committed = one(home.catalog(agent_id), "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
+                    (agent_id, placing.revision_id))
+    if committed is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(placing.staged_name, dir_fd=staging_fd)
+        with contextlib.suppress(IntegrityError):  # no store folder: no file in it either
+            store_fd = open_store_dir(home, agent_id, placing.path_key)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(placing.locator, dir_fd=store_fd)
+                os.fsync(store_fd)
+            finally:
+                os.close(store_fd)
+    unmark(staging_fd, placing)
+    os.fsync(staging_fd)
+    return "already committed" if committed is not None else "removed"
