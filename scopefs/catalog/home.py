@@ -112,6 +112,9 @@ def read_secret(path: Path, nbytes: int) -> bytes:
     return key
 
 
+AGENT_DIRS_KEPT = 256  # cell folders remembered per Home
+
+
 class Home:
     """An opened, validated state directory and its database connections.
 
@@ -128,6 +131,7 @@ class Home:
         self._key: bytes | None = None
         self._page_cache: str | None = None
         self._checkpoint_pages: int | None = None  # see ``checkpoint_later``
+        self._agent_dirs: dict[str, Path] = {}  # a cell's folder, its name checked once (every write builds it)
 
     def page_cache(self) -> str:
         """The page cache this home's files live in now (``catalog.boot``); fixed for this process."""
@@ -146,9 +150,16 @@ class Home:
 
     def agent_dir(self, agent_id: str) -> Path:
         """The directory of a cell: an agent's, or a shared pool's (``pool:<name>``)."""
-        if agent_id.startswith(POOL_CELL_PREFIX):
-            return self.root / "pools" / validate_pool_name(agent_id[len(POOL_CELL_PREFIX):])
-        return self.root / "agents" / validate_agent_name(agent_id)
+        found = self._agent_dirs.get(agent_id)
+        if found is None:
+            if agent_id.startswith(POOL_CELL_PREFIX):
+                found = self.root / "pools" / validate_pool_name(agent_id[len(POOL_CELL_PREFIX):])
+            else:
+                found = self.root / "agents" / validate_agent_name(agent_id)
+            if len(self._agent_dirs) >= AGENT_DIRS_KEPT:  # names may come from input: bounded
+                self._agent_dirs.clear()
+            self._agent_dirs[agent_id] = found
+        return found
 
     def catalog_path(self, agent_id: str) -> Path:
         return self.agent_dir(agent_id) / "catalog.sqlite"

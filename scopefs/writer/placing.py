@@ -72,6 +72,19 @@ def is_marker(name: str) -> bool:
     return _MARKER.fullmatch(name) is not None
 
 
+def any_left(home: Home, agent_id: str) -> bool:
+    """Whether the staging folder may hold a marker: the cheap look every write takes before recovery.
+
+    Staged files are bare tokens; only a marker's name has a dot. A look by
+    path is enough here: what is found is settled under the lock, through
+    the folder's descriptor (``markers``).
+    """
+    try:
+        return any("." in name for name in os.listdir(home.staging_dir(agent_id)))
+    except FileNotFoundError:
+        return False
+
+
 def markers(staging_fd: int) -> list[Placing]:
     """Every marker in the staging folder (bounded by its names' fixed shape)."""
     found = []

@@ -235,10 +235,10 @@ def recover_pending_if_idle(home: Home, agent_id: str) -> int:
     catalog = home.catalog(agent_id)
     pending = one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,))
     restarted = unsynced.restarted(home, agent_id)
+    if pending is None and not restarted and not placing.any_left(home, agent_id):
+        return 0
     staging_fd = open_dir(home.staging_dir(agent_id))
     try:
-        if pending is None and not restarted and not placing.markers(staging_fd):
-            return 0
         with lock.exclusive(home.lock_path(agent_id), wait=False) as held:
             if not held:
                 return 0
