@@ -92,15 +92,15 @@ def test_a_deny_added_during_a_write_wins_at_commit(scenario: Scenario, case: st
     assert (result.code, result.out) == ((0, old) if old is not None else (3, b""))
 
 
-_DIE_AFTER_FAILED_ACTIVATION = r"""
+_DIE_AFTER_A_FAILED_COMMIT = r"""
 import os, sys
 from scopefs.catalog.home import Home
 from tests.faultkit import FaultPlan, faulty_vfs
 from scopefs.writer import steps, transaction
 
-home_dir, session, path = sys.argv[1:4]
-plan = FaultPlan("xSync", 1)  # the first catalog sync after FINALIZED: the activation commit
-transaction.roll_back = lambda *a, **k: os._exit(9)  # die exactly where the rollback would run
+home_dir, session, path, kind, fatal, durable = sys.argv[1:7]
+plan = FaultPlan(kind, 1)  # the first such catalog call after FINALIZED: the commit that activates
+setattr(transaction, fatal, lambda *a, **k: os._exit(9))  # die exactly where the failure would be settled
 
 def arm(step):
     if step is steps.Step.FINALIZED:
@@ -109,17 +109,23 @@ def arm(step):
 with faulty_vfs(plan) as vfs:
     home = Home.open(__import__("pathlib").Path(home_dir), vfs=vfs)
     steps.set_hook(arm)
-    transaction.write_note(home, session, path, b"new bytes\n")
+    transaction.write_note(home, session, path, b"new bytes\n", durable=durable == "durable")
 os._exit(0)
 """
 
 
+def _die_after_a_failed_commit(scenario: Scenario, kind: str, fatal: str, *, durable: bool) -> None:
+    """A real writer whose activating commit fails (``kind`` injected), dying at ``fatal``, before it settles."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_A_FAILED_COMMIT, str(scenario.cli.home),
+                           scenario.alice_session, NOTE, kind, fatal, "durable" if durable else "close"],
+                          cwd=repo, capture_output=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr.decode()
+
+
 def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenario: Scenario) -> None:
     """The activation may still be replayed from the WAL: its file must stay."""
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_FAILED_ACTIVATION, str(scenario.cli.home),
-                           scenario.alice_session, NOTE], cwd=repo, capture_output=True, timeout=60)
-    assert proc.returncode == 9, proc.stderr.decode()
+    _die_after_a_failed_commit(scenario, "xSync", "roll_back", durable=True)
     fixed = scenario.cli("--json", "doctor", "--fix")
     assert fixed.code == 0, fixed.out
     result = scenario.cli("read", scenario.alice_session, NOTE)
@@ -128,34 +134,10 @@ def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenari
     assert again.code == 0 and again.json()["findings"] == []
 
 
-_DIE_AFTER_A_CLOSES_FAILED_COMMIT = r"""
-import os, sys
-from scopefs.catalog.home import Home
-from tests.faultkit import FaultPlan, faulty_vfs
-from scopefs.writer import steps, transaction
-
-home_dir, session, path = sys.argv[1:4]
-plan = FaultPlan("xWrite", 1)  # the first catalog write after FINALIZED: the close's one commit
-transaction._landed = lambda *a, **k: os._exit(9)  # die before telling whether it landed, marker and file left
-
-def arm(step):
-    if step is steps.Step.FINALIZED:
-        plan.armed = True
-
-with faulty_vfs(plan) as vfs:
-    home = Home.open(__import__("pathlib").Path(home_dir), vfs=vfs)
-    steps.set_hook(arm)
-    transaction.write_note(home, session, path, b"new bytes\n", durable=False)
-os._exit(0)
-"""
-
-
 def test_death_after_a_closes_failed_commit_leaves_nothing_readable(scenario: Scenario) -> None:
-    """A close whose one commit failed, then died: its marker makes recovery remove the file it placed."""
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_A_CLOSES_FAILED_COMMIT, str(scenario.cli.home),
-                           scenario.alice_session, NOTE], cwd=repo, capture_output=True, timeout=60)
-    assert proc.returncode == 9, proc.stderr.decode()
+    """A close whose one commit failed (it syncs nothing: its log write fails), then died before telling
+    whether it landed: its marker makes recovery remove the file it placed."""
+    _die_after_a_failed_commit(scenario, "xWrite", "_landed", durable=False)
     report = scenario.cli("--json", "doctor")
     assert report.code == 1 and [f["kind"] for f in report.json()["findings"]] == ["unfinished-close"], report.out
     fixed = scenario.cli("--json", "doctor", "--fix")
