@@ -83,7 +83,7 @@ CLOSE_LEFTOVERS: dict[Step, Counter[str]] = {
     Step.MARKED: Counter({"unfinished-close": 1}),  # its staged file too: the marker names it
     Step.RENAMED: Counter({"unfinished-close": 1}),
     Step.FINALIZED: Counter({"unfinished-close": 1}),
-    Step.ACTIVATED: Counter({"undrained-audit": 1}),
+    Step.ACTIVATED: Counter({"undrained-audit": 1, "close-marker": 1}),  # committed; its marker not yet removed
     Step.AUDITED: Counter({"undrained-audit": 1}),
 }
 
@@ -199,19 +199,22 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert again.kinds == Counter({"missing-artifact": 1})  # the missing one cannot be repaired from here
 
 
-@pytest.mark.parametrize("step", [Step.MARKED, Step.RENAMED, Step.FINALIZED], ids=lambda s: s.value)
+@pytest.mark.parametrize("step", [Step.MARKED, Step.RENAMED, Step.FINALIZED, Step.ACTIVATED], ids=lambda s: s.value)
 def test_doctor_leaves_a_close_in_flight_alone(base: Base, tmp_path: Path, step: Step) -> None:
-    """A live close between its marker and its commit is neither reported nor touched (its flock says so);
-    once it is dead, its marker is what doctor reports."""
+    """A live close between its marker and the marker's removal is neither reported nor touched (its flock
+    says so); once it is dead, its marker is what doctor reports, as committed or not."""
     cli = Cli(copy_home(base, tmp_path / "home"))
     with writer_stopped_at(cli.home, OVERWRITE.session_id(base), OVERWRITE.path, new_bytes(step), step,
                            durable=False) as writer:
         untouched = snapshot(cli.home)
         report = doctor(cli)
-        assert (report.code, report.findings) == (0, [])
+        # Only what is not the close's own to settle: a committed close's audit row waits for its mount's batch.
+        expected = CLOSE_LEFTOVERS[step] - Counter({"close-marker": 1, "unfinished-close": 1})
+        assert report.kinds == expected, report.findings
         assert diff_snapshots(untouched, snapshot(cli.home)) == []
         writer.kill()
-    assert doctor(cli).kinds == Counter({"unfinished-close": 1})
+    left = CLOSE_LEFTOVERS[step]
+    assert doctor(cli).kinds == left, left
 
 
 @pytest.mark.parametrize("case, step, durable", case_durable_steps(NEW_STORE, OVERWRITE))
@@ -234,7 +237,7 @@ def test_next_write_after_sigkill_recovers_by_itself(base: Base, tmp_path: Path,
     assert result.code == 0, result.err
     assert cli("read", case.session_id(base), case.path, check=True).out == AFTER
     left = doctor(cli).kinds
-    assert not left & Counter({"unfinished-close": 1, "pending-intent": 1, "orphan-file": 1}), left
+    assert not left & Counter({"unfinished-close": 1, "close-marker": 1, "pending-intent": 1, "orphan-file": 1}), left
     # Whatever the write-time recovery left for doctor is repairable, and nothing committed was lost.
     assert doctor(cli, fix=True).code == 0
     assert_consistent(cli.home, before)

@@ -38,6 +38,7 @@ from tests.crashkit import (
     audited,
     build_base,
     case_durable_steps,
+    case_steps,
     committed,
     copy_home,
     doctor,
@@ -87,6 +88,37 @@ def test_power_loss_between_steps(base: Base, tmp_path: Path, case: WriteCase, s
         assert fixed.code == 0, fixed
         assert all(f["action"] is not None for f in fixed.findings), fixed.findings
         verify_recovered(cli, case, base, step, before, durable=durable)
+
+
+@pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE, durable=False))
+def test_power_loss_of_a_close_synced_up_to_its_step(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
+    """A close stopped at ``step``, everything it did so far made durable (as another writer's sync would),
+    then the power cut: each of its partial states on disk is repaired to old or new, never partial.
+
+    Without the sync every close step simply vanishes with the cut; with it, the marker, the placed file
+    and the one commit survive exactly as far as the close got, which is what its marker is for.
+    """
+    with loop_ext4(tmp_path) as fs:
+        cli = Cli(copy_home(base, fs.mnt / "home"))
+        fs.sync()
+        before = committed(cli.home)
+        with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
+                               durable=False) as writer:
+            fs.sync()  # what the close did up to here is on the disk
+            fs.power_cut()
+            writer.kill()
+        fs.reboot()
+
+        untouched = snapshot(cli.home)
+        assert doctor(cli).code in (0, 1)  # leftovers, never an integrity failure
+        assert diff_snapshots(untouched, snapshot(cli.home)) == []
+        seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
+        assert seen in allowed_outcomes(case, step, durable=True)  # synced: a committed close stays
+
+        fixed = doctor(cli, fix=True)
+        assert fixed.code == 0, fixed
+        assert all(f["action"] is not None for f in fixed.findings), fixed.findings
+        verify_recovered(cli, case, base, step, before, durable=True)
 
 
 _UNSYNCED_CHILD = r"""

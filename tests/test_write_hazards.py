@@ -137,7 +137,7 @@ def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenari
 def test_death_after_a_closes_failed_commit_leaves_nothing_readable(scenario: Scenario) -> None:
     """A close whose one commit failed (it syncs nothing: its log write fails), then died before telling
     whether it landed: its marker makes recovery remove the file it placed."""
-    _die_after_a_failed_commit(scenario, "xWrite", "_landed", durable=False)
+    _die_after_a_failed_commit(scenario, "xWrite", "_failed", durable=False)
     report = scenario.cli("--json", "doctor")
     assert report.code == 1 and [f["kind"] for f in report.json()["findings"]] == ["unfinished-close"], report.out
     fixed = scenario.cli("--json", "doctor", "--fix")

@@ -1,8 +1,11 @@
-"""The two short catalog transactions that settle a pending revision.
+"""The catalog transactions that settle a pending revision: its activation (or its rollback).
 
-Both run without any file I/O inside the transaction: the final hash is
-computed before ``activate`` is called, and the files of a rolled-back
-revision are handled by the caller.
+A durable write activates in a transaction of its own (``activate``); a
+close through a mount writes the same rows (``settle_active``) in the one
+transaction that also records the revision
+(``writer.transaction._commit_once``). None does file I/O inside the
+transaction: the final hash is computed before, and the files of a
+rolled-back revision are handled by the caller.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def settle_active(catalog: apsw.Connection, agent_id: str, *, resource_id: str, 
     """The rows that make a checked pending revision the active one, inside the caller's transaction.
 
     ``activate`` calls it once its checks passed; a close through a mount
-    (``writer.close``) calls it in the one transaction that also records the
+    (``writer.transaction._commit_once``) calls it in the one transaction that also records the
     revision, after the same checks.
     """
     if base_revision_id is not None:

@@ -9,12 +9,14 @@ empty marker in the agent's staging folder, named after the store folder,
 the file, the revision it will be and the staged file it was, and removes
 it after the commit.
 
-Under the writer's exclusive lock no marker has a live writer (every writer
-holds the lock shared from before its marker to after its removal), so each
-one left is settled by what the catalog says: a revision by that id was
-committed (the marker outlived its commit), or it was not (the file is
-removed, wherever the crash left it, staged or placed; no one was ever told
-the close succeeded). The marker costs a
+Under the writer's exclusive lock no marker has a live writer (a writer
+holds the lock shared from before its marker until it removes it, or
+leaves it behind on a failure it cannot settle), so each one left is
+settled by what the catalog says: a revision by that id was committed (the
+marker outlived its commit: only the marker goes), or it was not (the file
+goes, wherever the crash left it, staged or placed; no one was ever told
+the close succeeded). A file some revision names is never removed, whatever
+a marker says. The marker costs a
 close one create and one unlink, where the pending revision it replaces
 cost a transaction.
 
@@ -63,8 +65,12 @@ def mark(staging_fd: int, path_key: str, locator: str, revision_id: str, staged_
 
 
 def unmark(staging_fd: int, placing: Placing) -> None:
-    """The close is settled (committed, or its file removed): the marker goes."""
-    with contextlib.suppress(FileNotFoundError):
+    """The close is settled (committed, or its file removed): the marker goes.
+
+    Never raises: a marker that stays is settled by recovery, and a close
+    that committed must not be reported as failed because of it.
+    """
+    with contextlib.suppress(OSError):
         os.unlink(placing.name, dir_fd=staging_fd)
 
 
@@ -113,6 +119,18 @@ def in_flight(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> b
         os.close(store_fd)
 
 
+def committed(home: Home, agent_id: str, placing: Placing) -> bool:
+    """Whether the marker's close committed (a read: what doctor without ``--fix`` reports)."""
+    return one(home.catalog(agent_id), "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
+               (agent_id, placing.revision_id)) is not None
+
+
+def _named(home: Home, agent_id: str, placing: Placing) -> bool:
+    """Whether any revision names the marker's file (a marker never removes such a file, forged or not)."""
+    return one(home.catalog(agent_id), "SELECT 1 FROM revisions WHERE agent_id = ? AND locator = ?",
+               (agent_id, placing.locator)) is not None
+
+
 def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
     """Settle one abandoned marker under the exclusive writer lock; returns what was done.
 
@@ -120,11 +138,11 @@ def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
     the marker, and the next settle finds no file to remove. A committed
     close left no staged file (its rename came first).
     """
-    committed = one(home.catalog(agent_id), "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
-                    (agent_id, placing.revision_id))
-    if committed is None:
+    landed = committed(home, agent_id, placing)
+    if not landed and not lock_held(placing.staged_name, dir_fd=staging_fd):  # a live writer stages unlocked
         with contextlib.suppress(FileNotFoundError):
             os.unlink(placing.staged_name, dir_fd=staging_fd)
+    if not landed and not _named(home, agent_id, placing):
         with contextlib.suppress(IntegrityError):  # no store folder: no file in it either
             store_fd = open_store_dir(home, agent_id, placing.path_key)
             try:
@@ -135,4 +153,4 @@ def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
                 os.close(store_fd)
     unmark(staging_fd, placing)
     os.fsync(staging_fd)
-    return "already committed" if committed is not None else "removed"
+    return "removed the marker of a committed save" if landed else "removed"

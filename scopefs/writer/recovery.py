@@ -112,6 +112,9 @@ HINTS = {
     "unfinished-close": "a save through a mount stopped between placing its file and committing it (its mount "
                         "died): it was never acknowledged and no one can read the file; 'scopefs doctor --fix' "
                         "(or the next write) removes it",
+    "close-marker": "a save through a mount committed, but its mount died before removing the marker it "
+                    "left while saving; the save is there. 'scopefs doctor --fix' (or the next write) removes "
+                    "the marker",
     "finished-intents": "write intents that finished, which scopefs versions before 2026-12-03 kept: they hold "
                         "nothing the revisions do not, and cost the catalog space and every save index work; "
                         "'scopefs doctor --fix' removes them",
@@ -230,8 +233,8 @@ def _intent_in_flight(home: Home, agent_id: str, staging_fd: int, intent: _Inten
 
 
 def recover_pending_if_idle(home: Home, agent_id: str) -> int:
-    """Settle abandoned intents and closes, and unsynced revisions of a page cache that is gone, when no
-    writer is active; returns how many intents."""
+    """Settle abandoned intents and closes' markers, and unsynced revisions of a page cache that is gone,
+    when no writer is active; returns how many intents (markers are not counted)."""
     catalog = home.catalog(agent_id)
     pending = one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'pending' LIMIT 1", (agent_id,))
     restarted = unsynced.restarted(home, agent_id)
@@ -423,7 +426,8 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
                 continue  # a live close between its marker and its commit
             placed.add(marker.locator)  # reported here, not again as an orphan file of its store,
             marked.add(marker.staged_name)  # nor as a staging leftover
-            findings.append(Finding("unfinished-close", agent_id, None,
+            kind = "close-marker" if placing.committed(home, agent_id, marker) else "unfinished-close"
+            findings.append(Finding(kind, agent_id, None,
                                     placing.settle(home, agent_id, staging_fd, marker) if fix else None))
         part_of_intents = {i.staged_name for i in pending}
         for entry in _names(staging_fd):

@@ -14,13 +14,20 @@
    old revision, settle the intent and the outbox row. No stat, open or read
    inside.
 
+A close through a mount (not durable, not a broker copy) skips step 2: it
+leaves a marker in the staging folder instead (``writer.placing``), renames
+and hashes, and records and activates the revision in one transaction with
+the same checks (``_commit_once``). Nothing slow stands between its rename
+and its commit, and the second transaction only doubled a save's catalog
+work.
+
 Durability follows POSIX (DESIGN.md §6). A durable write (the command
 line, the API, an ``fsync`` through a mount) syncs the artifact and its
 directory before step 4, whose commit syncs the catalog: it survives power
 loss. A write that is not durable (a close through a mount) syncs nothing:
 it is committed, visible everywhere, and survives the death of any
-process, because the kernel's page cache holds its bytes; step 4 lists it
-in ``unsynced_revisions`` with that page cache, so that after a power loss
+process, because the kernel's page cache holds its bytes; its commit lists
+it in ``unsynced_revisions`` with that page cache, so that after a power loss
 recovery verifies its artifact and rolls back what did not reach the disk
 (``writer.recovery``), and ``writer.sync`` makes it durable on demand.
 
@@ -60,11 +67,11 @@ from scopefs.catalog.access import (
     revalidate,
 )
 from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
-from scopefs.catalog.audit import drain_quietly, enqueue
+from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import CATALOG_FAILURES, immediate, one, relaxed, scalar
 from scopefs.catalog.digests import hash_fd, sha256_for
-from scopefs.catalog.errors import BadInput, Conflict, IntegrityError, storage_error
+from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.human import TRUST_ORIGIN as HUMAN_ORIGIN
@@ -468,11 +475,11 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
         if not facts.check(own_catalog, access.session.agent_id):
             raise access.refuse(shown_op, Reason.FORGOTTEN, store_id=store.store_id)
     store_fd = open_store_dir(home, agent_id, store.path_key)
+    marker = None
     try:
-        revalidate(access, shown_op)
         if not durable and provenance is None:
-            pending = _commit_once(access, store, target, op, staging_fd, store_fd, staged, locator, facts,
-                                   expected_resource_id, defer_index=defer_index)
+            pending, marker = _commit_once(access, store, target, op, staging_fd, store_fd, staged, locator, facts,
+                                           expected_resource_id, defer_index=defer_index)
         else:
             pending = _commit_twice(access, store, target, op, staging_fd, store_fd, staged, locator, facts,
                                     expected_resource_id, durable=durable, provenance=provenance,
@@ -480,6 +487,8 @@ def _commit(access: Access, store: StoreRow, target: Target, op: Op,
     finally:
         os.close(store_fd)
     checkpoint(Step.ACTIVATED)
+    if marker is not None:  # committed: a crash before this leaves a marker that recovery only removes
+        placing.unmark(staging_fd, marker)
     if durable:  # otherwise the caller drains in batches (a mount: ``vfs.follow``), or the next start does
         drain_quietly(home.state(), home.catalog(agent_id), agent_id)
     checkpoint(Step.AUDITED)
@@ -500,6 +509,7 @@ def _commit_twice(access: Access, store: StoreRow, target: Target, op: Op, stagi
     home, agent_id = access.home, access.agent_id
     catalog = home.catalog(agent_id)
     shown_op = provenance.operation if provenance else op
+    revalidate(access, shown_op)
     try:
         pending = _record_pending(access, store, target, op, staged, locator, expected_resource_id, provenance)
     except PolicyChanged as changed:
@@ -553,7 +563,7 @@ def _commit_twice(access: Access, store: StoreRow, target: Target, op: Op, stagi
 
 def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, staging_fd: int, store_fd: int,
                  staged: _Staged, locator: str, facts: ContentFacts, expected_resource_id: Expected, *,
-                 defer_index: bool) -> _Pending:
+                 defer_index: bool) -> tuple[_Pending, placing.Placing]:
     """A close through a mount: the file placed first, then one transaction records and activates it.
 
     A close syncs nothing, so nothing slow stands between placing its file
@@ -562,8 +572,11 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
     marker in the staging folder tells it (``writer.placing``): a crash
     between the rename and the commit leaves a file no revision names, and
     the next write or doctor removes it. Everything the two transactions
-    check, this one checks: the base revision, the policy, forgotten
-    content, the final hash; a refusal changes nothing and is audited.
+    check, this one checks: the session, the base revision, the policy,
+    forgotten content, the final hash. A refusal changes nothing and is
+    audited as one; any other failure after the rename is audited as an
+    error (``_failed``). The caller removes the marker once the commit is
+    past (``Step.ACTIVATED``).
     """
     home, agent_id = access.home, access.agent_id
     catalog = home.catalog(agent_id)
@@ -572,9 +585,9 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
         marker = placing.mark(staging_fd, store.path_key, locator, revision_id, staged.name)
     except OSError as exc:
         raise storage_error("cannot finalize the note", exc) from exc
-    checkpoint(Step.MARKED)
     renamed = False
     try:
+        checkpoint(Step.MARKED)
         renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
         renamed = staged.consumed = True
         checkpoint(Step.RENAMED)
@@ -583,6 +596,7 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
             raise IntegrityError("the final file does not match what was staged; nothing was activated")
         checkpoint(Step.FINALIZED)
         index = None if defer_index else prepare_from_fd(staged.fd, current_model(catalog))
+        revalidate(access, op)
         with relaxed(catalog), immediate(catalog):
             pending = _pending_rows(access, store, target, op, staged, locator, expected_resource_id, None,
                                     revision_id=revision_id, intent=False)
@@ -594,25 +608,47 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
                           event_id=pending.event_id, index=index, unsynced=home.page_cache(),
                           record=lambda: _record_rows(access, pending, facts, None), now=now_us())
     except BaseException as exc:
-        landed = _landed(catalog, agent_id, revision_id)
+        refused = isinstance(exc, (PolicyChanged, Denied))  # audited as a refusal, once
+        landed = _failed(access, store, op, revision_id, audited=refused)
         if landed is False and renamed:  # a commit that reached the log keeps its file, whatever was raised
             _unlink_quietly(store_fd, locator)
-        if landed is not None:  # unknown: the marker stays, for recovery to settle by the catalog
+        if landed is False:
             placing.unmark(staging_fd, marker)
+        # landed True (the commit is there after all) or unknown: the marker stays, for recovery to settle
+        # by the catalog.
         if isinstance(exc, PolicyChanged):
             raise access.refuse(op, exc.decision.reason, store_id=store.store_id) from None
         if isinstance(exc, OSError):
             raise storage_error("cannot finalize the note", exc) from exc
         raise
-    placing.unmark(staging_fd, marker)
-    return pending
+    return pending, marker
 
 
-def _landed(catalog: apsw.Connection, agent_id: str, revision_id: str) -> bool | None:
-    """Whether a revision's commit reached the catalog, after an exception; None when that cannot be told."""
+def _failed(access: Access, store: StoreRow, op: Op, revision_id: str, *, audited: bool) -> bool | None:
+    """After a close's failure: whether its commit landed; None when that cannot be told.
+
+    Unless the failure was a refusal (audited by whoever refused), the
+    failure is audited first, as an error, in a transaction of its own:
+    besides keeping the record the pending row used to keep, a commit that
+    succeeds after a failed one overwrites whatever the failed commit left
+    at the end of the write-ahead log, which could otherwise be replayed at
+    the next open (its frames written, the error raised after). Only then
+    does the catalog say for good whether the revision is there. If that
+    transaction fails too, nothing can be told.
+    """
+    catalog = access.home.catalog(access.agent_id)
     try:
+        if not catalog.getautocommit():  # a rollback that failed: our own rows would still be visible
+            return None
+        if not audited:
+            event = access.event(op, "error", Reason.REVISION_STALE, store_id=store.store_id,
+                                 revision_id=revision_id)
+            with relaxed(catalog), immediate(catalog):
+                settle(catalog, enqueue(catalog, access.agent_id, event), decision="error",
+                       reason=Reason.REVISION_STALE)
+            drain_quietly(access.home.state(), catalog, access.agent_id)  # as a failed durable write's is
         return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
-                   (agent_id, revision_id)) is not None
+                   (access.agent_id, revision_id)) is not None
     except CATALOG_FAILURES:
         return None
 
