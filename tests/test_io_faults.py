@@ -500,7 +500,7 @@ def test_vfs_fault_at_every_call_fails_cleanly(prepared: Prepared, ramdisk: Path
             expected = target.old
             # A close that cannot tell whether its commit landed (the catalog fails from then on) keeps its
             # marker for recovery (``writer.placing``): what must never stay is a staged file.
-            left = [e for e in staging_entries(root, agent) if durable or not placing.is_marker(e)]
+            left = [e for e in staging_entries(root, agent) if durable or not sticky or not placing.is_marker(e)]
             if left:
                 run.append(f"the failed write left staged files: {left}")
         run += _settle_in_process(root, agent, target, expected, new)

@@ -151,6 +151,7 @@ def test_death_after_a_closes_failed_commit_leaves_nothing_readable(scenario: Sc
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "close"])
 def test_a_failed_first_write_leaves_no_name(scenario: Scenario, durable: bool) -> None:
     home = Home.open(scenario.cli.home)
+    start = len(table_dump(scenario.cli.home / "state.sqlite")["audit"])
 
     def fail(step: steps.Step) -> None:
         if step is steps.Step.RENAMED:
@@ -163,6 +164,8 @@ def test_a_failed_first_write_leaves_no_name(scenario: Scenario, durable: bool) 
     finally:
         steps.set_hook(None)
     _no_pending(scenario)
+    new_rows = sorted(table_dump(scenario.cli.home / "state.sqlite")["audit"], key=lambda r: r[0])[start:]
+    assert [(r[10], r[11]) for r in new_rows] == [("error", "revision-stale")]  # one error, whichever path
     cli = scenario.cli
     assert [e["name"] for e in cli.j("ls", scenario.alice_session, "private")["entries"]] == ["notes"]
     assert cli.j("write", scenario.alice_session, "private/proj/notes.md", stdin=b"a folder now\n")["created"]

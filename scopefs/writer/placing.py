@@ -34,10 +34,13 @@ import re
 from dataclasses import dataclass
 
 from scopefs.catalog.artifacts import open_store_dir
-from scopefs.catalog.db import one
+from scopefs.catalog.audit import AuditEvent, enqueue
+from scopefs.catalog.audit import settle as audit_settle
+from scopefs.catalog.db import immediate, one
 from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.fsafe import lock_held
 from scopefs.catalog.home import Home
+from scopefs.catalog.reasons import Reason
 
 # path key, locator, revision id, staged name: our own random tokens, never a name anyone chose.
 _MARKER = re.compile(r"([a-z2-7]{26})\.([a-z2-7]{26})\.(v_[a-z2-7]{26})\.([a-z2-7]{26})")
@@ -131,6 +134,22 @@ def _named(home: Home, agent_id: str, placing: Placing) -> bool:
                (agent_id, placing.locator)) is not None
 
 
+def _record_abandoned(home: Home, agent_id: str, placing: Placing) -> None:
+    """Audit the abandoned close as an error, in a commit of its own.
+
+    Besides the record (what an abandoned intent's rollback gives too),
+    that commit overwrites whatever a failed commit of the close may have
+    left at the end of the write-ahead log: only after it does a revision
+    the catalog does not show stay absent for good.
+    """
+    catalog = home.catalog(agent_id)
+    with immediate(catalog):
+        event_id = enqueue(catalog, agent_id, AuditEvent(
+            operation="recover", decision="error", reason=Reason.REVISION_STALE, agent_id=agent_id,
+            revision_id=placing.revision_id))
+        audit_settle(catalog, event_id, decision="error", reason=Reason.REVISION_STALE)
+
+
 def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
     """Settle one abandoned marker under the exclusive writer lock; returns what was done.
 
@@ -139,6 +158,9 @@ def settle(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> str:
     close left no staged file (its rename came first).
     """
     landed = committed(home, agent_id, placing)
+    if not landed:
+        _record_abandoned(home, agent_id, placing)
+        landed = committed(home, agent_id, placing)
     if not landed and not lock_held(placing.staged_name, dir_fd=staging_fd):  # a live writer stages unlocked
         with contextlib.suppress(FileNotFoundError):
             os.unlink(placing.staged_name, dir_fd=staging_fd)

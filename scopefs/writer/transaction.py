@@ -585,7 +585,7 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
         marker = placing.mark(staging_fd, store.path_key, locator, revision_id, staged.name)
     except OSError as exc:
         raise storage_error("cannot finalize the note", exc) from exc
-    renamed = False
+    renamed = committing = False
     try:
         checkpoint(Step.MARKED)
         renameat2_noreplace(staging_fd, staged.name, store_fd, locator)
@@ -607,9 +607,12 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
                           revision_id=revision_id, base_revision_id=pending.base_revision_id, intent_id=None,
                           event_id=pending.event_id, index=index, unsynced=home.page_cache(),
                           record=lambda: _record_rows(access, pending, facts, None), now=now_us())
+            committing = True  # the body is done: from here on only the COMMIT can fail
     except BaseException as exc:
-        refused = isinstance(exc, (PolicyChanged, Denied))  # audited as a refusal, once
-        landed = _failed(access, store, op, revision_id, audited=refused)
+        # A refusal is audited by whoever refused; a conflict or a bad path is the caller's answer (as a
+        # pending row's transaction gave it); anything else after the marker is an error of the close's own.
+        audit = not isinstance(exc, (PolicyChanged, Denied, Conflict, BadInput))
+        landed = _failed(access, store, op, revision_id, committing=committing, audit=audit)
         if landed is False and renamed:  # a commit that reached the log keeps its file, whatever was raised
             _unlink_quietly(store_fd, locator)
         if landed is False:
@@ -624,33 +627,39 @@ def _commit_once(access: Access, store: StoreRow, target: Target, op: Op, stagin
     return pending, marker
 
 
-def _failed(access: Access, store: StoreRow, op: Op, revision_id: str, *, audited: bool) -> bool | None:
+def _failed(access: Access, store: StoreRow, op: Op, revision_id: str, *, committing: bool,
+            audit: bool) -> bool | None:
     """After a close's failure: whether its commit landed; None when that cannot be told.
 
-    Unless the failure was a refusal (audited by whoever refused), the
-    failure is audited first, as an error, in a transaction of its own:
-    besides keeping the record the pending row used to keep, a commit that
-    succeeds after a failed one overwrites whatever the failed commit left
-    at the end of the write-ahead log, which could otherwise be replayed at
-    the next open (its frames written, the error raised after). Only then
-    does the catalog say for good whether the revision is there. If that
-    transaction fails too, nothing can be told.
+    Only a failure of the COMMIT itself (``committing``) can have landed, and
+    it may have even though it raised: its frames may sit at the end of the
+    write-ahead log, replayable at the next open. A commit that is visible is
+    final. One that is not is final only once a later commit has overwritten
+    that tail: the error audit row (``audit``: what the pending row's
+    rollback used to record) is that commit, and the catalog is asked again
+    after it. If it cannot be written, nothing can be told.
     """
     catalog = access.home.catalog(access.agent_id)
+
+    def visible() -> bool:
+        return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
+                   (access.agent_id, revision_id)) is not None
+
     try:
-        if not catalog.getautocommit():  # a rollback that failed: our own rows would still be visible
-            return None
-        if not audited:
+        if not catalog.getautocommit():  # a rollback that failed: try once more, our own rows would show
+            catalog.execute("ROLLBACK")
+        if committing and visible():
+            return True
+        if audit:
             event = access.event(op, "error", Reason.REVISION_STALE, store_id=store.store_id,
                                  revision_id=revision_id)
             with relaxed(catalog), immediate(catalog):
                 settle(catalog, enqueue(catalog, access.agent_id, event), decision="error",
                        reason=Reason.REVISION_STALE)
             drain_quietly(access.home.state(), catalog, access.agent_id)  # as a failed durable write's is
-        return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
-                   (access.agent_id, revision_id)) is not None
+        return visible() if committing else False
     except CATALOG_FAILURES:
-        return None
+        return None if committing else False
 
 
 def write_note(home: Home, session_id: str, path: str, source: bytes | BinaryIO, *,
