@@ -59,6 +59,38 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     return build_base(tmp_path_factory.mktemp("power-base") / "home")
 
 
+def _cut_and_repair(base: Base, tmp_path: Path, case: WriteCase, step: Step, *, durable: bool,
+                    synced_so_far: bool = False) -> None:
+    """A real writer held at ``step``, the power cut, the filesystem mounted again: before any repair doctor
+    changes nothing and readers see only committed bytes; after ``doctor --fix``, old or new, nothing
+    committed lost. ``synced_so_far``: whatever the writer did up to ``step`` was made durable first (as
+    another writer's sync would), so its partial states reach the disk; what it committed then must stay.
+    """
+    with loop_ext4(tmp_path) as fs:
+        cli = Cli(copy_home(base, fs.mnt / "home"))
+        fs.sync()  # the setup is durable; only the step under test may be cut
+        before = committed(cli.home)
+        with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
+                               durable=durable) as writer:
+            if synced_so_far:
+                fs.sync()
+            fs.power_cut()
+            writer.kill()
+        fs.reboot()
+
+        kept = durable or synced_so_far
+        untouched = snapshot(cli.home)
+        assert doctor(cli).code in (0, 1)  # leftovers, never an integrity failure
+        assert diff_snapshots(untouched, snapshot(cli.home)) == []
+        seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
+        assert seen in allowed_outcomes(case, step, durable=kept)
+
+        fixed = doctor(cli, fix=True)
+        assert fixed.code == 0, fixed
+        assert all(f["action"] is not None for f in fixed.findings), fixed.findings
+        verify_recovered(cli, case, base, step, before, durable=kept)
+
+
 @pytest.mark.parametrize("case, step, durable", case_durable_steps(NEW_STORE, OVERWRITE))
 def test_power_loss_between_steps(base: Base, tmp_path: Path, case: WriteCase, step: Step, durable: bool) -> None:
     """Cut the power at ``step``: after reboot and repair, old or new, nothing committed lost.
@@ -67,58 +99,18 @@ def test_power_loss_between_steps(base: Base, tmp_path: Path, case: WriteCase, s
     must be there; one that synced nothing (a close through a mount) may be
     lost, but is never partial.
     """
-    with loop_ext4(tmp_path) as fs:
-        cli = Cli(copy_home(base, fs.mnt / "home"))
-        fs.sync()  # the setup is durable; only the step under test may be cut
-        before = committed(cli.home)
-        with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
-                               durable=durable) as writer:
-            fs.power_cut()
-            writer.kill()
-        fs.reboot()
-
-        # After the reboot, before any repair: doctor changes nothing, readers see only committed bytes.
-        untouched = snapshot(cli.home)
-        assert doctor(cli).code in (0, 1)  # leftovers, never an integrity failure
-        assert diff_snapshots(untouched, snapshot(cli.home)) == []
-        seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
-        assert seen in allowed_outcomes(case, step, durable=durable)
-
-        fixed = doctor(cli, fix=True)
-        assert fixed.code == 0, fixed
-        assert all(f["action"] is not None for f in fixed.findings), fixed.findings
-        verify_recovered(cli, case, base, step, before, durable=durable)
+    _cut_and_repair(base, tmp_path, case, step, durable=durable)
 
 
 @pytest.mark.parametrize("case, step", case_steps(NEW_STORE, OVERWRITE, durable=False))
 def test_power_loss_of_a_close_synced_up_to_its_step(base: Base, tmp_path: Path, case: WriteCase, step: Step) -> None:
-    """A close stopped at ``step``, everything it did so far made durable (as another writer's sync would),
-    then the power cut: each of its partial states on disk is repaired to old or new, never partial.
+    """A close stopped at ``step``, everything it did so far made durable, then the power cut: each of its
+    partial states on disk is repaired to old or new, never partial, and a committed close stays.
 
     Without the sync every close step simply vanishes with the cut; with it, the marker, the placed file
     and the one commit survive exactly as far as the close got, which is what its marker is for.
     """
-    with loop_ext4(tmp_path) as fs:
-        cli = Cli(copy_home(base, fs.mnt / "home"))
-        fs.sync()
-        before = committed(cli.home)
-        with writer_stopped_at(cli.home, case.session_id(base), case.path, new_bytes(step), step,
-                               durable=False) as writer:
-            fs.sync()  # what the close did up to here is on the disk
-            fs.power_cut()
-            writer.kill()
-        fs.reboot()
-
-        untouched = snapshot(cli.home)
-        assert doctor(cli).code in (0, 1)  # leftovers, never an integrity failure
-        assert diff_snapshots(untouched, snapshot(cli.home)) == []
-        seen = read_outcome(cli, case.session_id(base), case.path, case.old, new_bytes(step))
-        assert seen in allowed_outcomes(case, step, durable=True)  # synced: a committed close stays
-
-        fixed = doctor(cli, fix=True)
-        assert fixed.code == 0, fixed
-        assert all(f["action"] is not None for f in fixed.findings), fixed.findings
-        verify_recovered(cli, case, base, step, before, durable=True)
+    _cut_and_repair(base, tmp_path, case, step, durable=False, synced_so_far=True)
 
 
 _UNSYNCED_CHILD = r"""
