@@ -33,6 +33,8 @@ import os
 import re
 from dataclasses import dataclass
 
+import apsw
+
 from scopefs.catalog.artifacts import open_store_dir
 from scopefs.catalog.audit import AuditEvent, enqueue
 from scopefs.catalog.audit import settle as audit_settle
@@ -122,10 +124,15 @@ def in_flight(home: Home, agent_id: str, staging_fd: int, placing: Placing) -> b
         os.close(store_fd)
 
 
+def landed(catalog: apsw.Connection, agent_id: str, revision_id: str) -> bool:
+    """Whether a close's revision is in the catalog: the one question a marker's fate turns on."""
+    return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
+               (agent_id, revision_id)) is not None
+
+
 def committed(home: Home, agent_id: str, placing: Placing) -> bool:
     """Whether the marker's close committed (a read: what doctor without ``--fix`` reports)."""
-    return one(home.catalog(agent_id), "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
-               (agent_id, placing.revision_id)) is not None
+    return landed(home.catalog(agent_id), agent_id, placing.revision_id)
 
 
 def _named(home: Home, agent_id: str, placing: Placing) -> bool:

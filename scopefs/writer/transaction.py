@@ -69,7 +69,7 @@ from scopefs.catalog.access import (
 from scopefs.catalog.artifacts import check_size, open_artifact, open_store_dir
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.clock import now_us
-from scopefs.catalog.db import CATALOG_FAILURES, immediate, one, relaxed, scalar
+from scopefs.catalog.db import CATALOG_FAILURES, immediate, relaxed, scalar
 from scopefs.catalog.digests import hash_fd, sha256_for
 from scopefs.catalog.errors import BadInput, Conflict, Denied, IntegrityError, storage_error
 from scopefs.catalog.fsafe import open_dir, renameat2_noreplace
@@ -642,8 +642,7 @@ def _failed(access: Access, store: StoreRow, op: Op, revision_id: str, *, commit
     catalog = access.home.catalog(access.agent_id)
 
     def visible() -> bool:
-        return one(catalog, "SELECT 1 FROM revisions WHERE agent_id = ? AND revision_id = ?",
-                   (access.agent_id, revision_id)) is not None
+        return placing.landed(catalog, access.agent_id, revision_id)
 
     try:
         if not catalog.getautocommit():  # a rollback that failed: try once more, our own rows would show
