@@ -35,9 +35,8 @@ from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, checkpoint
 from scopefs.catalog.index import index_again
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
-from scopefs.vfs.layers import Invalidation
 from scopefs.vfs.lean import Thrift
-from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState
+from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState, Queued
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
@@ -344,7 +343,6 @@ class Follow:
                 except trio.WouldBlock:
                     break
             sent = await trio.to_thread.run_sync(_send_invalidations, batch)
-            self._mount.invalidated(batch)
             if not sent:
                 log.error("the kernel kept pages or names it was told to drop: the mount fails closed")
                 self._mount.fail_closed()
@@ -359,10 +357,18 @@ def _seconds_until(when_us: int | None) -> float:
     return left + 0.001 if left > 0 else POLL_S
 
 
-def _send_invalidations(items: list[Invalidation]) -> bool:
-    """Send ``items``; False if the kernel refused one for any reason but ``GONE``."""
+def _send_invalidations(batch: list[Queued]) -> bool:
+    """Send ``batch``; False if the kernel refused one for any reason but ``GONE``.
+
+    Each node learns that its invalidation has begun before the kernel
+    starts it (``Node.invalidating``): from then on, its ``READ``s serve the
+    revision the view shows. The count is this thread's alone to write.
+    """
     sent = True
-    for item in items:
+    for queued in batch:
+        item = queued.item
+        if queued.node is not None:
+            queued.node.invalidations_begun += 1
         try:
             pyfuse3.invalidate_inode(item.ino)
         except OSError as exc:

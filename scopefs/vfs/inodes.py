@@ -96,7 +96,10 @@ class Node:
     # That revision and the stamp of the artifact it was verified from: checked again every
     # ``vfs.reads.RECHECK_S``, since the kernel serves those pages without asking.
     verified: tuple[VisibleNote, Stamp] | None = None
-    invalidating: int = 0  # invalidations of its pages queued and not yet sent: see ``vfs.reads``
+    # Invalidations of its pages queued (counted on the trio thread) and begun (counted on the worker
+    # that sends them, just before it does): one writer each, so no count is lost (``invalidating``).
+    invalidations_queued: int = 0
+    invalidations_begun: int = 0
     listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     committed_revision: str | None = None  # the last revision this mount committed for it
@@ -104,6 +107,23 @@ class Node:
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
     deposit: str | None = None  # a postbox deposit being written (its message handle): never named, never read
+
+    @property
+    def invalidating(self) -> bool:
+        """Whether an invalidation of its pages is queued and its worker has not begun to send it.
+
+        Until then, ``READ``s keep to the revision they served (``vfs.reads``):
+        its pages may be cached, and that invalidation will drop whatever
+        they bring in too. Not until the invalidation was *sent*: a ``READ``
+        that reaches the kernel after it dropped the pages, and that the
+        loop answers before it learns so, stored the old revision's bytes
+        for good, cut to the new size. A reader polling another mount saw
+        an old revision for as long as it looked (a CI failure; ``tests/
+        test_vfs_live.py`` polls for it). A ``READ`` answered once sending
+        has begun gets the new revision: if its page was in the kernel's
+        cache before the drop reached it, the drop waits for it and takes it.
+        """
+        return self.invalidations_queued > self.invalidations_begun
 
     @property
     def name(self) -> str:

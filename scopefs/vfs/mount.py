@@ -28,6 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -62,6 +63,14 @@ AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for an
 # syncs the disk twice, and the commit that crossed SQLite's threshold (1,000 pages) paid for it
 # inside a save's close, or ahead of the view's refresh.
 WAL_BACKSTOP_PAGES = 8_192
+
+
+@dataclass(frozen=True)
+class Queued:
+    """An invalidation waiting for the worker, and the node whose pages it drops (``Node.invalidating``)."""
+
+    item: Invalidation
+    node: Node | None
 
 
 def fail(code: int) -> pyfuse3.FUSEError:
@@ -102,7 +111,8 @@ class MountState:
         self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
         self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
         self.refreshes = [0, 0]  # [read whole, answered by the mark]: what following the catalog cost
-        self._invalidations, self.invalidations = trio.open_memory_channel[Invalidation](math.inf)
+        # What the invalidation worker sends (``vfs.follow``), with the node whose counts it keeps.
+        self._invalidations, self.invalidations = trio.open_memory_channel[Queued](math.inf)
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
         # on this thread, before any request sees the new view.
         self.view_followers: list[Callable[[VisibleView], None]] = []
@@ -268,15 +278,8 @@ class MountState:
 
     def _queue(self, item: Invalidation, node: Node | None) -> None:
         if node is not None:
-            node.invalidating += 1  # until it is sent, READs of the node keep to the revision it had
-        self._invalidations.send_nowait(item)
-
-    def invalidated(self, items: list[Invalidation]) -> None:
-        """The worker sent ``items`` (``vfs.follow``)."""
-        for item in items:
-            node = self.layers.inodes.get(item.ino)
-            if node is not None and node.invalidating > 0:
-                node.invalidating -= 1
+            node.invalidations_queued += 1  # until its sending begins, READs keep to the revision it had
+        self._invalidations.send_nowait(Queued(item, node))
 
     def fail_closed(self) -> None:
         """The kernel kept something it was told to drop: end the connection (``vfs.abort``)."""
