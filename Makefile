@@ -94,8 +94,13 @@ openclaw: deps
 	complete "$$tmp" && rm -rf "$$oc" && mv "$$tmp" "$$oc" && complete "$$oc" || \
 	{ echo "make openclaw: the install into $$oc did not complete" >&2; exit 1; }
 
+# Three workers (xdist) for all but the tests that look at what the whole host
+# shares (marked serial), which run alone after them; both parts always run.
+TEST_WORKERS ?= 3
 test: deps venv bytecode openclaw
-	$(BIN)/pytest -q
+	@$(BIN)/pytest -q -n $(TEST_WORKERS) -m 'not serial'; parallel=$$?; \
+	$(BIN)/pytest -q -m serial; serial=$$?; \
+	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 
 # The whole suite under coverage, with branches, including the command line
 # and mount servers that tests start as subprocesses; a report, no threshold.

@@ -36,7 +36,7 @@ from tests.conftest import SCOPEFS, Result, Scenario
 from tests.mountkit import view_servers, wait_until
 from tests.sandboxrun import leftovers, server_processes, settle, stdout_into
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # compares the host's sandbox leftovers
 
 RUNS = "sh -c 'echo the-command-ran'"
 RACERS = 4

@@ -20,7 +20,7 @@ from tests.conftest import ALICE_FACT, BOB_FACT, SCOPEFS, Scenario
 from tests.mountkit import wait_until
 from tests.sandboxrun import leftovers, sandbox_processes, server_processes, settle, stdout_into
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # compares the host's sandbox leftovers
 
 
 def _env(scenario: Scenario, **extra: str) -> dict[str, str]:

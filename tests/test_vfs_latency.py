@@ -35,6 +35,9 @@ from scopefs.vfs.latency import (
 from tests.conftest import Scenario
 from tests.mountkit import Mounts, mounts, view_servers, wait_until  # noqa: F401
 
+# The bound is the lowest any process on the host holds: another test's mount would hide this one's.
+pytestmark = pytest.mark.serial
+
 MOUNT_BOUND_US = 7
 
 
