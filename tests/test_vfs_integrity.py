@@ -760,8 +760,8 @@ def test_a_new_revision_drops_the_pages_of_the_old_one(scenario: Scenario, kerne
             sent = len(kernel.events)
             with trio.CancelScope(shield=True):
                 await fs.sync()
-                # Until the kernel was told to drop the old pages, READs keep to the old revision:
-                # it never holds pages of both.
+                # Until the worker begins to drop the old pages, READs keep to the old revision:
+                # no page of the new one is cached beside old ones the drop has not reached.
                 if ("drop", ino) not in kernel.events[sent:]:
                     assert await fs.read(0, 4096, 10, ino, None) == b"x" * 10
             with trio.fail_after(5):
@@ -769,6 +769,42 @@ def test_a_new_revision_drops_the_pages_of_the_old_one(scenario: Scenario, kerne
                     await trio.sleep(0.01)
                 await trio.testing.wait_all_tasks_blocked()
             assert await fs.read(0, 0, 4096, ino, None) == b"short\n"
+            nursery.cancel_scope.cancel()
+
+    _run_fs(scenario, test, path)
+
+
+def test_a_read_that_comes_while_the_old_pages_are_dropped_serves_the_new_revision(
+        scenario: Scenario, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``READ`` that comes once the worker has begun to drop the old pages (here: while it is inside
+    that call) gets the new revision. The kernel may have dropped the page already, and what the READ
+    brings in stays: READs that kept to the old revision until the loop learned the call had returned
+    left a second mount serving a note's old bytes, cut to the new size, for good."""
+    path = "notes/races.md"
+    scenario.cli.j("write", scenario.alice_session, f"private/{path}", stdin=b"x" * 100)
+    dropping, dropped = threading.Event(), threading.Event()
+    watched: list[int] = []
+
+    def drop(ino: int, attr_only: bool = False) -> None:
+        kernel.drop(ino, attr_only)
+        if ino in watched and not dropping.is_set():
+            dropping.set()
+            dropped.wait(10)  # the kernel's sweep, under way
+
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", drop)
+
+    async def test(fs: ScopeFS, ino: int) -> None:
+        watched.append(ino)
+        async with trio.open_nursery() as nursery:
+            await fs.background(nursery)
+            assert await fs.read(0, 0, 10, ino, None) == b"x" * 10
+            scenario.cli.j("write", scenario.alice_session, f"private/{path}", stdin=b"short\n")
+            await fs.sync()
+            assert await trio.to_thread.run_sync(dropping.wait, 10), "the old pages were never dropped"
+            try:
+                assert await fs.read(0, 0, 4096, ino, None) == b"short\n"
+            finally:
+                dropped.set()
             nursery.cancel_scope.cancel()
 
     _run_fs(scenario, test, path)

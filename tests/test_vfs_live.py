@@ -26,13 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 
-from scopefs.vfs.follow import _send_invalidations
-from scopefs.vfs.fs import ScopeFS
-from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
-from tests.inprocesskit import KernelFile, Tool, as_alice, no_kernel, run_alice_mount  # noqa: F401
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 BOUND_S = 10.0  # a functional bound, far below the kernel's 30 s cache timeouts
@@ -191,7 +186,7 @@ def test_other_mount_sees_new_revision_new_note_and_rename(scenario: Scenario, m
     assert sorted(os.listdir(watcher / "channel")) == ["agenda-final.md", "offsite.md", "plans"]
 
 
-SAVES = 60  # the lost race showed in about one save in 36 here: most runs of the old code fail
+SAVES = 60  # the lost race showed in one save in 36 to 60 here: about two runs of the old code in three fail
 
 
 def test_readers_polling_another_mount_end_on_every_new_revision(scenario: Scenario, mounts: Mounts) -> None:
@@ -202,8 +197,8 @@ def test_readers_polling_another_mount_end_on_every_new_revision(scenario: Scena
     the mount answered before it learned they were dropped, was answered
     from the old revision and stayed cached, cut to the new size, with no
     invalidation left to drop it (``vfs.inodes.Node.invalidating``). The
-    readers keep a ``READ`` in flight most of the time, so each save is
-    likely to meet one.
+    readers keep a ``READ`` in flight most of the time, so a save may meet
+    one; ``test_vfs_integrity.py`` makes that meeting certain, in one process.
     """
     editor = mounts.mount(scenario.alice_session, "editor")
     twin = mounts.mount(scenario.alice_session, "twin")
@@ -229,34 +224,9 @@ def test_readers_polling_another_mount_end_on_every_new_revision(scenario: Scena
                     raise AssertionError(f"save {save}: the second mount still reads {_open_errno(note)!r}") from late
         finally:
             stop = True
-            for reader in polling:
-                reader.result()
-
-
-@pytest.mark.usefixtures(no_kernel.__name__)
-def test_a_read_after_the_invalidation_began_serves_the_new_revision(scenario: Scenario) -> None:
-    """What the race above depends on, in one process and in order: while the invalidation of the old
-    pages is queued, a ``READ`` keeps to the old revision (its pages may be cached beside it); once the
-    worker has begun to send it, the kernel may already have dropped them, so a ``READ`` gets the new."""
-    newer = b"First private fact, revised: allergic to hazelnuts and almonds (canary A1c3-2)\n"
-
-    async def script(fs: ScopeFS, tool: Tool) -> None:
-        note = KernelFile(fs, await tool.ino(ALLERGY))
-        assert await note.read() == ALICE_FACT
-        as_alice(scenario, write_note, ALLERGY, newer)
-        await fs.sync()
-        queued = []
-        while True:
-            try:
-                queued.append(fs.mount.invalidations.receive_nowait())
-            except trio.WouldBlock:
-                break
-        assert any(item.node is not None and item.node.ino == note.ino for item in queued)
-        assert await note.read() == ALICE_FACT, "a READ before the invalidation began left the old revision"
-        assert _send_invalidations(queued)
-        assert await note.read() == newer
-
-    run_alice_mount(scenario, script)
+            concurrent.futures.wait(polling)
+    for reader in polling:
+        reader.result()  # a reader that failed (after the saves' own verdict, which it must not hide)
 
 
 # -- a tombstone -------------------------------------------------------------------

@@ -122,6 +122,9 @@ class Node:
         test_vfs_live.py`` polls for it). A ``READ`` answered once sending
         has begun gets the new revision: if its page was in the kernel's
         cache before the drop reached it, the drop waits for it and takes it.
+        So while the drop sweeps the pages, one read may see both revisions
+        (pages it has passed hold the new one, pages it has not the old);
+        once it has swept them all, only the new one is left.
         """
         return self.invalidations_queued > self.invalidations_begun
 

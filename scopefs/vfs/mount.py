@@ -65,7 +65,7 @@ AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for an
 WAL_BACKSTOP_PAGES = 8_192
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Queued:
     """An invalidation waiting for the worker, and the node whose pages it drops (``Node.invalidating``)."""
 

@@ -128,8 +128,8 @@ class Reads:
             if reader is not None and reader.node is node and (
                     reader.note.revision_id == note.revision_id
                     # Pages of the revision it serves may still be cached until the invalidation
-                    # queued for them begins: READs keep to it until then, so the kernel never
-                    # holds pages of two revisions of one note at once (``Node.invalidating``).
+                    # queued for them begins: READs keep to it until then, so no page of the new
+                    # one is cached beside old ones no drop is on its way to (``Node.invalidating``).
                     or (node.invalidating and reader.note.resource_id == note.resource_id)):
                 self._readers.move_to_end(node.ino)
                 return reader
