@@ -244,17 +244,28 @@ def free_bytes(path: Path) -> int:
 
 # -- an apsw VFS that fails at the Nth xWrite / xSync -------------------------------------
 
+COMMIT = "commit"  # a kind of ``FaultPlan``: the failure comes after the commit reached the log whole
+_WAL_FRAME_HEADER = 24  # bytes; a commit's last frame says the database's size in pages at [4:8], others 0
+
+
 class FaultPlan:
-    """Counts xWrite and xSync across every file of the VFS; fails one kind at call ``n``.
+    """Counts xWrite and xSync across every file of the VFS, and commits to a write-ahead log; fails one
+    kind at call ``n``.
 
     ``sticky`` keeps failing every later call of that kind (a dead disk);
     otherwise only the nth call fails (a transient error). ``armed`` bounds
     the window: calls outside it are neither counted nor failed.
+
+    ``COMMIT`` fails the xWrite of a commit's last page *after* writing it:
+    SQLite reports the commit as failed and never indexes it, yet its frames
+    sit whole at the end of the log, and a connection that opens the
+    database after this process dies replays them. That is the commit a
+    writer cannot trust either way (``writer.transaction._failed``).
     """
 
     def __init__(self, kind: str | None = None, n: int = 0, *, sticky: bool = False) -> None:
         self.kind, self.n, self.sticky = kind, n, sticky
-        self.counts = {"xWrite": 0, "xSync": 0}
+        self.counts = {"xWrite": 0, "xSync": 0, COMMIT: 0}
         self.armed = False
         self.fired: list[tuple[str, str]] = []  # (kind, file) of each injected failure
         self.on_fire: Callable[[], None] | None = None  # called once, at the first failure
@@ -277,11 +288,20 @@ class _FaultyFile(apsw.VFSFile):
     def __init__(self, plan: FaultPlan, base: str, name, flags: list[int]) -> None:
         self._plan = plan
         self._name = name.filename() if hasattr(name, "filename") else str(name)
+        self._log = self._name.endswith("-wal")
+        self._commit_page_next = False  # the last xWrite was a commit frame's header: its page follows
         super().__init__(base, name, flags)
 
     def xWrite(self, data: bytes, offset: int) -> None:
         self._plan.hit("xWrite", self._name)
         super().xWrite(data, offset)
+        if not self._log:
+            return
+        if self._commit_page_next:  # SQLite writes a frame's header, then its page, apart
+            self._commit_page_next = False
+            self._plan.hit(COMMIT, self._name)
+        elif len(data) == _WAL_FRAME_HEADER and int.from_bytes(data[4:8], "big"):
+            self._commit_page_next = True
 
     def xSync(self, flags: int) -> None:
         self._plan.hit("xSync", self._name)

@@ -37,6 +37,7 @@ from scopefs.writer.steps import Step, set_hook
 from scopefs.writer.transaction import WriteResult, write_note
 from tests.conftest import Cli
 from tests.faultkit import (
+    COMMIT,
     CONTENT_FILES,
     SQLITE_DIRS,
     FaultPlan,
@@ -457,11 +458,13 @@ def _faulty_write(root: Path, plan: FaultPlan, target: Target, data: bytes,
 @pytest.mark.root
 @pytest.mark.parametrize("target_name", TARGETS)
 @pytest.mark.parametrize("sticky", [False, True], ids=["once", "from-n-on"])
-@pytest.mark.parametrize(("kind", "durable"), [("xWrite", True), ("xSync", True), ("xWrite", False)],
-                         ids=["xWrite", "xSync", "xWrite-close"])  # a close syncs nothing: no xSync to fail
+@pytest.mark.parametrize(("kind", "durable"), [("xWrite", True), ("xSync", True), ("xWrite", False),
+                                              (COMMIT, True), (COMMIT, False)],
+                         ids=["xWrite", "xSync", "xWrite-close", "commit", "commit-close"])  # a close syncs nothing
 def test_vfs_fault_at_every_call_fails_cleanly(prepared: Prepared, ramdisk: Path, tmp_path: Path, kind: str,
                                                durable: bool, sticky: bool, target_name: str) -> None:
-    """SQLite's Nth xWrite/xSync fails, for every N of one write, then N past the end.
+    """SQLite's Nth xWrite/xSync fails, for every N of one write, then N past the end; or its Nth commit
+    reaches the log whole and then fails (``COMMIT``: the commit a writer cannot trust either way).
 
     ``once`` is a transient error (the writer's own rollback then succeeds);
     ``from-n-on`` is a dying disk (the rollback fails too, and recovery must

@@ -28,6 +28,7 @@ from scopefs.catalog.reader import read_note
 from scopefs.writer import steps
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, table_dump
+from tests.faultkit import COMMIT
 
 NOTE = "private/notes/allergy.md"
 
@@ -100,7 +101,8 @@ from scopefs.writer import steps, transaction
 
 home_dir, session, path, kind, fatal, durable = sys.argv[1:7]
 plan = FaultPlan(kind, 1)  # the first such catalog call after FINALIZED: the commit that activates
-setattr(transaction, fatal, lambda *a, **k: os._exit(9))  # die exactly where the failure would be settled
+if fatal != "-":
+    setattr(transaction, fatal, lambda *a, **k: os._exit(9))  # die exactly where the failure would be settled
 
 def arm(step):
     if step is steps.Step.FINALIZED:
@@ -109,13 +111,17 @@ def arm(step):
 with faulty_vfs(plan) as vfs:
     home = Home.open(__import__("pathlib").Path(home_dir), vfs=vfs)
     steps.set_hook(arm)
-    transaction.write_note(home, session, path, b"new bytes\n", durable=durable == "durable")
+    try:
+        transaction.write_note(home, session, path, b"new bytes\n", durable=durable == "durable")
+    except Exception:
+        os._exit(9)  # "-": once the write settled its failure, die with nothing closed or checkpointed
 os._exit(0)
 """
 
 
 def _die_after_a_failed_commit(scenario: Scenario, kind: str, fatal: str, *, durable: bool) -> None:
-    """A real writer whose activating commit fails (``kind`` injected), dying at ``fatal``, before it settles."""
+    """A real writer whose activating commit fails (``kind`` injected), dying at ``fatal``, before it settles
+    (``"-"``: right after it settled, raising)."""
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", _DIE_AFTER_A_FAILED_COMMIT, str(scenario.cli.home),
                            scenario.alice_session, NOTE, kind, fatal, "durable" if durable else "close"],
@@ -123,13 +129,15 @@ def _die_after_a_failed_commit(scenario: Scenario, kind: str, fatal: str, *, dur
     assert proc.returncode == 9, proc.stderr.decode()
 
 
-def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenario: Scenario) -> None:
-    """The activation may still be replayed from the WAL: its file must stay."""
-    _die_after_a_failed_commit(scenario, "xSync", "roll_back", durable=True)
+@pytest.mark.parametrize("kind", ["xSync", COMMIT], ids=["sync-failed", "reached-the-log"])
+def test_death_after_a_failed_activation_commit_never_loses_the_artifact(scenario: Scenario, kind: str) -> None:
+    """The activation may still be replayed from the WAL: its file must stay. When its frames reached
+    the log whole (``COMMIT``), the next open replays it for sure: the new revision is the note's."""
+    _die_after_a_failed_commit(scenario, kind, "roll_back", durable=True)
     fixed = scenario.cli("--json", "doctor", "--fix")
     assert fixed.code == 0, fixed.out
     result = scenario.cli("read", scenario.alice_session, NOTE)
-    assert result.code == 0 and result.out in (ALICE_FACT, b"new bytes\n")
+    assert result.code == 0 and result.out in ((ALICE_FACT, b"new bytes\n") if kind == "xSync" else (b"new bytes\n",))
     again = scenario.cli("--json", "doctor")
     assert again.code == 0 and again.json()["findings"] == []
 
@@ -140,6 +148,37 @@ def test_death_after_a_closes_failed_commit_leaves_nothing_readable(scenario: Sc
     _die_after_a_failed_commit(scenario, "xWrite", "_failed", durable=False)
     report = scenario.cli("--json", "doctor")
     assert report.code == 1 and [f["kind"] for f in report.json()["findings"]] == ["unfinished-close"], report.out
+    fixed = scenario.cli("--json", "doctor", "--fix")
+    assert fixed.code == 0, fixed.out
+    assert scenario.cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
+    _no_pending(scenario)
+    again = scenario.cli("--json", "doctor")
+    assert again.code == 0 and again.json()["findings"] == []
+
+
+def test_death_after_a_closes_commit_reached_the_log_keeps_the_revision(scenario: Scenario) -> None:
+    """A close whose one commit wrote its frames whole and then raised, and that died before telling
+    whether it landed: the next open replays the commit, so its marker makes recovery keep the file the
+    revision names and remove only the marker."""
+    _die_after_a_failed_commit(scenario, COMMIT, "_failed", durable=False)
+    report = scenario.cli("--json", "doctor")
+    kinds = sorted(f["kind"] for f in report.json()["findings"])
+    assert report.code == 1 and kinds == ["close-marker", "undrained-audit"], report.out  # its save's audit row too
+    fixed = scenario.cli("--json", "doctor", "--fix")
+    assert fixed.code == 0, fixed.out
+    assert scenario.cli("read", scenario.alice_session, NOTE).out == b"new bytes\n"
+    _no_pending(scenario)
+    again = scenario.cli("--json", "doctor")
+    assert again.code == 0 and again.json()["findings"] == []
+
+
+def test_a_closes_commit_that_reached_the_log_and_failed_stays_undone(scenario: Scenario) -> None:
+    """The same commit, settled by the close itself, which then died with nothing closed: the close may
+    remove its file only once a later commit has overwritten that log tail (its error audit row), or the
+    next open would replay a revision whose file is gone."""
+    _die_after_a_failed_commit(scenario, COMMIT, "-", durable=False)
+    report = scenario.cli("--json", "doctor")
+    assert "close-marker" not in report.out.decode() and "unfinished-close" not in report.out.decode(), report.out
     fixed = scenario.cli("--json", "doctor", "--fix")
     assert fixed.code == 0, fixed.out
     assert scenario.cli("read", scenario.alice_session, NOTE).out == ALICE_FACT
