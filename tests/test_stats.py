@@ -308,7 +308,7 @@ def test_a_search_that_exposed_nothing_records_its_timing_without_a_disk_sync(sc
             assert search(home, scenario.alice_session, "zebra xylophone quasar").hits == ()
             plan.armed = False
             assert plan.counts["xWrite"] > 0 and plan.counts["xSync"] == 0, plan.counts
-            plan.counts = {"xWrite": 0, "xSync": 0}
+            plan.counts = dict.fromkeys(plan.counts, 0)
             plan.armed = True
             assert search(home, scenario.alice_session, "allergic").hits
             plan.armed = False
