@@ -114,17 +114,15 @@ class Node:
 
         Until then, ``READ``s keep to the revision they served (``vfs.reads``):
         its pages may be cached, and that invalidation will drop whatever
-        they bring in too. Not until the invalidation was *sent*: a ``READ``
-        that reaches the kernel after it dropped the pages, and that the
-        loop answers before it learns so, stored the old revision's bytes
-        for good, cut to the new size. A reader polling another mount saw
-        an old revision for as long as it looked (a CI failure; ``tests/
-        test_vfs_live.py`` polls for it). A ``READ`` answered once sending
-        has begun gets the new revision: if its page was in the kernel's
-        cache before the drop reached it, the drop waits for it and takes it.
-        So while the drop sweeps the pages, one read may see both revisions
-        (pages it has passed hold the new one, pages it has not the old);
-        once it has swept them all, only the new one is left.
+        they bring in too. Once it has begun, they get the new revision: if
+        a ``READ``'s page was cached before the drop reached it, the drop
+        waits for it and takes it. Keeping to the old one until the loop
+        learned the invalidation was *sent* was wrong: a ``READ`` the kernel
+        sent after dropping the pages was answered from the old revision,
+        whose bytes then stayed cached for good, cut to the new size (a CI
+        failure: a second mount served them for as long as it was read).
+        While the drop sweeps, one read may see both revisions; once it has
+        swept them all, only the new one is left.
         """
         return self.invalidations_queued > self.invalidations_begun
 
