@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import mmap
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from scopefs.vfs.abort import abort
 from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
@@ -351,3 +353,67 @@ def test_role_membership_change_applies_without_remount(scenario: Scenario, moun
             scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "1s")
         wait_until(lambda: _gone(view / "roles" / "ops"), timeout=BOUND_S)
         assert "roles" not in os.listdir(view)
+
+
+# -- a folder's cached listing ---------------------------------------------------
+
+def _getdents_into(folder: Path, target: Path) -> int:
+    """``getdents64`` of ``folder`` into a private writable mapping of ``target``'s first page, never read before.
+
+    The kernel copies a cached listing out with its page locked, so the copy's
+    page fault (a ``READ`` of ``target``) is answered while that lock is held.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    folder_fd, target_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY), os.open(target, os.O_RDONLY)
+    try:
+        mapping = mmap.mmap(target_fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            window = ctypes.c_char.from_buffer(mapping)
+            got = libc.syscall(ctypes.c_long(SYS_GETDENTS64), ctypes.c_int(folder_fd),
+                               ctypes.c_void_p(ctypes.addressof(window)), ctypes.c_size_t(mmap.PAGESIZE))
+            del window
+            if got < 0:
+                raise OSError(ctypes.get_errno(), "getdents64")
+            return int(got)
+        finally:
+            mapping.close()
+    finally:
+        os.close(folder_fd)
+        os.close(target_fd)
+
+
+SYS_GETDENTS64 = {"x86_64": 217, "aarch64": 61}[os.uname().machine]
+
+
+def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_not_hang_it(
+        scenario: Scenario, mounts: Mounts) -> None:
+    """A process lists a cached folder into a mapping of a large unread note of the same mount, and the
+    folder changes while that note's first ``READ`` is verified (on a worker, about 0.1 s here): a save
+    through a second mount of the session, as one through this folder would wait for the listing.
+
+    The listing's page is locked until the ``READ`` is answered; a view change
+    that dropped the folder's pages on the loop that answers ``READ``s would
+    wait for that lock for good, and the mount would hang
+    (``MountState._apply``). The listing must come back and the change show.
+    """
+    large = os.urandom(1 << 20) * 128  # hashed whole before its first page is served
+    scenario.cli("write", scenario.alice_session, "private/notes/large.md", stdin=large, check=True)
+    view, other = mounts.mount(scenario.alice_session), mounts.mount(scenario.alice_session)
+    connection = str(os.minor(os.stat(view).st_dev))  # to end a hung mount by, without asking it anything
+    notes = view / "private" / "notes"
+    assert sorted(os.listdir(notes)) == ["allergy.md", "large.md"]  # the kernel now holds this listing
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        listing = pool.submit(_getdents_into, notes, notes / "large.md")
+        time.sleep(0.05)  # its READ is being verified by now
+        saved = pool.submit((other / "private" / "notes" / "new.md").write_bytes,
+                            b"a note saved meanwhile\n")
+        try:
+            assert listing.result(timeout=30) > 0
+            saved.result(timeout=30)
+        except concurrent.futures.TimeoutError:
+            abort(connection)  # let the threads and the clean-up end
+            raise
+    wait_until(lambda: sorted(os.listdir(notes)) == ["allergy.md", "large.md", "new.md"], timeout=BOUND_S)
+    with open(notes / "large.md", "rb") as note:
+        assert note.read(1 << 16) == large[: 1 << 16]

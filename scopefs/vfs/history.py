@@ -79,7 +79,7 @@ from scopefs.vfs.historytree import HISTORY, revision_name, view_parts
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.names import BadName, decode
-from scopefs.vfs.pages import drop_pages
+from scopefs.vfs.pages import list_again
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -341,12 +341,11 @@ class History:
                 self._drop_listings([folder])
 
     def _drop_listings(self, folders: list[Node]) -> None:
-        """The kernel lists these again: their times move and their cached listings go (``MountState._apply``
-        says why that may happen on this thread)."""
+        """The kernel lists these again: their times move and their attributes go (``vfs.pages.list_again``)."""
         for folder in folders:
             folder.listing_version += 1
             self._listings.pop(folder.ino, None)
-            drop_pages(folder.ino)
+            list_again(folder.ino)
 
     async def expire(self) -> None:
         """Forever: when a listed revision's validity runs out, its pages and its name go at once.

@@ -49,7 +49,7 @@ from scopefs.vfs.historytree import is_history_path
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
-from scopefs.vfs.pages import drop_pages, drop_pages_of
+from scopefs.vfs.pages import drop_pages_of, list_again
 from scopefs.vfs.querytree import Results, is_query_path
 
 log = logging.getLogger("scopefs.vfs")
@@ -250,10 +250,11 @@ class MountState:
         for item in self.layers.apply(new):
             node = self.layers.inodes.get(item.ino)
             if item.name is None and node is not None and node.kind is Kind.DIR:
-                # A folder's cached listing goes before any request sees the new view: dropping it
-                # waits for no request in flight (the kernel holds a listing's pages only while
-                # it copies an answer in), so it is done here, on this thread, not queued.
-                drop_pages(item.ino)
+                # A folder's cached listing is stale before any request sees the new view: its
+                # mtime moved (``Layers.apply``) and its attributes go here, on this thread, which
+                # waits for no lock (``vfs.pages.list_again``); its pages would not do, as the kernel
+                # holds them locked while a caller's copy may wait on a READ this loop answers.
+                list_again(item.ino)
             else:
                 self._queue(item, node)
         if self.view is not old:

@@ -23,15 +23,32 @@ GONE = (errno.ENOENT, errno.ENODEV, errno.ENOTCONN)
 
 
 def drop_pages(ino: int) -> None:
-    """Drop the kernel's pages (and attributes) of ``ino`` now; a file's on a worker.
+    """Drop the kernel's pages (and attributes) of ``ino`` now; never from the trio thread.
 
-    A file's not from the trio thread: a page locked by a READ in flight
-    would wait for this loop to answer it. A folder's pages (its cached
-    listing) are held only while the kernel copies an answer in, so those
-    may go from any thread (``MountState._apply``).
+    The kernel locks a page while a READ that this loop must answer fills
+    it, and a folder's listing page while it copies the listing out to a
+    caller, whose buffer may be a mapping of a note of this same mount
+    (a page fault there is such a READ): dropping either waits for it.
     """
+    _invalidate(ino, attr_only=False)
+
+
+def list_again(ino: int) -> None:
+    """Make the kernel ask for folder ``ino``'s listing at its next listing from the start; any thread.
+
+    Only the folder's attributes go, which takes no page lock. The next
+    listing from the start (an ``opendir``, a ``rewinddir``) fetches them
+    (the mount asks for ``auto_inval_data``, libfuse's default), finds the
+    mtime moved (``Node.listing_version``) and drops the cached listing
+    itself. A listing already under way may finish from the old pages,
+    as it may when a folder changes under any filesystem.
+    """
+    _invalidate(ino, attr_only=True)
+
+
+def _invalidate(ino: int, *, attr_only: bool) -> None:
     try:
-        pyfuse3.invalidate_inode(ino, attr_only=False)
+        pyfuse3.invalidate_inode(ino, attr_only=attr_only)
     except OSError as exc:
         if exc.errno not in GONE:
             log.warning("pages of an inode were not dropped (%s)", errno.errorcode.get(exc.errno or 0, "?"))
