@@ -205,13 +205,14 @@ def test_an_expired_copy_frees_its_name(scenario: Scenario) -> None:
     s = scenario
     _grant(s, s.alice)
     _grant(s, s.bob)
-    until = (datetime.now(UTC) + timedelta(seconds=3)).isoformat(timespec="seconds")
+    # Time enough for the publish and the refused one even on a loaded machine (CI once took over 2 s).
+    until = (datetime.now(UTC) + timedelta(seconds=10)).isoformat(timespec="seconds")
     note = f"---\nvalid-until: {until}\n---\nlunch at noon\n".encode()
     s.cli.j("write", s.alice_session, "private/soon.md", stdin=note)
     s.cli.j("publish", s.alice_session, "private/soon.md", "--to", "agent-shared", "--as", "lunch.md", "--yes")
     taking = ["publish", s.bob_session, SOURCE, "--to", "agent-shared", "--as", "lunch.md", "--yes"]
     assert "name-taken" in _unchanged(s.cli, taking, code=3)
-    wait_until(lambda: s.cli("read", s.group_session, "agent-shared/lunch.md").code == 3, timeout=10)
+    wait_until(lambda: s.cli("read", s.group_session, "agent-shared/lunch.md").code == 3, timeout=30)
     s.cli.j(*taking)
     assert s.cli("read", s.group_session, "agent-shared/lunch.md", check=True).out == BOB_FACT
 
@@ -343,10 +344,10 @@ def test_projecting_again_replaces_the_copy_and_revoking_reports_exposures(scena
 
 def test_an_expired_projection_is_gone_from_every_read(scenario: Scenario) -> None:
     s = scenario
-    made = _project(s, f"conversation:{s.conversation}", "--expires", "2s")
+    made = _project(s, f"conversation:{s.conversation}", "--expires", "5s")  # time for the read that follows
     copy = "projections/channel/notes/allergy.md"
     assert s.cli("read", s.group_session, copy, check=True).out == ALICE_FACT
-    wait_until(lambda: s.cli("read", s.group_session, copy).code == 3, timeout=10)
+    wait_until(lambda: s.cli("read", s.group_session, copy).code == 3, timeout=30)
     assert s.cli.j("ls", s.group_session, "projections/channel")["entries"] == []
     assert s.cli.j("search", s.group_session, "hazelnuts")["results"] == []
     states = [p["state"] for p in s.cli.j("projection", "list", "--agent", s.agent)["projections"]]

@@ -83,7 +83,7 @@ def test_a_revoked_projection_leaves_a_live_mount_and_its_page_cache(scenario: S
 def test_an_expired_projection_leaves_a_live_mount(scenario: Scenario, mounts: Mounts) -> None:
     s = scenario
     view = mounts.mount(s.group_session)
-    _project(s, "--expires", "3s")
+    _project(s, "--expires", "6s")  # time for the mount to show it and the read that follows
     note = view / COPY
     wait_until(lambda: note.exists(), timeout=BOUND_S)
     with _pinned(note) as held:
