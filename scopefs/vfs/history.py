@@ -341,11 +341,13 @@ class History:
                 self._drop_listings([folder])
 
     def _drop_listings(self, folders: list[Node]) -> None:
-        """The kernel lists these again: their times move and their attributes go (``vfs.pages.list_again``)."""
+        """The kernel lists these again: their times move and their attributes go now, their cached
+        listings on the worker (``MountState._apply`` says why)."""
         for folder in folders:
             folder.listing_version += 1
             self._listings.pop(folder.ino, None)
             list_again(folder.ino)
+            self._mount.forget_pages(folder)
 
     async def expire(self) -> None:
         """Forever: when a listed revision's validity runs out, its pages and its name go at once.

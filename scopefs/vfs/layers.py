@@ -268,7 +268,9 @@ class Layers:
 
         The kernel keeps a folder's listing until it is dropped (no
         ``opendir`` reaches the mount), so every folder above a path that
-        appeared or disappeared is dropped, at worst once more than needed.
+        appeared or disappeared is listed again (its mtime moves, its
+        attributes and pages go: ``MountState._apply``), at worst once more
+        than needed.
         """
         if everything:
             changed = list(self.dirs.values())

@@ -2,9 +2,11 @@
 
 ``invalidate_inode`` drops an inode's pages; it talks to the kernel
 directly, not through a request, and may block on pages locked by a READ
-that this server has yet to answer. So it never runs on the trio thread: a
-drop that must finish before an answer runs on a worker and is awaited.
-Nothing is ever stored into the cache ahead of a READ (``vfs.reads``).
+that this server has yet to answer. So a drop never runs on the trio
+thread: one that must finish before an answer runs on a worker and is
+awaited. Only ``list_again``, which drops attributes and takes no page
+lock, runs there. Nothing is ever stored into the cache ahead of a READ
+(``vfs.reads``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ def list_again(ino: int) -> None:
 
     Only the folder's attributes go, which takes no page lock. The next
     listing from the start (an ``opendir``, a ``rewinddir``) fetches them
-    (the mount asks for ``auto_inval_data``, libfuse's default), finds the
-    mtime moved (``Node.listing_version``) and drops the cached listing
-    itself. A listing already under way may finish from the old pages,
-    as it may when a folder changes under any filesystem.
+    (``auto_inval_data``: libfuse's default, which neither pyfuse3 nor our
+    patch changes), finds the mtime moved (``Node.listing_version``) and
+    drops the cached listing itself. A listing that goes on from an offset
+    is not checked that way, nor is any listing if that flag were off: the
+    folder's pages are dropped too, on the worker, right after, and a
+    refusal there fails the mount closed (``vfs.follow``).
     """
     _invalidate(ino, attr_only=True)
 
@@ -51,7 +55,8 @@ def _invalidate(ino: int, *, attr_only: bool) -> None:
         pyfuse3.invalidate_inode(ino, attr_only=attr_only)
     except OSError as exc:
         if exc.errno not in GONE:
-            log.warning("pages of an inode were not dropped (%s)", errno.errorcode.get(exc.errno or 0, "?"))
+            what = "attributes" if attr_only else "pages"
+            log.warning("%s of an inode were not dropped (%s)", what, errno.errorcode.get(exc.errno or 0, "?"))
 
 
 def drop_pages_of(inos: list[int]) -> None:
