@@ -453,21 +453,25 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
     for round_ in range(5):
         large = os.urandom(1 << 20) * 128  # hashed whole before its first page is served
         scenario.cli("write", scenario.alice_session, "private/notes/large.md", stdin=large, check=True)
-        shown = wait_until(lambda was=shown: _mtime_ns(notes / "large.md") not in (0, was), timeout=BOUND_S)
+        shown = wait_until(lambda was=shown: (now := _mtime_ns(notes / "large.md")) not in (0, was) and now,
+                           timeout=BOUND_S)
         assert sorted(os.listdir(notes)) == names  # the kernel now holds this listing
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        new = f"new-{round_}.md"
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
             try:
                 listing = pool.submit(_getdents_into, notes, notes / "large.md")
                 time.sleep(0.02)  # its READ is being verified by now, most likely
-                saved = pool.submit((other / "private" / "notes" / f"new-{round_}.md").write_bytes, b"saved\n")
-                saved.result(timeout=30)
+                pool.submit((other / "private" / "notes" / new).write_bytes, b"saved\n").result(timeout=30)
+                # This mount has applied the change once it shows the name, and the old drop would
+                # have hung its loop by then, this lookup with it.
+                pool.submit(wait_until, (notes / new).exists, timeout=BOUND_S).result(timeout=30)
                 overlapped = not listing.done()
                 assert listing.result(timeout=30) > 0
             except BaseException:
                 for connection in connections:
                     abort(connection)  # lets the threads and the clean-up end
                 raise
-        names = sorted([*names, f"new-{round_}.md"])
+        names = sorted([*names, new])
         wait_until(lambda want=names: sorted(os.listdir(notes)) == want, timeout=BOUND_S)
         with open(notes / "large.md", "rb") as note:
             assert note.read(1 << 16) == large[: 1 << 16]

@@ -43,6 +43,7 @@ class Invalidation:
     ino: int
     parent_ino: int | None = None  # with name: forget this directory entry too
     name: str | None = None
+    listing_grew: bool = False  # a folder that only gained names: its attributes go, its pages may stay
 
 
 class Layers:
@@ -255,7 +256,7 @@ class Layers:
                     out.append(self._forget_dir(parts))
         gone = [note.parts for note in changed
                 if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
-        out.extend(self._listings_changed(gone + appeared, everything=rebuild))
+        out.extend(self._listings_changed(gone, appeared, everything=rebuild))
         for parts in list(self.tombstoned):
             removal = self.removed.get(parts)
             if removal is None or not self.shows_at(parts, removal.resource_id):
@@ -263,28 +264,30 @@ class Layers:
                 self.removed.pop(parts, None)
         return [i for i in out if i is not None]
 
-    def _listings_changed(self, paths: list[Parts], *, everything: bool) -> list[Invalidation]:
+    def _listings_changed(self, gone: list[Parts], appeared: list[Parts], *,
+                          everything: bool) -> list[Invalidation]:
         """The folders whose cached listings may hold a name that came or went (each known ancestor).
 
         The kernel keeps a folder's listing until it is dropped (no
         ``opendir`` reaches the mount), so every folder above a path that
-        appeared or disappeared is listed again (its mtime moves, its
-        attributes and pages go: ``MountState._apply``), at worst once more
-        than needed.
+        appeared or disappeared is listed again, at worst once more than
+        needed: its mtime moves and its attributes go (``MountState._apply``).
+        A folder above a path that went loses its cached pages too, as a
+        listing continued from an offset reads them unchecked; one that
+        only gained names keeps them: such a listing may miss a name that
+        came meanwhile, as on any filesystem, and a ``cp -r`` into the
+        mount does not pay a page drop on the worker for every note.
         """
         if everything:
-            changed = list(self.dirs.values())
+            lost, grew = list(self.dirs.values()), []
         else:
-            folders: set[Parts] = set()
-            for parts in paths:
-                for depth in range(len(parts) - 1, -1, -1):
-                    if parts[:depth] in folders:
-                        break
-                    folders.add(parts[:depth])
-            changed = [node for folder in folders if (node := self.dirs.get(folder)) is not None]
-        for node in changed:
+            lost_parts = _folders_above(gone)
+            lost = [node for folder in lost_parts if (node := self.dirs.get(folder)) is not None]
+            grew = [node for folder in _folders_above(appeared) - lost_parts
+                    if (node := self.dirs.get(folder)) is not None]
+        for node in (*lost, *grew):
             node.listing_version += 1
-        return [Invalidation(node.ino) for node in changed]
+        return [Invalidation(node.ino) for node in lost] + [Invalidation(node.ino, listing_grew=True) for node in grew]
 
     def _forget_dir(self, parts: Parts) -> Invalidation | None:
         if parts in self.local:
@@ -295,6 +298,17 @@ class Layers:
         node.attached = False
         parent = self.dirs.get(parts[:-1])
         return Invalidation(node.ino, parent.ino if parent else None, parts[-1])
+
+
+def _folders_above(paths: list[Parts]) -> set[Parts]:
+    """Every folder that holds one of ``paths``, however far up."""
+    folders: set[Parts] = set()
+    for parts in paths:
+        for depth in range(len(parts) - 1, -1, -1):
+            if parts[:depth] in folders:
+                break
+            folders.add(parts[:depth])
+    return folders
 
 
 def _deposit_at(found: tuple[Mount, Parts]) -> bool:

@@ -252,9 +252,12 @@ class MountState:
             if item.name is None and node is not None and node.kind is Kind.DIR:
                 # A folder's cached listing is stale before any request sees the new view: its
                 # mtime moved (``Layers.apply``) and its attributes go here, on this thread, which
-                # waits for no lock (``vfs.pages.list_again``); its pages go on the worker, as the
-                # kernel holds one locked while a caller's copy may wait on a READ this loop answers.
+                # waits for no lock (``vfs.pages.list_again``); its pages, if it lost a name, go on
+                # the worker, as the kernel holds one locked while a caller's copy may wait on a READ
+                # this loop answers.
                 list_again(item.ino)
+                if item.listing_grew:
+                    continue  # its cached pages may stay (``Layers._listings_changed`` says why)
             self._queue(item, node)
         if self.view is not old:
             # Local copies of notes (a backup taken by rename, a draft loaded

@@ -43,9 +43,11 @@ def list_again(ino: int) -> None:
     (``auto_inval_data``: libfuse's default, which neither pyfuse3 nor our
     patch changes), finds the mtime moved (``Node.listing_version``) and
     drops the cached listing itself. A listing that goes on from an offset
-    is not checked that way, nor is any listing if that flag were off: the
-    folder's pages are dropped too, on the worker, right after, and a
-    refusal there fails the mount closed (``vfs.follow``).
+    is not checked that way, nor is any listing if that flag were off: so
+    a folder that lost a name has its pages dropped too, on the worker,
+    right after, where a refusal fails the mount closed (``vfs.follow``;
+    ``Layers._listings_changed`` says why one that only gained names
+    does not).
     """
     _invalidate(ino, attr_only=True)
 
