@@ -8,6 +8,8 @@ a failing test never leaves a mount behind for the next one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import subprocess
 import time
@@ -19,6 +21,7 @@ from typing import TypeVar
 import apsw
 import pytest
 
+from scopefs.vfs.abort import unescaped
 from tests.conftest import Cli, Scenario
 
 T = TypeVar("T")
@@ -52,8 +55,8 @@ def errno_of(call: Callable[[], object]) -> int:
 
 def is_mounted(path: Path) -> bool:
     target = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
-        return any(line.split()[4] == target for line in info)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
+        return any(unescaped(line.split()[4]) == target for line in info)
 
 
 def view_servers(where: Path) -> set[int]:
@@ -71,6 +74,38 @@ def view_servers(where: Path) -> set[int]:
         if b"scopefs.vfs.server" in argv and wanted in argv and state not in ("Z", "X"):
             found.add(int(entry.name))
     return found
+
+
+def getdents_into(folder: Path, target: Path) -> int:
+    """``getdents64`` of ``folder`` into a private writable mapping of ``target``'s first page, never read before.
+
+    The kernel copies a cached listing out with its page locked, so the copy's
+    page fault (a ``READ`` of ``target``) is answered while that lock is held.
+    """
+    folder_fd, target_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY), os.open(target, os.O_RDONLY)
+    try:
+        mapping = mmap.mmap(target_fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            window = ctypes.c_char.from_buffer(mapping)
+            got = getdents64(folder_fd, ctypes.addressof(window), mmap.PAGESIZE)
+            del window
+            return got
+        finally:
+            mapping.close()
+    finally:
+        os.close(folder_fd)
+        os.close(target_fd)
+
+
+def getdents64(fd: int, address: int, size: int) -> int:
+    """The system call itself (Python has none): what a listing from the descriptor's offset returns."""
+    number = {"x86_64": 217, "aarch64": 61}[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    got = libc.syscall(ctypes.c_long(number), ctypes.c_int(fd), ctypes.c_void_p(address), ctypes.c_size_t(size))
+    if got < 0:
+        raise OSError(ctypes.get_errno(), "getdents64")
+    return int(got)
 
 
 @dataclass

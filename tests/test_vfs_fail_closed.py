@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,10 @@ import trio
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs import mount as mount_module
-from scopefs.vfs.abort import abort, connection_of
+from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.fs import ScopeFS
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import Mounts, errno_of, is_mounted, mounts, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, is_mounted, mounts, view_servers, wait_until  # noqa: F401
 
 SERVER = """
 import os, sys
@@ -155,3 +156,87 @@ def test_a_refused_invalidation_fails_the_mount_closed(scenario: Scenario, monke
 
 def _refuse(*args: object, **kwargs: object) -> None:
     raise OSError(errno.EIO, "the kernel refused the invalidation")
+
+
+def test_the_connection_is_found_without_asking_the_mount(scenario: Scenario, mounts: Mounts,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failing closed looks the connection up in mountinfo; resolving the mountpoint itself would ask
+    its server, which may be the stuck one, or the caller itself. A path the kernel writes escaped
+    (a space) is found too."""
+    view = mounts.mount(scenario.alice_session, name="with space")
+    expected = str(os.minor(os.stat(view).st_dev))
+    asked: list[str] = []
+    for name in ("stat", "lstat"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda path, *a, real=real, **k: asked.append(os.fspath(path))
+                            or real(path, *a, **k))
+    assert connection_of(str(view)) == expected
+    monkeypatch.undo()
+    assert str(view) not in asked
+
+
+def test_a_stuck_invalidation_fails_the_mount_closed(scenario: Scenario, mounts: Mounts) -> None:
+    """A process copies the cached listing of a folder into a mapping of a note of a second mount whose
+    server is stopped: the listing's page stays locked until that server answers. A note of the folder
+    is then removed, and the drop of the folder's pages waits on that lock, with every invalidation
+    queued behind it. The mount must not serve on meanwhile: once its worker dropped nothing for
+    ``watchdog.STALL_S`` while the kernel waited on no request of it, it fails closed."""
+    large = os.urandom(1 << 16)  # a mapping of a page needs a note of a page at least
+    scenario.cli("write", scenario.alice_session, "private/notes/large.md", stdin=large, check=True)
+    scenario.cli("write", scenario.alice_session, "private/notes/gone.md", stdin=b"soon gone\n", check=True)
+    view, other = mounts.mount(scenario.alice_session), mounts.mount(scenario.alice_session)
+    connections = [str(os.minor(os.stat(where).st_dev)) for where in (view, other)]
+    notes = view / "private" / "notes"
+    assert sorted(os.listdir(notes)) == ["allergy.md", "gone.md", "large.md"]  # the kernel now holds this listing
+    target = other / "private" / "notes" / "large.md"
+    # Looked up and opened while its server answers (its first open tells the kernel to send no more);
+    # its pages are never read before the listing.
+    os.close(os.open(target, os.O_RDONLY))
+    (stopped,) = view_servers(other)
+    listing: subprocess.Popen[str] | None = None
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        # In a process of its own: a descriptor of the stopped mount in this one would be closed by
+        # every fork of it (the CLI's), and each close waits for that server's answer.
+        listing = subprocess.Popen([sys.executable, "-c", LISTING, str(notes), str(target)], cwd=REPOSITORY,
+                                   stdout=subprocess.PIPE, text=True)
+        assert listing.stdout is not None and listing.stdout.readline().strip() == "listing"
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            listing.wait(timeout=0.5)
+        assert listing.returncode is None, "the listing did not wait for the stopped server"
+        wait_until(lambda: (requests_waiting(connections[1]) or 0) >= 1)  # its READ waits at the stopped one
+        scenario.cli("rm", scenario.alice_session, "private/notes/gone.md", check=True)
+        # Only the log is looked at meanwhile: a request of the mount would count as its being busy.
+        wait_until(lambda: STUCK in _mount_logs(scenario), timeout=STUCK_BOUND_S)
+        assert errno_of(lambda: os.statvfs(view)) == errno.ENOTCONN  # statvfs is never answered from a cache
+    except BaseException:
+        for connection in connections:
+            abort(connection)  # lets the listing and the clean-up end
+        raise
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        if listing is not None:
+            try:
+                copied, _ = listing.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                listing.kill()
+                listing.communicate()
+                raise
+    assert listing.returncode == 0 and int(copied) > 0  # the stopped server answered: the copy ended
+    assert target.read_bytes() == large  # and it serves on
+
+
+def _mount_logs(scenario: Scenario) -> str:
+    return "".join(log.read_text() for log in (scenario.cli.home / "mounts").glob("*.log"))
+
+
+STUCK = "is stuck: the mount fails closed"  # what the watchdog logs: this abort, not any other
+STUCK_BOUND_S = 30.0  # watchdog.STALL_S and the view change's own way to the mount, with room for a loaded machine
+LISTING = """
+import sys
+from pathlib import Path
+from tests.mountkit import getdents_into
+print("listing", flush=True)
+print(getdents_into(Path(sys.argv[1]), Path(sys.argv[2])), flush=True)
+"""
+REPOSITORY = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ import pytest
 
 from scopefs.vfs.abort import abort
 from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
-from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
+from tests.mountkit import Mounts, getdents64, getdents_into, mounts, wait_until  # noqa: F401
 
 BOUND_S = 10.0  # a functional bound, far below the kernel's 30 s cache timeouts
 OFFSITE = "channel/offsite.md"
@@ -358,38 +358,6 @@ def test_role_membership_change_applies_without_remount(scenario: Scenario, moun
 
 # -- a folder's cached listing ---------------------------------------------------
 
-def _getdents_into(folder: Path, target: Path) -> int:
-    """``getdents64`` of ``folder`` into a private writable mapping of ``target``'s first page, never read before.
-
-    The kernel copies a cached listing out with its page locked, so the copy's
-    page fault (a ``READ`` of ``target``) is answered while that lock is held.
-    """
-    folder_fd, target_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY), os.open(target, os.O_RDONLY)
-    try:
-        mapping = mmap.mmap(target_fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        try:
-            window = ctypes.c_char.from_buffer(mapping)
-            got = _getdents64(folder_fd, ctypes.addressof(window), mmap.PAGESIZE)
-            del window
-            return got
-        finally:
-            mapping.close()
-    finally:
-        os.close(folder_fd)
-        os.close(target_fd)
-
-
-def _getdents64(fd: int, address: int, size: int) -> int:
-    """The system call itself (Python has none): what a listing from the descriptor's offset returns."""
-    number = {"x86_64": 217, "aarch64": 61}[os.uname().machine]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    got = libc.syscall(ctypes.c_long(number), ctypes.c_int(fd), ctypes.c_void_p(address), ctypes.c_size_t(size))
-    if got < 0:
-        raise OSError(ctypes.get_errno(), "getdents64")
-    return int(got)
-
-
 def _entries_from(folder: Path, offset: int) -> list[tuple[str, int]]:
     """(name, offset of the next entry) of each entry a listing of ``folder`` gives from ``offset`` on."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -397,7 +365,7 @@ def _entries_from(folder: Path, offset: int) -> list[tuple[str, int]]:
         os.lseek(fd, offset, os.SEEK_SET)
         buffer = ctypes.create_string_buffer(1 << 16)
         found: list[tuple[str, int]] = []
-        while (got := _getdents64(fd, ctypes.addressof(buffer), len(buffer))) > 0:
+        while (got := getdents64(fd, ctypes.addressof(buffer), len(buffer))) > 0:
             at = 0
             while at < got:  # struct linux_dirent64: ino, off, reclen, type, name
                 _, following, length = struct.unpack_from("<QqH", buffer.raw, at)
@@ -459,7 +427,7 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
         new = f"new-{round_}.md"
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             try:
-                listing = pool.submit(_getdents_into, notes, notes / "large.md")
+                listing = pool.submit(getdents_into, notes, notes / "large.md")
                 time.sleep(0.02)  # its READ is being verified by now, most likely
                 pool.submit((other / "private" / "notes" / new).write_bytes, b"saved\n").result(timeout=30)
                 # This mount has applied the change once it shows the name, and the old drop would

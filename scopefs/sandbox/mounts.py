@@ -46,6 +46,7 @@ from pathlib import Path
 from scopefs.catalog.errors import BadInput, Conflict, Denied, StorageError
 from scopefs.catalog.home import Home
 from scopefs.sandbox.places import RUN_ROOT
+from scopefs.vfs.abort import unescaped
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -61,19 +62,6 @@ class MountRecord:
     module: str = SERVER_MODULE  # the server's module (records written before it existed name none)
 
 
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mounted_fstype(mountpoint: str) -> str | None:
     """The filesystem type mounted exactly at ``mountpoint``, if any (last one wins)."""
     found = None
@@ -81,7 +69,7 @@ def mounted_fstype(mountpoint: str) -> str | None:
         for line in info:
             left, _, right = line.partition(" - ")
             fields = left.split()
-            if len(fields) >= 5 and _unescape(fields[4]) == mountpoint:
+            if len(fields) >= 5 and unescaped(fields[4]) == mountpoint:
                 found = right.split()[0] if right else None
     return found
 

@@ -7,7 +7,8 @@ fails closed: the connection is aborted through the kernel's FUSE control
 filesystem, which fails every access, cached or not, of every process
 with ``ENOTCONN`` and lets the kernel forget the pages. An unmount would
 not do: a lazy unmount keeps the superblock and its pages alive for every
-descriptor still open.
+descriptor still open. The same filesystem tells how many requests of the
+connection the kernel is waiting on (``vfs.watchdog``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 
 log = logging.getLogger("scopefs.vfs")
@@ -23,29 +25,47 @@ CONTROL = "/sys/fs/fuse/connections"
 
 
 def connection_of(mountpoint: str) -> str | None:
-    """The FUSE connection number of the mount at ``mountpoint`` (its device's minor), from mountinfo."""
-    target = os.path.realpath(mountpoint)
+    """The FUSE connection number of the mount at ``mountpoint`` (its device's minor), from mountinfo;
+    the last one mounted there, as the kernel resolves the path. Callers pass a resolved path (the
+    CLI does).
+
+    Only the folder above is resolved: resolving the mountpoint itself
+    would ask the mount for its root's attributes, and the server that
+    fails closed may be the one that would have to answer.
+    """
+    path = mountpoint.rstrip("/") or "/"
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)
+    above, name = os.path.split(path)
+    target = os.path.join(os.path.realpath(above), name)
+    found = None
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
             for line in table:
                 fields = line.split()
-                if len(fields) > 4 and fields[4] == target and " - fuse" in line:
-                    return fields[2].split(":")[1]
+                if len(fields) > 4 and unescaped(fields[4]) == target:
+                    found = fields[2].split(":")[1] if " - fuse" in line else None
     except OSError:
         return None
-    return None
+    return found
+
+
+def unescaped(field: str) -> str:
+    """A mountinfo path field as the path it names (the kernel writes space, tab, newline and
+    backslash as three octal digits after a backslash)."""
+    return _ESCAPE.sub(lambda m: chr(int(m[1], 8)), field) if "\\" in field else field
+
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def abort(connection: str | None) -> bool:
-    """Abort FUSE connection ``connection``; whether the kernel took it (the control filesystem
-    is mounted first if it is not, as systemd does at boot)."""
-    if connection is None or not connection.isdigit():
+    """Abort FUSE connection ``connection``; whether the kernel took it."""
+    path = _control_file(connection, "abort")
+    if path is None:
         return False
-    path = os.path.join(CONTROL, connection, "abort")
     if not os.path.exists(path):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["mount", "-t", "fusectl", "fusectl", CONTROL], check=False, timeout=10,
-                           capture_output=True)
+        ensure_control()
     try:
         with open(path, "w", encoding="ascii") as control:
             control.write("1")
@@ -53,3 +73,36 @@ def abort(connection: str | None) -> bool:
         log.error("the mount's connection could not be aborted (%s)", type(exc).__name__)
         return False
     return True
+
+
+def requests_waiting(connection: str | None) -> int | None:
+    """How many requests of FUSE connection ``connection`` the kernel has queued or awaits an answer
+    to (background ones too, not the ones it sends whatever happens); None if that cannot be read.
+    Asks nothing of the mount itself, and mounts nothing (``ensure_control``, at the mount's start)."""
+    path = _control_file(connection, "waiting")
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as control:
+            return int(control.read(32))
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_control() -> None:
+    """Mount the kernel's FUSE control filesystem if it is not (as systemd does at boot): failing closed
+    and telling a stuck drop from a busy mount need it, and mounting it then would block the loop."""
+    try:
+        if os.listdir(CONTROL):
+            return  # mounted: it lists every connection
+    except OSError:
+        return  # no such folder: nothing to mount it on
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", CONTROL], check=False, timeout=10,
+                       capture_output=True)
+
+
+def _control_file(connection: str | None, name: str) -> str | None:
+    if connection is None or not connection.isdigit():
+        return None
+    return os.path.join(CONTROL, connection, name)

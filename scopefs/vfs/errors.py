@@ -50,6 +50,22 @@ def fuse_error(exc: BaseException) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno_for(exc))
 
 
+class Answering:
+    """How many requests the handlers are answering right now.
+
+    The kernel's own count of the requests it waits on (``vfs.abort``) leaves
+    out the ones it sends whatever happens (a mapping's written pages), and a
+    lock it holds for one is let go once answered (``vfs.watchdog``). pyfuse3
+    serves one mount per process, so one count serves.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+ANSWERING = Answering()
+
+
 def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Turn every failure of a request handler into an errno reply.
 
@@ -60,6 +76,7 @@ def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
 
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        ANSWERING.count += 1
         try:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -68,5 +85,8 @@ def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
             if not isinstance(exc, (ScopefsError, OSError)):
                 log.error("unexpected %s in %s", type(exc).__name__, handler.__name__)
             raise fuse_error(exc) from None
+        finally:
+            ANSWERING.count -= 1
 
     return wrapper
+

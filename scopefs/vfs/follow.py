@@ -41,6 +41,7 @@ from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
 from scopefs.vfs.watch import ARTIFACT_EVENTS, CATALOG_EVENTS, DirectoryWatch, commit_events
+from scopefs.vfs.watchdog import Outcome, Progress, watched
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -333,7 +334,8 @@ class Follow:
 
     async def _invalidate(self) -> None:
         """Send invalidations from their own thread, never from a handler, all that are queued
-        in one trip; if the kernel refuses one, the mount fails closed (``vfs.abort``)."""
+        in one trip; if the kernel refuses one, or one is stuck (``vfs.watchdog``), the mount fails
+        closed (``vfs.abort``)."""
         channel = self._mount.invalidations
         async for item in channel:
             batch = [item]
@@ -342,10 +344,9 @@ class Follow:
                     batch.append(channel.receive_nowait())
                 except trio.WouldBlock:
                     break
-            sent = await trio.to_thread.run_sync(_send_invalidations, batch)
-            if not sent:
-                log.error("the kernel kept pages or names it was told to drop: the mount fails closed")
-                self._mount.fail_closed()
+            outcome = await watched(functools.partial(_send_invalidations, batch), self._mount.busy)
+            if outcome is not Outcome.DONE:
+                self._mount.fail_closed(outcome)
 
 
 def _seconds_until(when_us: int | None) -> float:
@@ -357,8 +358,9 @@ def _seconds_until(when_us: int | None) -> float:
     return left + 0.001 if left > 0 else POLL_S
 
 
-def _send_invalidations(batch: list[Queued]) -> bool:
-    """Send ``batch``; False if the kernel refused one for any reason but ``GONE``.
+def _send_invalidations(batch: list[Queued], progress: Progress) -> bool:
+    """Send ``batch`` (``vfs.watchdog`` sees each one end); False if the kernel refused one for any
+    reason but ``GONE``.
 
     Each node learns that its invalidation has begun before the kernel
     starts it (``Node.invalidating``): from then on, its ``READ``s serve the
@@ -378,4 +380,5 @@ def _send_invalidations(batch: list[Queued]) -> bool:
                 pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())
             except OSError as exc:
                 sent = sent and exc.errno in GONE
+        progress.ended += 1
     return sent

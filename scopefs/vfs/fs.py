@@ -195,7 +195,7 @@ class ScopeFS(pyfuse3.Operations):
         if self.queries.covers(parent, name):
             node = await self.queries.lookup(parent, name)
             if node.kind is Kind.RESULTS:  # new results: the kernel keeps no page of the last ones
-                await self.mount.drop_pages_now([node])
+                await self.mount.drop_pages_now([node], in_handler=True)
         elif self.history.covers(parent, name):
             node = await self.history.lookup(parent, name)
         else:

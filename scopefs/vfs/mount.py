@@ -41,8 +41,9 @@ from scopefs.catalog.marks import Mark, mark
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
-from scopefs.vfs.abort import abort, connection_of
+from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.content import Artifacts
+from scopefs.vfs.errors import ANSWERING
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.historytree import is_history_path
@@ -51,6 +52,7 @@ from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.names import BadName, confusable, decode
 from scopefs.vfs.pages import drop_pages_of, list_again
 from scopefs.vfs.querytree import Results, is_query_path
+from scopefs.vfs.watchdog import Outcome, watched
 
 log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
@@ -87,6 +89,10 @@ class MountState:
         self.session_id = session_id
         self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
         self.mountpoint: str | None = None  # set once mounted (``vfs.server``): to abort its connection
+        # its FUSE connection's number, looked up once mounted: failing closed then asks no file system
+        self.connection: str | None = None
+        self.abandoned = False  # a worker was left stuck in the kernel (``vfs.watchdog``): never close the session
+        self._handlers_dropping = 0  # handlers waiting in ``drop_pages_now``: requests that hold no lock of a drop
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
         self.handles = HandleTable()
@@ -284,15 +290,25 @@ class MountState:
             node.invalidations_queued += 1  # until its sending begins, READs keep to the revision it had
         self._invalidations.send_nowait(Queued(item, node))
 
-    def fail_closed(self) -> None:
-        """The kernel kept something it was told to drop: end the connection (``vfs.abort``)."""
+    def fail_closed(self, outcome: Outcome) -> None:
+        """The kernel kept something it was told to drop, or a drop is stuck: end the connection
+        (``vfs.abort``)."""
+        self.abandoned = self.abandoned or outcome is Outcome.STUCK
         if self.mountpoint is None:
             return  # not mounted: no kernel holds anything of this view
-        if not abort(connection_of(self.mountpoint)):
+        if not abort(self.connection or connection_of(self.mountpoint)):
             pyfuse3.terminate()  # at least stop answering; the caches go with the unmount
 
-    async def drop_pages_now(self, nodes: Iterable[Node]) -> None:
-        """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued).
+    def busy(self) -> bool:
+        """Whether a request of this mount is waiting, in the kernel or in a handler, besides the handlers
+        that wait on a drop themselves (``vfs.watchdog``); True if the kernel's count cannot be read."""
+        waiting = requests_waiting(self.connection)
+        return waiting is None or max(waiting, ANSWERING.count) > self._handlers_dropping
+
+    async def drop_pages_now(self, nodes: Iterable[Node], *, in_handler: bool = False) -> None:
+        """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued); if the kernel
+        refuses, or the drop is stuck (``vfs.watchdog``), the mount fails closed. ``in_handler``: the
+        caller is a request's handler, which waits on the drop rather than holding its lock.
 
         On a worker: an invalidation can wait on a page that a READ in
         flight holds, and this loop answers that READ meanwhile.
@@ -301,8 +317,15 @@ class MountState:
         for node in nodes:  # a folder's pages are its cached listing
             node.forget_pages()
             inos.append(node.ino)
-        if inos:
-            await trio.to_thread.run_sync(drop_pages_of, inos)
+        if not inos:
+            return
+        self._handlers_dropping += in_handler
+        try:
+            outcome = await watched(functools.partial(drop_pages_of, inos), self.busy)
+        finally:
+            self._handlers_dropping -= in_handler
+        if outcome is not Outcome.DONE:
+            self.fail_closed(outcome)
 
     async def dismissed(self, pid_namespace: int) -> None:
         """A sandbox is gone: drop every page the kernel holds of this mount (``vfs.gate`` says why).

@@ -16,23 +16,14 @@ import logging
 
 import pyfuse3
 
+from scopefs.vfs.watchdog import Progress
+
 log = logging.getLogger("scopefs.vfs")
 
 
 # ENOENT: the kernel does not know the inode; ENODEV, ENOTCONN: the connection is gone, and the
 # kernel has nothing of this mount left to drop through it.
 GONE = (errno.ENOENT, errno.ENODEV, errno.ENOTCONN)
-
-
-def drop_pages(ino: int) -> None:
-    """Drop the kernel's pages (and attributes) of ``ino`` now; never from the trio thread.
-
-    The kernel locks a page while a READ that this loop must answer fills
-    it, and a folder's listing page while it copies the listing out to a
-    caller, whose buffer may be a mapping of a note of this same mount
-    (a page fault there is such a READ): dropping either waits for it.
-    """
-    _invalidate(ino, attr_only=False)
 
 
 def list_again(ino: int) -> None:
@@ -52,16 +43,29 @@ def list_again(ino: int) -> None:
     _invalidate(ino, attr_only=True)
 
 
-def _invalidate(ino: int, *, attr_only: bool) -> None:
+def _invalidate(ino: int, *, attr_only: bool) -> bool:
     try:
         pyfuse3.invalidate_inode(ino, attr_only=attr_only)
     except OSError as exc:
         if exc.errno not in GONE:
             what = "attributes" if attr_only else "pages"
             log.warning("%s of an inode were not dropped (%s)", what, errno.errorcode.get(exc.errno or 0, "?"))
+            return False
+    return True
 
 
-def drop_pages_of(inos: list[int]) -> None:
-    """``drop_pages`` for each of ``inos``, in one trip to a worker."""
+def drop_pages_of(inos: list[int], progress: Progress) -> bool:
+    """Drop the kernel's pages (and attributes) of each of ``inos``, in one trip to a worker, never
+    from the trio thread; False if the kernel refused one.
+
+    The kernel locks a page while a READ that this loop must answer fills
+    it, and a folder's listing page while it copies the listing out to a
+    caller, whose buffer may be a mapping of a note of this same mount
+    (a page fault there is such a READ): dropping either waits for it.
+    A lock held by something else is ``vfs.watchdog``'s to notice.
+    """
+    dropped = True
     for ino in inos:
-        drop_pages(ino)
+        dropped = _invalidate(ino, attr_only=False) and dropped
+        progress.ended += 1
+    return dropped

@@ -36,12 +36,15 @@ from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Op
 from scopefs.catalog.visible import build
+from scopefs.vfs.abort import connection_of, ensure_control, requests_waiting
 from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.latency import ENVIRONMENT, CpuLatency, bound_from
 from scopefs.vfs.lean import give_back
+from scopefs.vfs.watchdog import HARD_STALL_S
 from scopefs.writer.recovery import drain_home, recover_home
 
+log = logging.getLogger("scopefs.vfs")
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
                            "noexec"})
 
@@ -106,11 +109,17 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
     fs.mount.mountpoint = mountpoint
+    fs.mount.connection = connection_of(mountpoint)
+    ensure_control()
+    if requests_waiting(fs.mount.connection) is None:
+        log.warning("the kernel's count of this mount's requests cannot be read: a stuck drop from its "
+                    "caches is told from a busy mount only after %d s", HARD_STALL_S)
     try:
         trio.run(_run, fs, mountpoint, on_ready, tasks, latency)
     finally:
         latency.close()
-        pyfuse3.close(unmount=fs.terminated)
+        if not fs.mount.abandoned:  # a worker stuck in libfuse would use the freed session once let go
+            pyfuse3.close(unmount=fs.terminated)
 
 
 class ReportReady(Protocol):
