@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Callable
 
 import pytest
 import trio
 
-from scopefs.vfs import watchdog
-from scopefs.vfs.watchdog import Outcome, Progress, watched
+from scopefs.vfs import mount, watchdog
+from scopefs.vfs.errors import ANSWERING
+from scopefs.vfs.mount import MountState
+from scopefs.vfs.watchdog import Outcome, Progress, let_go, watched
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +23,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watchdog, "STALL_S", 0.5)
     monkeypatch.setattr(watchdog, "HARD_STALL_S", 30.0)
     monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
+    monkeypatch.setattr(watchdog, "_abandoned", [])
 
 
 def _run(work: Callable[[Progress], bool], busy: Callable[[], bool]) -> Outcome:
@@ -110,3 +114,42 @@ def test_a_mount_that_stops_lets_a_moving_worker_end() -> None:
 
     assert trio.run(main) is Outcome.DONE
     assert ended.is_set()
+
+
+def test_the_server_closes_its_session_only_once_every_abandoned_worker_returned() -> None:
+    release = threading.Event()
+    try:
+        assert _run(_waits(release), lambda: False) is Outcome.STUCK
+        assert not let_go(0.1)
+    finally:
+        release.set()
+    assert let_go(5.0)
+
+
+def test_a_drop_waits_on_no_slot_of_the_shared_thread_limiter() -> None:
+    """Every slot of the default limiter taken (reads on workers, or abandoned drops): a drop still runs."""
+    async def main() -> Outcome:
+        shared = trio.to_thread.current_default_thread_limiter()
+        shared.total_tokens = 1
+        async with shared:
+            return await watched(lambda progress: True, lambda: False)
+    assert trio.run(main) is Outcome.DONE
+
+
+@pytest.mark.parametrize(("waiting", "answering", "dropping", "serving", "busy"), [
+    (None, 0, 0, True, True),  # the kernel's count unreadable: never idle
+    (0, 0, 0, True, False),
+    (1, 0, 0, True, True),  # a request queued in the kernel
+    (0, 1, 0, True, True),  # one it does not count (a mapping's written pages), being answered
+    (1, 1, 1, True, False),  # the handler of the one request waits on a drop itself: it holds no lock of it
+    (2, 1, 1, True, True),
+    (1, 2, 1, True, True),
+    (3, 0, 0, False, False),  # the loop stopped: nothing queued will be answered
+])
+def test_a_mount_is_busy_while_a_request_waits_that_is_not_itself_waiting_on_a_drop(
+        monkeypatch: pytest.MonkeyPatch, waiting: int | None, answering: int, dropping: int, serving: bool,
+        busy: bool) -> None:
+    monkeypatch.setattr(mount, "requests_waiting", lambda connection: waiting)
+    monkeypatch.setattr(ANSWERING, "count", answering)
+    state = types.SimpleNamespace(connection="7", answering=serving, _handlers_dropping=dropping)
+    assert MountState.busy(state) is busy  # type: ignore[arg-type]

@@ -44,7 +44,8 @@ def connection_of(mountpoint: str) -> str | None:
             for line in table:
                 fields = line.split()
                 if len(fields) > 4 and unescaped(fields[4]) == target:
-                    found = fields[2].split(":")[1] if " - fuse" in line else None
+                    kind = fields[fields.index("-", 5) + 1] if "-" in fields[5:-1] else ""  # after the optional fields
+                    found = fields[2].split(":")[1] if kind == "fuse" or kind.startswith("fuse.") else None
     except OSError:
         return None
     return found

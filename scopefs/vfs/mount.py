@@ -92,6 +92,7 @@ class MountState:
         # its FUSE connection's number, looked up once mounted: failing closed then asks no file system
         self.connection: str | None = None
         self.abandoned = False  # a worker was left stuck in the kernel (``vfs.watchdog``): never close the session
+        self.answering = True  # until the server's loop stops: requests still waiting then get no answer
         self._handlers_dropping = 0  # handlers waiting in ``drop_pages_now``: requests that hold no lock of a drop
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
@@ -301,7 +302,10 @@ class MountState:
 
     def busy(self) -> bool:
         """Whether a request of this mount is waiting, in the kernel or in a handler, besides the handlers
-        that wait on a drop themselves (``vfs.watchdog``); True if the kernel's count cannot be read."""
+        that wait on a drop themselves (``vfs.watchdog``); True if the kernel's count cannot be read. Never
+        once the loop stopped answering: a drop waiting on a lock held for a request then waits for good."""
+        if not self.answering:
+            return False
         waiting = requests_waiting(self.connection)
         return waiting is None or max(waiting, ANSWERING.count) > self._handlers_dropping
 

@@ -41,10 +41,11 @@ from scopefs.vfs.fs import POLL_NS, ScopeFS
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.latency import ENVIRONMENT, CpuLatency, bound_from
 from scopefs.vfs.lean import give_back
-from scopefs.vfs.watchdog import HARD_STALL_S
+from scopefs.vfs.watchdog import HARD_STALL_S, let_go
 from scopefs.writer.recovery import drain_home, recover_home
 
 log = logging.getLogger("scopefs.vfs")
+LET_GO_S = 2.0  # how long the server waits at exit for an abandoned drop's worker, freed by the abort
 MOUNT_OPTIONS = frozenset({"fsname=scopefs", "subtype=scopefs", "default_permissions", "nosuid", "nodev",
                            "noexec"})
 
@@ -85,6 +86,7 @@ async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
         await pyfuse3.main(poll_ns=POLL_NS, on_wait=latency.touch)
+        fs.mount.answering = False
         nursery.cancel_scope.cancel()
     await fs.shutdown()
 
@@ -118,8 +120,11 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
         trio.run(_run, fs, mountpoint, on_ready, tasks, latency)
     finally:
         latency.close()
-        if not fs.mount.abandoned:  # a worker stuck in libfuse would use the freed session once let go
+        # A worker abandoned in libfuse would use a closed session once let go; the abort usually lets it go.
+        if not fs.mount.abandoned or let_go(LET_GO_S):
             pyfuse3.close(unmount=fs.terminated)
+        else:
+            log.error("a drop from the kernel's caches is still stuck: the aborted mount stays until unmounted")
 
 
 class ReportReady(Protocol):

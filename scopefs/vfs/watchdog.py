@@ -19,14 +19,19 @@ kernel leaves out what it sends whatever happens, a mapping's written
 pages), not counting handlers that wait on a drop themselves. A client
 that keeps the mount busy puts that off, for ``HARD_STALL_S`` at most. A
 gap between two looks counts as busy: the loop was held, the worker may
-not have run. Nothing can free the abandoned thread but the holder: an
-unmount, and the server's exit, wait for it in the kernel.
+not have run. Nothing can free the abandoned thread but the holder, or
+the abort of the connection that failing closed brings (the lock was held
+for a request of this mount after all): the server closes its session only
+once every abandoned thread has let go (``let_go``), and an unmount waits
+for one that never does in the kernel.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +42,9 @@ log = logging.getLogger("scopefs.vfs")
 STALL_S = 5.0  # how long a worker may drop nothing while the mount is idle before it counts as stuck
 HARD_STALL_S = 60.0  # how long it may drop nothing however busy the mount is (a request that never ends)
 SAMPLE_S = 0.1  # how often the mount's idleness is looked at while a worker waits
+
+
+_abandoned: list[threading.Event] = []  # set once each worker abandoned so far has returned
 
 
 class Outcome(enum.Enum):
@@ -63,6 +71,7 @@ async def watched(work: Callable[[Progress], bool], busy: Callable[[], bool]) ->
     """
     progress = Progress()
     done: list[bool] = []
+    returned = threading.Event()
     with trio.CancelScope(shield=True):
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
@@ -80,9 +89,12 @@ async def watched(work: Callable[[Progress], bool], busy: Callable[[], bool]) ->
                         nursery.cancel_scope.cancel()  # the worker is abandoned where it waits
                         return
             nursery.start_soon(watch)
-            done.append(await trio.to_thread.run_sync(_guarded, work, progress, abandon_on_cancel=True))
+            done.append(await trio.to_thread.run_sync(_guarded, work, progress, returned, abandon_on_cancel=True,
+                                                      limiter=trio.CapacityLimiter(1)))  # never waits on a
+            # slot (the clock runs), nor keeps one of the shared limiter's once abandoned
             nursery.cancel_scope.cancel()
     if not done:
+        _abandoned.append(returned)
         log.error("a drop from the kernel's caches is stuck: the mount fails closed")
         return Outcome.STUCK
     if not done[0]:
@@ -91,9 +103,18 @@ async def watched(work: Callable[[Progress], bool], busy: Callable[[], bool]) ->
     return Outcome.DONE
 
 
-def _guarded(work: Callable[[Progress], bool], progress: Progress) -> bool:
+def let_go(timeout: float) -> bool:
+    """Whether every worker abandoned so far has returned, waiting ``timeout`` at most in all: libfuse's
+    session may be closed only then (one still inside would use it freed)."""
+    deadline = time.monotonic() + timeout
+    return all(returned.wait(max(0.0, deadline - time.monotonic())) for returned in _abandoned)
+
+
+def _guarded(work: Callable[[Progress], bool], progress: Progress, returned: threading.Event) -> bool:
     try:
         return work(progress)
     except Exception as exc:  # noqa: BLE001 - a worker that failed dropped what it may not have: refused
         log.error("a drop from the kernel's caches failed (%s)", type(exc).__name__)
         return False
+    finally:
+        returned.set()
