@@ -30,16 +30,21 @@ def _run(work: Callable[[Progress], bool], busy: Callable[[], bool]) -> Outcome:
     return trio.run(watched, work, busy)
 
 
-def _waits(let_go: threading.Event) -> Callable[[Progress], bool]:
-    return lambda progress: let_go.wait(60)
+def _waits(release: threading.Event) -> Callable[[Progress], bool]:
+    return lambda progress: release.wait(60)
+
+
+def _a_waiting_worker(busy: Callable[[], bool]) -> Outcome:
+    """The outcome for a worker that waits until told, told once it is known."""
+    release = threading.Event()
+    try:
+        return _run(_waits(release), busy)
+    finally:
+        release.set()
 
 
 def test_a_worker_that_waits_while_the_mount_is_idle_is_abandoned() -> None:
-    let_go = threading.Event()
-    try:
-        assert _run(_waits(let_go), lambda: False) is Outcome.STUCK
-    finally:
-        let_go.set()
+    assert _a_waiting_worker(lambda: False) is Outcome.STUCK
 
 
 def test_a_worker_waiting_while_a_request_of_the_mount_waits_is_not() -> None:
@@ -55,11 +60,7 @@ def test_a_worker_waiting_while_a_request_of_the_mount_waits_is_not() -> None:
 
 def test_however_busy_the_mount_a_worker_that_never_moves_is_abandoned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watchdog, "HARD_STALL_S", 1.0)
-    let_go = threading.Event()
-    try:
-        assert _run(_waits(let_go), lambda: True) is Outcome.STUCK
-    finally:
-        let_go.set()
+    assert _a_waiting_worker(lambda: True) is Outcome.STUCK
 
 
 def test_a_worker_that_keeps_dropping_is_not() -> None:
