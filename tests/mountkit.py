@@ -21,7 +21,7 @@ from typing import TypeVar
 import apsw
 import pytest
 
-from scopefs.vfs.abort import unescaped
+from scopefs.vfs.mountinfo import last_mount_at
 from tests.conftest import Cli, Scenario
 
 T = TypeVar("T")
@@ -54,9 +54,7 @@ def errno_of(call: Callable[[], object]) -> int:
 
 
 def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
-        return any(unescaped(line.split()[4]) == target for line in info)
+    return last_mount_at(os.path.realpath(path)) is not None
 
 
 def view_servers(where: Path) -> set[int]:

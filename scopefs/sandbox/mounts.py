@@ -46,7 +46,7 @@ from pathlib import Path
 from scopefs.catalog.errors import BadInput, Conflict, Denied, StorageError
 from scopefs.catalog.home import Home
 from scopefs.sandbox.places import RUN_ROOT
-from scopefs.vfs.abort import unescaped
+from scopefs.vfs.mountinfo import last_mount_at
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -64,14 +64,8 @@ class MountRecord:
 
 def mounted_fstype(mountpoint: str) -> str | None:
     """The filesystem type mounted exactly at ``mountpoint``, if any (last one wins)."""
-    found = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
-        for line in info:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            if len(fields) >= 5 and unescaped(fields[4]) == mountpoint:
-                found = right.split()[0] if right else None
-    return found
+    entry = last_mount_at(mountpoint)
+    return (entry.fstype or None) if entry is not None else None
 
 
 def _registry(home: Home) -> Path:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import subprocess
+
+from scopefs.vfs.mountinfo import last_mount_at
 
 log = logging.getLogger("scopefs.vfs")
 
@@ -37,27 +38,13 @@ def connection_of(mountpoint: str) -> str | None:
     if not os.path.isabs(path):
         path = os.path.join(os.getcwd(), path)
     above, name = os.path.split(path)
-    target = os.path.join(os.path.realpath(above), name)
-    found = None
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
-            for line in table:
-                fields = line.split()
-                if len(fields) > 4 and unescaped(fields[4]) == target:
-                    kind = fields[fields.index("-", 5) + 1] if "-" in fields[5:-1] else ""  # after the optional fields
-                    found = fields[2].split(":")[1] if kind == "fuse" or kind.startswith("fuse.") else None
+        entry = last_mount_at(os.path.join(os.path.realpath(above), name))
     except OSError:
         return None
-    return found
-
-
-def unescaped(field: str) -> str:
-    """A mountinfo path field as the path it names (the kernel writes space, tab, newline and
-    backslash as three octal digits after a backslash)."""
-    return _ESCAPE.sub(lambda m: chr(int(m[1], 8)), field) if "\\" in field else field
-
-
-_ESCAPE = re.compile(r"\\([0-7]{3})")
+    if entry is None or not (entry.fstype == "fuse" or entry.fstype.startswith("fuse.")):
+        return None
+    return entry.device.partition(":")[2] or None
 
 
 def abort(connection: str | None) -> bool:

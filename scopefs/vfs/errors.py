@@ -89,4 +89,3 @@ def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
             ANSWERING.count -= 1
 
     return wrapper
-
