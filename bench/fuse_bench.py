@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""FUSE benchmark: file tools on a scopefs mount, on a bare pyfuse3 passthrough, and on the disk.
+"""FUSE benchmark: file tools on a scopefs mount, on bare passthroughs in Python and in C, and on the disk.
 
 What issue 3 asks for: the tools an agent runs over its memory (``grep -r``,
 ``rg``, ``find``, ``ls -lR``, ``cat`` of a large file, an editor's atomic
-save) timed on the same tree reached three ways:
+save) timed on the same tree reached four ways:
 
 * ``native``: a plain directory on the disk;
 * ``passthrough``: ``bench/passthrough.py``, a minimal pyfuse3 passthrough
   over a copy of that directory (timeouts 1 s, ``keep_cache``), mounted with
   scopefs's mount options: the floor any Python FUSE filesystem starts from;
+* ``libfuse``: libfuse's own ``passthrough_ll`` example in C, built from the
+  installed ``libfuse3-dev`` (``bench/libfuse_passthrough.py``), over a third
+  copy with the same cache settings and mount options: the floor of any FUSE
+  filesystem on this machine, so a target it misses is the kernel's;
 * ``scopefs``: ``scopefs mount`` of a DM session whose private store holds the
   same notes, written with the in-process ``write_note``.
 
@@ -16,7 +20,7 @@ The tree: ``--notes`` notes of 1-4 KiB of deterministic pseudo-random text in
 ``--folders`` folders (``private/bench/dNN/nNNNN.md``; about one note in ten
 has lines with the needle word), plus one ``--big-mib`` file
 (``private/big.bin``). Every figure is a median over rounds in which the
-three systems take turns (the order rotates each round), so a noisy minute
+four systems take turns (the order rotates each round), so a noisy minute
 on this shared VM hits all of them. Cold runs drop the page cache
 (``sync; echo 3 > /proc/sys/vm/drop_caches``) and, for a FUSE system, run
 first on a fresh mount. Every run's output is checked (match counts, file
@@ -60,6 +64,7 @@ REPO = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 
 try:
+    import libfuse_passthrough
     import passthrough
     import write_read as wr  # machine facts, fsync probe, percentile: the same as the write/read bench
 
@@ -72,7 +77,9 @@ except ImportError as exc:  # pragma: no cover - a usage error, not a result
     sys.exit(f"cannot import scopefs ({exc}); run with the project venv: .venv/bin/python bench/fuse_bench.py")
 
 DEFAULT_PARENT = BENCH_DIR / "out"
-SYSTEMS = ("native", "passthrough", "scopefs")
+SYSTEMS = ("native", "passthrough", "libfuse", "scopefs")
+SERVED = SYSTEMS[1:]  # through a FUSE mount
+SOURCES = {"passthrough": "ptsrc", "libfuse": "lpsrc"}  # each passthrough's own copy of the tree, in the workdir
 NEEDLE = "zyzzogeton"
 SEED = "scopefs-fuse-bench-v1"
 AGENT = "bench"
@@ -234,18 +241,18 @@ def setup_scopefs(home: Path, layout: Layout, vocab: Sequence[str], big_source: 
 # ---------------------------------------------------------------------------
 
 class Mounts:
-    """Mounts and unmounts the two FUSE systems; ``close`` leaves nothing mounted."""
+    """Mounts and unmounts the FUSE systems; ``close`` leaves nothing mounted."""
 
     def __init__(self, work: Path, session_id: str) -> None:
         self.work = work
         self.session_id = session_id
         self.home = work / "home"
-        self.points = {"passthrough": work / "mnt" / "passthrough", "scopefs": work / "mnt" / "scopefs"}
+        self.points = {system: work / "mnt" / system for system in SERVED}
         for point in self.points.values():
             point.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.mount_s: dict[str, list[float]] = {"passthrough": [], "scopefs": []}
-        self.umount_s: dict[str, list[float]] = {"passthrough": [], "scopefs": []}
+        self.mount_s: dict[str, list[float]] = {system: [] for system in SERVED}
+        self.umount_s: dict[str, list[float]] = {system: [] for system in SERVED}
 
     def root(self, system: str) -> Path:
         return self.work / "native" if system == "native" else self.points[system]
@@ -259,14 +266,19 @@ class Mounts:
         if system == "scopefs":
             cli(self.home, "mount", self.session_id, str(point))
         else:
-            with open(self.work / "passthrough.log", "ab") as err:
+            source = self.work / SOURCES[system]
+            argv, fstype = (
+                ([sys.executable, str(BENCH_DIR / "passthrough.py"), str(source), str(point)], "fuse.passthrough")
+                if system == "passthrough" else
+                (libfuse_passthrough.command(source, point, MOUNT_OPTIONS), libfuse_passthrough.FSTYPE))
+            with open(self.work / f"{system}.log", "ab") as err:
                 self.procs[system] = subprocess.Popen(
-                    [sys.executable, str(BENCH_DIR / "passthrough.py"), str(self.work / "ptsrc"), str(point)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                    preexec_fn=libfuse_passthrough.raise_open_files if system == "libfuse" else None)
             deadline = time.monotonic() + 30
-            while mounted_fstype(str(point)) != "fuse.passthrough":
+            while mounted_fstype(str(point)) != fstype:
                 if self.procs[system].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the passthrough did not mount; see passthrough.log")
+                    raise RuntimeError(f"the {system} server did not mount; see {system}.log")
                 time.sleep(0.01)
             os.stat(point / "private")  # answered: the mount is live
         self.mount_s[system].append(time.perf_counter() - start)
@@ -435,7 +447,7 @@ class Bench:
                 f"{w} " + "/".join(f"{self.samples['cold'][w][s][-1]:.2f}" for s in SYSTEMS) for w in COLD))
 
     def warm(self) -> None:
-        for system in ("passthrough", "scopefs"):
+        for system in SERVED:
             if not self.mounts.mounted(system):
                 self.mounts.mount(system)
         self.verify()  # doubles as the warm-up pass
@@ -456,14 +468,20 @@ class Bench:
     def copies(self, layout: Layout) -> dict[str, Any]:
         """``cp -r`` of the whole note tree (from native disk) into each system: every note a new file.
 
-        One round per system (10,000 creates and closes each). The copy is
-        checked file for file and removed again untimed, so the tree the
-        other workloads read stays the same.
+        One round per system (10,000 creates and closes each), each FUSE
+        system on a fresh mount (libfuse's passthrough holds a descriptor
+        for every inode the kernel remembers, and the tree's and the copy's
+        together pass this machine's limit: ``libfuse_passthrough``). The
+        copy is checked file for file and removed again untimed, so the
+        tree the other workloads read stays the same.
         """
         source = self.mounts.root("native") / TREE
         out: dict[str, Any] = {}
         for system in rotated(0):
             target = self.mounts.root(system) / "private" / "copy"
+            if system != "native":
+                self.mounts.umount(system, timed=False)
+                self.mounts.mount(system)
             if target.exists():
                 subprocess.run(["rm", "-rf", str(target)], check=True)
             start = time.perf_counter()
@@ -690,7 +708,7 @@ def tool_versions() -> dict[str, str]:
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], Layout, list[str]]:
-    """Build the three copies of the tree, or reuse a kept workdir built with the same parameters."""
+    """Build the copies of the tree, or reuse a kept workdir built with the same parameters."""
     layout = Layout(args.notes, args.folders)
     vocab = vocabulary()
     manifest_path = work / "manifest.json"
@@ -700,12 +718,17 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], Layou
         if manifest["params"] != params:
             sys.exit(f"{work} was built with {manifest['params']}, not {params}")
         log(f"reusing the tree in {work}")
+        for system, folder in SOURCES.items():  # a workdir kept from before this system was benched
+            if not (work / folder).exists():
+                log(f"  {system}: copying the tree from native (the notes as the last run left them)")
+                shutil.copytree(work / "native", work / folder)
         return manifest, layout, vocab
     log(f"building the tree in {work}: {args.notes} notes in {args.folders} folders, {args.big_mib} MiB file")
     start = time.perf_counter()
     matches, big_sha = write_tree(work / "native", layout, vocab, params["big_bytes"])
     native_s = time.perf_counter() - start
-    shutil.copytree(work / "native", work / "ptsrc")
+    for folder in SOURCES.values():
+        shutil.copytree(work / "native", work / folder)
     log(f"  native and passthrough copies written ({native_s:.1f} s); scopefs notes next")
     setup = setup_scopefs(work / "home", layout, vocab, work / "native" / BIG)
     log(f"  scopefs: {args.notes} notes in {setup['write_notes_s']:.1f} s "
@@ -820,26 +843,33 @@ def render(report: dict[str, Any]) -> str:
                     f"{name} {c['p50_us']:.0f} ({c['n']})" for name, c in calls.items()))
         lines.append(f"\nprofiled timings (s, inflated by the profiler): {report['profile']['timings']}")
         return "\n".join(lines) + "\n"
-    lines += [("| workload | native s | passthrough s | scopefs s | passthrough × | scopefs × | target | met "
-               "| scopefs ÷ passthrough |"),
-              "|---|---:|---:|---:|---:|---:|---:|:---:|---:|"]
+    # Runs saved before the libfuse column existed have three systems: show what each run measured.
+    systems = [s for s in SYSTEMS if s in report["rows"][0]["median_s"]] if report.get("rows") else list(SYSTEMS)
+    served = [s for s in systems if s != "native"]
+    lines += ["| workload | " + " | ".join(f"{s} s" for s in systems) + " | " + " | ".join(f"{s} ×" for s in served)
+              + " | target | met | scopefs ÷ passthrough |",
+              "|---|" + "---:|" * (len(systems) + len(served)) + "---:|:---:|---:|"]
     for row in report["rows"]:
         label = (f"{row['n']:,} saves, {row['mode']} (total)" if row["workload"] == "saves"
                  else f"{row['workload']}, {row['mode']}")
         med, ratio, target = row["median_s"], row["ratio"], row["target"]
         met = "" if target is None else ("yes" if ratio["scopefs"] <= target else "**no**")
-        lines.append(f"| {label} | {sec(med['native'])} | {sec(med['passthrough'])} | {sec(med['scopefs'])} | "
-                     f"{ratio['passthrough']:.2f}× | {ratio['scopefs']:.2f}× | "
+        lines.append(f"| {label} | " + " | ".join(sec(med[s]) for s in systems) + " | "
+                     + " | ".join(f"{ratio[s]:.2f}×" for s in served) + " | "
                      f"{'' if target is None else f'≤ {target:g}×'} | {met} | "
                      f"{med['scopefs'] / med['passthrough']:.2f} |")
     for mode, per in (report.get("saves") or {}).items():
         lines += ["", f"saves ({mode}) per op (ms): " + ", ".join(
             f"{s} p50 {per[s]['p50_ms']:.2f} / p95 {per[s]['p95_ms']:.2f} / mean {per[s]['mean_ms']:.2f}"
-            for s in SYSTEMS)]
+            for s in systems)]
     faster = [r for r in report["rows"] if r["median_s"]["scopefs"] > r["median_s"]["passthrough"]]
     lines += ["", "scopefs slower than the passthrough on: " + (", ".join(
         f"{r['workload']} {r['mode']} ({r['median_s']['scopefs'] / r['median_s']['passthrough']:.2f}×)"
         for r in faster) or "nothing")]
+    if "libfuse" in systems:
+        missed = [r for r in report["rows"] if r["target"] is not None and r["ratio"]["libfuse"] > r["target"]]
+        lines.append("targets libfuse's C passthrough misses too (the kernel's floor): " + (", ".join(
+            f"{r['workload']} {r['mode']} ({r['ratio']['libfuse']:.2f}×)" for r in missed) or "none"))
     ms = report.get("mount_s", {})
     lines.append("mount time (s, median): " + ", ".join(
         f"{s} {statistics.median(v):.2f} over {len(v)}" for s, v in ms.items() if v))
@@ -847,7 +877,7 @@ def render(report: dict[str, Any]) -> str:
     for row in report["rows"]:
         if row["workload"] != "saves":
             lines.append(f"  {row['workload']}, {row['mode']}: " + ", ".join(
-                f"{s} {row['min_s'][s]:.3f}–{row['max_s'][s]:.3f}" for s in SYSTEMS))
+                f"{s} {row['min_s'][s]:.3f}–{row['max_s'][s]:.3f}" for s in systems))
     after = report.get("source_after", {}).get("commit")
     if after and after != m["source"]["commit"]:
         lines.append(f"WARNING: HEAD moved from {m['source']['commit']} to {after} during the run")
