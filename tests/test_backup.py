@@ -565,3 +565,71 @@ def test_a_malformed_locator_in_a_backup_is_an_integrity_failure(scenario: Scena
     _rewrite_manifest_hash(backup, "agents/main/catalog.sqlite")
     err = _refused_restore(scenario.cli, backup, tmp_path / "restored", 4)
     assert "malformed" in err
+
+
+def _work_folders(target: Path, purpose: str) -> list[Path]:
+    return sorted(target.parent.glob(f".{target.name}.{purpose}-*"))
+
+
+def test_a_killed_backups_work_folder_is_removed_by_the_next_backup(scenario: Scenario, tmp_path: Path) -> None:
+    """SIGKILL leaves the 0700 work folder beside DEST, holding a copy of the memory; the next backup to the same
+    DEST removes it (no live run holds its lock) and says so, and leaves only its own result."""
+    cli = scenario.cli
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_CELL_DONE, "backup", str(dest)) as (proc, _go):
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    [left] = _work_folders(dest, "backup")
+    assert any(p.is_file() for p in left.rglob("*")), "the killed run copied nothing: the test shows nothing"
+    assert not dest.exists()
+    done = cli("backup", str(dest))
+    assert done.code == 0, done.err
+    assert "removed 1 unfinished backup folder(s)" in done.err
+    assert _work_folders(dest, "backup") == [] and (dest / "manifest.json").is_file()
+    _restore(cli, dest, tmp_path / "restored")  # the result is whole
+
+
+def test_a_live_backups_work_folder_is_left_alone(scenario: Scenario, tmp_path: Path) -> None:
+    """A backup parked mid-way holds its folder's lock: another backup to the same DEST leaves that folder be and
+    finishes; the parked one, let go, finds DEST taken, fails cleanly and removes its own folder."""
+    cli = scenario.cli
+    dest = tmp_path / "backup"
+    with _parked(cli, Step.BACKUP_SNAPSHOT, "backup", str(dest)) as (proc, go):
+        [live] = _work_folders(dest, "backup")
+        done = cli("backup", str(dest))
+        assert done.code == 0, done.err
+        assert "unfinished" not in done.err and live.is_dir()
+        os.write(go, b"x")
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err  # DEST was filled meanwhile: nothing of the parked run is put there
+    assert _work_folders(dest, "backup") == []
+    _restore(cli, dest, tmp_path / "restored")
+
+
+def test_leftovers_of_a_killed_restore_are_removed_and_nothing_else(scenario: Scenario, tmp_path: Path) -> None:
+    """What a killed restore leaves beside NEW (an unlocked work folder) goes at the next restore to NEW; a link or
+    a file named like one, a folder of another target, and a folder still being made (``.new``) stay."""
+    cli = scenario.cli
+    dest, new = tmp_path / "backup", tmp_path / "restored"
+    _backup(cli, dest)
+    leftover = tmp_path / ".restored.restore-killedrun"
+    (leftover / "agents").mkdir(parents=True, mode=0o700)
+    (leftover / "state.sqlite").write_bytes(b"what a killed restore copied")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not ours to remove\n")
+    link = tmp_path / ".restored.restore-alink"
+    link.symlink_to(elsewhere)
+    plain = tmp_path / ".restored.restore-afile"
+    plain.write_text("a file, not a work folder\n")
+    making = tmp_path / ".restored.restore-making.new"
+    making.mkdir(mode=0o700)
+    other = tmp_path / ".other.restore-killedrun"
+    other.mkdir(mode=0o700)
+    done = cli("restore", str(dest), "--home", str(new))
+    assert done.code == 0, done.err
+    assert "removed 1 unfinished restore folder(s)" in done.err
+    assert not leftover.exists()
+    assert link.is_symlink() and (elsewhere / "keep.txt").is_file() and plain.is_file()
+    assert making.is_dir() and other.is_dir()
+    assert Cli(new)("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT

@@ -33,7 +33,9 @@ What a backup holds, laid out like a home (``catalog.home``) plus a manifest:
   command reports.
 
 The backup is built in a 0700 sibling of DEST and renamed onto it at the
-end: DEST holds a whole backup or nothing. Files are 0600. A DEST that is
+end: DEST holds a whole backup or nothing. Files are 0600. A sibling a
+killed run left is removed by the next run to the same DEST
+(``work_folder``). A DEST that is
 not empty, or whose permissions were loosened, is refused before anything
 is written (exit 2). A forget done after a backup does not reach into it.
 """
@@ -41,12 +43,13 @@ is written (exit 2). A forget done after a backup does not reach into it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,11 +147,68 @@ def check_apart(target: Path, other: Path, what: str, other_what: str) -> None:
         raise BadInput(f"the {what} must not be inside {other_what} (or hold it)")
 
 
-def sibling(target: Path, purpose: str) -> Path:
-    """A fresh 0700 directory next to ``target`` (same filesystem, so the final rename is atomic)."""
-    path = target.parent / f".{target.name}.{purpose}-{ids.random_token()}"
-    path.mkdir(mode=0o700)
-    return path
+@contextlib.contextmanager
+def work_folder(target: Path, purpose: str, say: Progress) -> Iterator[Path]:
+    """A fresh 0700 directory next to ``target`` to build the result in (same filesystem, so the final
+    rename is atomic); removed if the block raises. The caller renames it onto ``target``.
+
+    A run killed before that rename (SIGKILL, a power cut) leaves the folder behind, and it holds a
+    whole copy of the memory. So the folder is locked (``flock``) for as long as the block runs, and
+    every run first removes the folders for the same ``target`` and ``purpose`` that no live run
+    holds. The folder gets its name only once locked: it is made under a ``.new`` name that the
+    sweep never touches (a run killed in that instant leaves an empty folder, nothing else).
+    """
+    removed = _sweep_unheld(target, purpose)
+    if removed:
+        say(f"removed {removed} unfinished {purpose} folder(s) a killed run left beside {target.name}")
+    token = ids.random_token()
+    fresh = target.parent / f".{target.name}.{purpose}-{token}.new"
+    path = target.parent / f".{target.name}.{purpose}-{token}"
+    fresh.mkdir(mode=0o700)
+    fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new, so nobody else holds it
+        os.rename(fresh, path)  # the lock goes with the directory, under every later name too
+        try:
+            yield path
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _sweep_unheld(target: Path, purpose: str) -> int:
+    """Remove the work folders of ``target`` and ``purpose`` that no live run holds; how many."""
+    prefix = f".{target.name}.{purpose}-"
+    try:
+        parent = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0  # the target's parent is checked (and reported) by the caller
+    removed = 0
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix) and not n.endswith(".new")]
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            except OSError:
+                continue  # not a folder (a link, a file): nothing of ours
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a run in progress
+                shutil.rmtree(name, dir_fd=parent)
+                removed += 1
+            except OSError:
+                continue  # removing a leftover is a courtesy: it never fails the run
+            finally:
+                os.close(fd)
+    finally:
+        os.close(parent)
+    return removed
 
 
 def put_atomically(built: Path, target: Path) -> None:
@@ -472,8 +532,7 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
     if not Path(os.path.realpath(dest)).is_relative_to(migrations):  # where ``writer.migrate`` backs up first
         check_apart(dest, home.root, "backup destination", "the home")
     home.state()  # the home opens (and its schema is current) before anything is made
-    root = sibling(dest, "backup")
-    try:
+    with work_folder(dest, "backup", say) as root:
         (root / "agents").mkdir(mode=0o700)
         copier = _Copier(home, root)
         cells: list[str] = []
@@ -501,9 +560,6 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
                        *(cell_dir(root, c) for c in cells)}:
             fsync_dir(folder)
         put_atomically(root, dest)
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
     say("done")
     return BackupReport(
         dest=dest, cells=tuple(cells), artifacts=len(copier.copied),

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ from scopefs.writer.backup import (
     check_target,
     copy_hashed,
     put_atomically,
-    sibling,
+    work_folder,
 )
 
 MAX_MANIFEST = 256 << 20  # read whole: millions of artifacts fit, a runaway file does not
@@ -368,23 +367,22 @@ def restore_home(src: Path, new: Path, *, progress: Progress | None = None,
     cells = _cells(manifest)
     check_target(new, "new home")
     check_apart(new, src, "new home", "the backup")
-    root = sibling(new, "restore")
     src_fd = open_dir(src)
     try:
-        say(f"verifying and copying the databases of {len(cells)} cell(s)")
-        database_bytes = _restore_databases(src_fd, root, manifest, cells)
-        say("verifying and copying the artifacts")
-        restored = _restore_artifacts(src_fd, root, manifest, cells)
-        say(f"settling the restored home ({len(restored)} artifact(s)) and running doctor on it")
-        settled = _settle(root, cells)
-        for cell in cells:
-            fsync_dir(cell_dir(root, cell) / "memory-scopes" / "v1")
-            fsync_dir(cell_dir(root, cell) / "memory-scopes")
-            fsync_dir(cell_dir(root, cell))
-            fsync_dir(cell_dir(root, cell).parent)
-        put_atomically(root, new)
+        with work_folder(new, "restore", say) as root:  # removed if anything below raises
+            say(f"verifying and copying the databases of {len(cells)} cell(s)")
+            database_bytes = _restore_databases(src_fd, root, manifest, cells)
+            say("verifying and copying the artifacts")
+            restored = _restore_artifacts(src_fd, root, manifest, cells)
+            say(f"settling the restored home ({len(restored)} artifact(s)) and running doctor on it")
+            settled = _settle(root, cells)
+            for cell in cells:
+                fsync_dir(cell_dir(root, cell) / "memory-scopes" / "v1")
+                fsync_dir(cell_dir(root, cell) / "memory-scopes")
+                fsync_dir(cell_dir(root, cell))
+                fsync_dir(cell_dir(root, cell).parent)
+            put_atomically(root, new)
     except BaseException as exc:
-        shutil.rmtree(root, ignore_errors=True)
         if isinstance(exc, (ScopefsError, KeyboardInterrupt)):
             raise
         if isinstance(exc, (OSError, apsw.Error)):
