@@ -19,6 +19,7 @@ from scopefs.catalog.durations import parse_duration_us
 from scopefs.catalog.errors import BadInput, Denied, IntegrityError, ScopefsError
 from scopefs.catalog.home import Home, resolve_home, validate_agent_name
 from scopefs.cli.output import OutputLost, drop_stdout, emit, fail, lost_output, write_bytes, write_text
+from scopefs.cli.provider_ids import add_id_option, id_value, required_id
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -134,9 +135,10 @@ def cmd_role_add(args: argparse.Namespace) -> int:
 def cmd_bind(args: argparse.Namespace) -> int:
     from scopefs.catalog import identity
 
+    sender = required_id(args, "sender")
     home = _home(args)
     binding_id, created = identity.bind(home.state(), home.hmac_key(), args.principal, args.channel, args.account,
-                                        args.sender)
+                                        sender)
     emit(args.json, {"binding_id": binding_id, "created": created}, [binding_id])
     return 0
 
@@ -154,10 +156,11 @@ def cmd_binding_revoke(args: argparse.Namespace) -> int:
 def cmd_conversation_add(args: argparse.Namespace) -> int:
     from scopefs.catalog import groups
 
+    conversation = required_id(args, "conversation")
     home = _home(args)
     validate_agent_name(args.agent)
     conversation_id, created = groups.add_conversation(home.state(), home.hmac_key(), args.agent, args.channel,
-                                                       args.account, args.conversation)
+                                                       args.account, conversation)
     emit(args.json, {"conversation_id": conversation_id, "created": created}, [conversation_id])
     return 0
 
@@ -199,10 +202,13 @@ def cmd_session_open(args: argparse.Namespace) -> int:
     if sum(modes) != 1:
         raise BadInput("session open needs exactly one of --dm, --group, --service, --shared-main, --child-of")
     opening: DirectMessage | Group | Service | SharedMain
+    if not args.dm and args.sender_stdin:
+        raise BadInput("--channel, --account and --sender belong to --dm")
     if args.dm:
-        if None in (args.channel, args.account, args.sender):
-            raise BadInput("--dm needs --channel, --account and --sender")
-        opening = DirectMessage(args.channel, args.account, args.sender)
+        sender = id_value(args, "sender")
+        if args.channel is None or args.account is None or sender is None:
+            raise BadInput("--dm needs --channel, --account and --sender (or --sender-stdin)")
+        opening = DirectMessage(args.channel, args.account, sender)
     elif args.group:
         if args.conversation is None:
             raise BadInput("--group needs --conversation")
@@ -650,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("principal")
     p.add_argument("--channel", required=True)
     p.add_argument("--account", required=True)
-    p.add_argument("--sender", required=True)
+    add_id_option(p, "sender", required=True, what="sender's")
 
     binding = sub.add_parser("binding", help="manage bindings").add_subparsers(dest="verb", required=True,
                                                                                parser_class=_Parser)
@@ -660,8 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     conversation = sub.add_parser("conversation", help="manage conversations").add_subparsers(
         dest="verb", required=True, parser_class=_Parser)
     p = command("add", cmd_conversation_add, "register a group conversation for an agent", conversation)
-    for flag in ("--agent", "--channel", "--account", "--conversation"):
+    for flag in ("--agent", "--channel", "--account"):
         p.add_argument(flag, required=True)
+    add_id_option(p, "conversation", required=True, what="provider's conversation")
 
     member = sub.add_parser("member", help="manage memberships").add_subparsers(dest="verb", required=True,
                                                                                 parser_class=_Parser)
@@ -683,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-main", action="store_true")
     p.add_argument("--channel")
     p.add_argument("--account")
-    p.add_argument("--sender")
+    add_id_option(p, "sender", required=False, what="sender's")
     p.add_argument("--conversation")
     p.add_argument("--key", metavar="SESSION_KEY",
                    help="the gateway's key for this logical session: reused while its subject holds;"

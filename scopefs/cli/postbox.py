@@ -17,6 +17,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, resolve_home
 from scopefs.cli.output import emit
+from scopefs.cli.provider_ids import add_id_option, required_id
 
 
 def _home(args: argparse.Namespace) -> Home:
@@ -36,7 +37,8 @@ def cmd_postbox_mode(args: argparse.Namespace) -> int:
 def cmd_message_add(args: argparse.Namespace) -> int:
     from scopefs.writer.postbox import add_message
 
-    handle = add_message(_home(args), args.session, args.channel, args.account, args.sender)
+    sender = required_id(args, "sender")
+    handle = add_message(_home(args), args.session, args.channel, args.account, sender)
     emit(args.json, {"message_handle": handle}, [handle])
     return 0
 
@@ -134,7 +136,7 @@ def register(sub: Any, command: Any, parser_class: type[argparse.ArgumentParser]
     p.add_argument("session", metavar="GROUP_SESSION")
     p.add_argument("--channel", required=True)
     p.add_argument("--account", required=True)
-    p.add_argument("--sender", required=True)
+    add_id_option(p, "sender", required=True, what="sender's")
 
     p = command("deposit", cmd_deposit, "file stdin into the quarantine of a message's sender (one generic refusal)")
     p.add_argument("session")
