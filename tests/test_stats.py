@@ -70,7 +70,7 @@ def test_stats_counts_decisions_integrity_drops_latency_and_backlog(scenario: Sc
         assert set(lat) == {"p50", "p95", "p99"} and 0 < lat["p50"] <= lat["p95"] <= lat["p99"] < 600
     assert got["repair_backlog"] == {"pending-intents": 0, "unsynced-revisions": 0, "undrained-audit": 0,
                                      "unindexed-revisions": 0, "quarantined-entries": 0, "postbox-pending": 0}
-    assert got["mounts_up"] == {"mount": 0, "sandbox": 0}
+    assert got["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 0}
     text = s.cli("stats")
     assert text.code == 0 and b"hash mismatches: 1\n" in text.out
     assert snapshot(s.cli.home) == before  # stats reads; it writes nothing
@@ -174,7 +174,7 @@ def test_the_prometheus_file_parses_and_is_replaced_atomically(scenario: Scenari
     assert ("scopefs_audit_decisions", {"op": "read", "decision": "deny", "reason": "outside-view"}, 2.0) in decisions
     by_kind = {x[1]["kind"]: x[2] for x in families["scopefs_repair_backlog"]["samples"]}
     assert by_kind == dict.fromkeys(done["repair_backlog"], 0.0)
-    assert {x[1]["kind"] for x in families["scopefs_mounts_up"]["samples"]} == {"mount", "sandbox"}
+    assert {x[1]["kind"] for x in families["scopefs_mounts_up"]["samples"]} == {"mount", "sandbox", "run"}
     second_inode = prom.stat().st_ino
     s.cli.j("stats", "--prometheus", str(prom))
     assert prom.stat().st_ino != second_inode and parse_prometheus(prom.read_text())
@@ -231,14 +231,14 @@ def test_stats_never_replaces_a_file_of_the_home_or_one_it_did_not_write(scenari
 def test_mounts_up_counts_live_servers_and_not_stale_records(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
     s = scenario
     where = mounts.mount(s.alice_session)
-    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0}
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0, "run": 0}
     records = [p for p in (s.cli.home / "mounts").iterdir() if "." not in p.name]
     assert len(records) == 1
     pid = json.loads(records[0].read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not server_alive(pid))
     assert records[0].exists()  # the record stays behind; it is not trusted
-    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0}
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 0}
     mounts.umount(where)  # clears the stale mount the killed server left
 
 
@@ -255,11 +255,11 @@ def test_a_stopped_mount_server_is_not_up_and_never_hangs_stats(scenario: Scenar
     try:
         started = time.monotonic()
         done = s.cli("--json", "stats", timeout=30)
-        assert done.code == 0 and json.loads(done.out)["mounts_up"] == {"mount": 0, "sandbox": 0}
+        assert done.code == 0 and json.loads(done.out)["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 0}
         assert time.monotonic() - started < 20
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0}  # answering again once resumed
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 1, "sandbox": 0, "run": 0}  # answering again once resumed
     mounts.umount(where)
 
 
@@ -267,10 +267,55 @@ def test_a_kept_sandbox_mount_counts_while_it_is_up(scenario: Scenario) -> None:
     s = scenario
     s.cli("session", "up", s.alice_session, check=True)
     try:
-        assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 1}
+        assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 1, "run": 0}
     finally:
         s.cli("session", "down", s.alice_session, check=True)
-    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0}
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 0}
+
+
+def test_a_runs_own_mount_counts_while_its_command_runs(scenario: Scenario) -> None:
+    """A ``scopefs run`` without a kept mount starts one for its command: counted as a run while the command
+    waits, gone from the count and the registry after; a killed launcher's record is not counted, and the
+    next run removes it."""
+    import subprocess
+    import sys
+
+    s = scenario
+    env = {**os.environ, "SCOPEFS_HOME": str(s.cli.home)}
+    scopefs = str(Path(sys.executable).with_name("scopefs"))
+
+    def started(*command: str) -> subprocess.Popen[bytes]:
+        launcher = subprocess.Popen([scopefs, "run", s.alice_session, "--", *command], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline() == b"started\n", launcher.communicate(timeout=60)
+        return launcher
+
+    def run_records() -> list[str]:
+        return sorted(p.name for p in (s.cli.home / "mounts").iterdir() if p.name.startswith("run-"))
+
+    launcher = started("sh", "-c", "echo started; read line")
+    try:
+        assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 1}
+        assert len(run_records()) == 1
+        launcher.communicate(b"go\n", timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0
+    assert s.cli.j("stats")["mounts_up"] == {"mount": 0, "sandbox": 0, "run": 0} and run_records() == []
+
+    killed = started("sh", "-c", "echo started; sleep 300")
+    [left] = run_records()
+    killed.kill()  # SIGKILL: no clean-up of its own; its server, tied to it, goes too
+    killed.wait()
+    pid = json.loads((s.cli.home / "mounts" / left).read_text())["pid"]
+    wait_until(lambda: not server_alive(pid, "scopefs.sandbox.server"), timeout=30)
+    assert run_records() == [left]
+    assert s.cli.j("stats")["mounts_up"]["run"] == 0
+    s.cli("run", s.alice_session, "--", "true", check=True)
+    assert run_records() == []
 
 
 def test_search_timings_stay_bounded_and_ride_in_the_search_audit(scenario: Scenario,

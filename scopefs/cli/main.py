@@ -572,7 +572,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return launch.run(kept, argv, timeout=timeout)
     proc, target = sessions.start(home, args.session, tied=True)
     try:
-        return launch.run(target, argv, timeout=timeout)
+        with sessions.recorded_run(home, proc.pid, target):  # counted by ``scopefs stats`` while it runs
+            return launch.run(target, argv, timeout=timeout)
     finally:
         sessions.stop_server(proc.pid, target.mountpoint)
         proc.wait()

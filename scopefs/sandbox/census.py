@@ -8,10 +8,9 @@ names that server's module, so a reused pid does not count), the kernel
 shows a scopefs FUSE filesystem at its mount point, and (for plain
 mounts) the mount answers ``statvfs`` within a short deadline instead of
 ``ENOTCONN`` (a stopped server that never answers is not up, and never
-hangs the count). Mounts a
-``scopefs run`` starts for one command are tied to that command and are
-not recorded; they are not counted. Only counts leave this module: no
-session id, mount point or pid.
+hangs the count). The mount a ``scopefs run`` starts for its command
+alone is recorded while that command runs (``run-…``) and counted as a
+``run``. Only counts leave this module: no session id, mount point or pid.
 """
 
 from __future__ import annotations
@@ -54,8 +53,9 @@ def _answers(mountpoint: str, deadline: float = ANSWER_DEADLINE_S) -> bool:
 
 
 def mounts_up(home: Home) -> dict[str, int]:
-    """{"mount": n, "sandbox": m}: live plain mounts and live kept sandbox mounts of this home."""
-    counts = {"mount": 0, "sandbox": 0}
+    """{"mount": n, "sandbox": m, "run": r}: live plain mounts, kept sandbox mounts, and the mounts
+    ``scopefs run`` started for one command each, of this home."""
+    counts = {"mount": 0, "sandbox": 0, "run": 0}
     registry = home.root / "mounts"
     try:
         names = sorted(os.listdir(registry))
@@ -67,14 +67,14 @@ def mounts_up(home: Home) -> dict[str, int]:
         try:
             record = json.loads((registry / name).read_text())
             pid, mountpoint = int(record["pid"]), str(record["mountpoint"])
-            module = str(record.get("module") or (SANDBOX_MODULE if name.startswith("sandbox-")
-                                                  else mounts.SERVER_MODULE))
+            sandboxed = name.startswith(("sandbox-", "run-"))
+            module = str(record.get("module") or (SANDBOX_MODULE if sandboxed else mounts.SERVER_MODULE))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not mounts.server_alive(pid, module) or mounts.mounted_fstype(mountpoint) != mounts.FSTYPE:
             continue
-        if name.startswith("sandbox-"):
-            counts["sandbox"] += 1  # served to the sandbox uid only: its gate answers, not a statvfs from here
+        if sandboxed:  # served to the sandbox uid only: its gate answers, not a statvfs from here
+            counts["run" if name.startswith("run-") else "sandbox"] += 1
         elif _answers(mountpoint):
             counts["mount"] += 1
     return counts

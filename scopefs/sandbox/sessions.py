@@ -9,7 +9,11 @@ that server is tied to the launcher (the kernel sends it SIGTERM if the
 launcher dies), so nothing outlives a killed launcher.
 
 Kept mounts are recorded in ``$SCOPEFS_HOME/mounts/`` under a hash of the
-session id, never the id itself. ``keep`` and ``release`` hold the
+session id, never the id itself; a run's own mount is recorded there too,
+under a random name (``run-…``), for as long as its command runs, so that
+``scopefs stats`` counts it (``sandbox.census``). A killed launcher's record
+outlives its server; the census does not count it, and the next run removes
+it. ``keep`` and ``release`` hold the
 session's lock file there (same hash) from the check to the record, so of
 concurrent ``session up`` calls exactly one starts a server, and ``session
 down`` always finds the one that is up.
@@ -30,8 +34,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from scopefs.catalog import ids
 from scopefs.catalog.access import authorize_session
 from scopefs.catalog.errors import BadInput, Conflict, StorageError
 from scopefs.catalog.home import Home
@@ -145,6 +151,39 @@ def kept(home: Home, session_id: str) -> tuple[int, Target] | None:
     if not mounts.server_alive(pid, SERVER_MODULE) or mounts.mounted_fstype(target.mountpoint) != mounts.FSTYPE:
         return None
     return pid, target
+
+
+RUN_RECORD_PREFIX = "run-"
+
+
+@contextlib.contextmanager
+def recorded_run(home: Home, pid: int, target: Target) -> Iterator[None]:
+    """Record a run's own mount server (``pid``, serving ``target``) in the registry while the block runs.
+
+    The record names no session (a random name, the server's pid and mount point); it only lets the
+    census count the mount. Records of runs whose server is gone (a SIGKILLed launcher) go first."""
+    registry = home.root / "mounts"
+    registry.mkdir(mode=0o700, exist_ok=True)
+    _sweep_runs(registry)
+    path = registry / f"{RUN_RECORD_PREFIX}{ids.random_token()}"
+    mounts.write_record(path, {"pid": pid, "module": SERVER_MODULE, **target.__dict__})
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _sweep_runs(registry: Path) -> None:
+    """Remove the run records whose server no longer runs."""
+    for path in registry.glob(f"{RUN_RECORD_PREFIX}*"):
+        if "." in path.name:
+            continue  # another file's ".tmp" on its way in: its writer is live
+        try:
+            pid = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: not ours to judge
+        if not mounts.server_alive(pid, SERVER_MODULE):
+            path.unlink(missing_ok=True)
 
 
 def for_run(home: Home, session_id: str) -> Target | None:
