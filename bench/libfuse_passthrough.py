@@ -23,7 +23,6 @@ import gzip
 import hashlib
 import os
 import resource
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -57,12 +56,15 @@ def binary() -> Path:
     with tempfile.TemporaryDirectory(prefix="libfuse-") as scratch:
         for name, data in sources.items():
             Path(scratch, name).write_bytes(data)
-        out = Path(scratch) / "passthrough_ll"
-        done = subprocess.run(["cc", "-O2", "-Wall", str(Path(scratch) / SOURCES[0]), "-o", str(out), *flags],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"building libfuse's passthrough_ll failed: {done.stderr[-500:]}")
-        shutil.move(str(out), built)  # whole or not at all: a half-built binary is never found
+        out = BIN_DIR / f".{built.name}.{os.getpid()}"  # beside the binary: the rename below is atomic
+        try:
+            done = subprocess.run(["cc", "-O2", "-Wall", str(Path(scratch) / SOURCES[0]), "-o", str(out), *flags],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"building libfuse's passthrough_ll failed: {done.stderr[-500:]}")
+            os.replace(out, built)  # whole or not at all: a half-built binary is never found
+        finally:
+            out.unlink(missing_ok=True)
     return built
 
 

@@ -607,29 +607,40 @@ def test_a_live_backups_work_folder_is_left_alone(scenario: Scenario, tmp_path: 
 
 
 def test_leftovers_of_a_killed_restore_are_removed_and_nothing_else(scenario: Scenario, tmp_path: Path) -> None:
-    """What a killed restore leaves beside NEW (an unlocked work folder) goes at the next restore to NEW; a link or
-    a file named like one, a folder of another target, and a folder still being made (``.new``) stay."""
+    """What a killed restore leaves beside NEW (an unlocked work folder, or an empty one it was making long ago)
+    goes at the next restore to NEW; a link or a file named like one, a folder of another target, a folder whose
+    name only starts like one, and a folder being made now (``.new``) stay."""
+    from scopefs.catalog.ids import random_token
+
     cli = scenario.cli
     dest, new = tmp_path / "backup", tmp_path / "restored"
     _backup(cli, dest)
-    leftover = tmp_path / ".restored.restore-killedrun"
+    leftover = tmp_path / f".restored.restore-{random_token()}"
     (leftover / "agents").mkdir(parents=True, mode=0o700)
     (leftover / "state.sqlite").write_bytes(b"what a killed restore copied")
+    stale_new = tmp_path / f".restored.restore-{random_token()}.new"
+    stale_new.mkdir(mode=0o700)
+    os.utime(stale_new, (1, 1))  # made long ago
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("not ours to remove\n")
-    link = tmp_path / ".restored.restore-alink"
+    link = tmp_path / f".restored.restore-{random_token()}"
     link.symlink_to(elsewhere)
-    plain = tmp_path / ".restored.restore-afile"
+    plain = tmp_path / f".restored.restore-{random_token()}"
     plain.write_text("a file, not a work folder\n")
-    making = tmp_path / ".restored.restore-making.new"
+    making = tmp_path / f".restored.restore-{random_token()}.new"
     making.mkdir(mode=0o700)
-    other = tmp_path / ".other.restore-killedrun"
+    other = tmp_path / f".other.restore-{random_token()}"
     other.mkdir(mode=0o700)
+    lookalike = tmp_path / ".restored.restore-old-manual"
+    lookalike.mkdir(mode=0o700)
+    (lookalike / "mine.txt").write_text("a folder of the user's own\n")
+    longer = tmp_path / f".restored.restore-x.restore-{random_token()}"  # a leftover of NEW "restored.restore-x"
+    longer.mkdir(mode=0o700)
     done = cli("restore", str(dest), "--home", str(new))
     assert done.code == 0, done.err
     assert "removed 1 unfinished restore folder(s)" in done.err
-    assert not leftover.exists()
+    assert not leftover.exists() and not stale_new.exists()
     assert link.is_symlink() and (elsewhere / "keep.txt").is_file() and plain.is_file()
-    assert making.is_dir() and other.is_dir()
+    assert making.is_dir() and other.is_dir() and (lookalike / "mine.txt").is_file() and longer.is_dir()
     assert Cli(new)("read", scenario.alice_session, "private/notes/allergy.md").out == ALICE_FACT

@@ -236,8 +236,8 @@ def _session_open_child(args: argparse.Namespace, modes: int) -> int:
 
     if args.child_of is None:
         raise BadInput("--cap belongs to --child-of")
-    if modes or args.key is not None or any(v is not None for v in (args.channel, args.account, args.sender,
-                                                                     args.conversation)):
+    if modes or args.key is not None or args.sender_stdin or any(
+            v is not None for v in (args.channel, args.account, args.sender, args.conversation)):
         raise BadInput("--child-of takes only --agent and --cap: the child's subject is its parent's")
     if not args.cap:
         raise BadInput("--child-of needs at least one --cap PATTERN")

@@ -8,8 +8,9 @@ add`` run once per group message was the one place left that showed it.
 Each flag that takes one has a twin that reads it from stdin instead:
 ``--sender-stdin``, ``--conversation-stdin``. The id is the first line,
 exactly (only the line end is dropped), at most
-``identity.MAX_PROVIDER_FIELD_BYTES`` bytes; nothing may follow it. A
-refusal never quotes what was read.
+``identity.MAX_PROVIDER_FIELD_BYTES`` bytes. Only that line is read, so a
+caller may keep the pipe open; a lone carriage return inside it is
+refused. A refusal never quotes what was read.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def _read_id(name: str) -> str:
     if sys.stdin is None:
         raise BadInput(f"{flag}: stdin is closed")
     try:
-        data = sys.stdin.buffer.read(MAX_PROVIDER_FIELD_BYTES + 3)  # the id, "\r\n", and one byte too many
+        data = sys.stdin.buffer.readline(MAX_PROVIDER_FIELD_BYTES + 3)  # the id, "\r\n", one byte too many
     except OSError:
         raise BadInput(f"{flag}: cannot read stdin") from None
     line = data[:-1] if data.endswith(b"\n") else data
     line = line[:-1] if line.endswith(b"\r") else line
-    if b"\n" in line or b"\r" in line:
-        raise BadInput(f"{flag}: stdin must hold the id alone, on one line")
+    if b"\r" in line:
+        raise BadInput(f"{flag}: the id must be one line")
     if len(line) > MAX_PROVIDER_FIELD_BYTES:
         raise BadInput(f"{flag}: the id is longer than {MAX_PROVIDER_FIELD_BYTES} bytes")
     try:

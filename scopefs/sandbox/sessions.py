@@ -161,29 +161,39 @@ def recorded_run(home: Home, pid: int, target: Target) -> Iterator[None]:
     """Record a run's own mount server (``pid``, serving ``target``) in the registry while the block runs.
 
     The record names no session (a random name, the server's pid and mount point); it only lets the
-    census count the mount. Records of runs whose server is gone (a SIGKILLed launcher) go first."""
+    census count the mount, so it never stands in the command's way: a registry that cannot be
+    written (a full or read-only disk) leaves the run unrecorded. Records of runs whose server is
+    gone (a SIGKILLed launcher) go first."""
     registry = home.root / "mounts"
-    registry.mkdir(mode=0o700, exist_ok=True)
-    _sweep_runs(registry)
     path = registry / f"{RUN_RECORD_PREFIX}{ids.random_token()}"
-    mounts.write_record(path, {"pid": pid, "module": SERVER_MODULE, **target.__dict__})
+    try:
+        registry.mkdir(mode=0o700, exist_ok=True)
+        _sweep_runs(registry)
+        mounts.write_record(path, {"pid": pid, "module": SERVER_MODULE, **target.__dict__})
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.with_suffix(".tmp").unlink(missing_ok=True)
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _sweep_runs(registry: Path) -> None:
-    """Remove the run records whose server no longer runs."""
+    """Remove the run records whose server no longer runs, and the half-written ones of long ago."""
     for path in registry.glob(f"{RUN_RECORD_PREFIX}*"):
-        if "." in path.name:
-            continue  # another file's ".tmp" on its way in: its writer is live
-        try:
-            pid = int(json.loads(path.read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unreadable: not ours to judge
-        if not mounts.server_alive(pid, SERVER_MODULE):
-            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if path.suffix == ".tmp":  # a record on its way in, or one whose writer died writing it
+                if time.time() - path.stat().st_mtime > FRESH_S:
+                    path.unlink(missing_ok=True)
+                continue
+            try:
+                pid = int(json.loads(path.read_text())["pid"])
+            except (ValueError, KeyError, TypeError):
+                continue  # unreadable: not ours to judge
+            if not mounts.server_alive(pid, SERVER_MODULE):
+                path.unlink(missing_ok=True)
 
 
 def for_run(home: Home, session_id: str) -> Target | None:

@@ -47,8 +47,10 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +149,9 @@ def check_apart(target: Path, other: Path, what: str, other_what: str) -> None:
         raise BadInput(f"the {what} must not be inside {other_what} (or hold it)")
 
 
+LEFTOVER_AGE_S = 600  # a ".new" folder older than this is no run's in the making: a killed one left it
+
+
 @contextlib.contextmanager
 def work_folder(target: Path, purpose: str, say: Progress) -> Iterator[Path]:
     """A fresh 0700 directory next to ``target`` to build the result in (same filesystem, so the final
@@ -155,8 +160,9 @@ def work_folder(target: Path, purpose: str, say: Progress) -> Iterator[Path]:
     A run killed before that rename (SIGKILL, a power cut) leaves the folder behind, and it holds a
     whole copy of the memory. So the folder is locked (``flock``) for as long as the block runs, and
     every run first removes the folders for the same ``target`` and ``purpose`` that no live run
-    holds. The folder gets its name only once locked: it is made under a ``.new`` name that the
-    sweep never touches (a run killed in that instant leaves an empty folder, nothing else).
+    holds (``_sweep_unheld``). The folder gets its name only once locked: it is made under a
+    ``.new`` name that the sweep leaves alone while it is young. On a filesystem without locks
+    (``ENOLCK``) the run goes on unlocked, and no sweep there can lock, so none removes anything.
     """
     removed = _sweep_unheld(target, purpose)
     if removed:
@@ -165,41 +171,59 @@ def work_folder(target: Path, purpose: str, say: Progress) -> Iterator[Path]:
     fresh = target.parent / f".{target.name}.{purpose}-{token}.new"
     path = target.parent / f".{target.name}.{purpose}-{token}"
     fresh.mkdir(mode=0o700)
-    fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = -1
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new, so nobody else holds it
+        fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # BlockingIOError cannot be (the folder is new): ENOLCK
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(fresh, path)  # the lock goes with the directory, under every later name too
-        try:
-            yield path
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            fresh.rmdir()
+        raise
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     finally:
         os.close(fd)
 
 
 def _sweep_unheld(target: Path, purpose: str) -> int:
-    """Remove the work folders of ``target`` and ``purpose`` that no live run holds; how many."""
-    prefix = f".{target.name}.{purpose}-"
+    """Remove the work folders of ``target`` and ``purpose`` that no live run holds; how many.
+
+    Only names of exactly the shape ``work_folder`` gives (its prefix and a ``random_token``) are
+    looked at, and only folders of this user that can be locked now and are still, by name, the
+    folder that was locked. Never fails the run: what cannot be looked at or removed stays."""
+    shape = re.compile(re.escape(f".{target.name}.{purpose}-") + f"[a-z2-7]{{{len(ids.random_token())}}}"
+                       + r"(\.new)?")
     try:
         parent = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return 0  # the target's parent is checked (and reported) by the caller
     removed = 0
     try:
-        names = [n for n in os.listdir(parent) if n.startswith(prefix) and not n.endswith(".new")]
-        for name in names:
+        for name in os.listdir(parent):
+            if shape.fullmatch(name) is None:
+                continue
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
             except OSError:
                 continue  # not a folder (a link, a file): nothing of ours
             try:
-                if os.fstat(fd).st_uid != os.geteuid():
+                held = os.fstat(fd)
+                if held.st_uid != os.geteuid():
                     continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a run in progress
+                if name.endswith(".new"):  # a run in the making, or an empty one a killed run left
+                    if time.time() - held.st_mtime > LEFTOVER_AGE_S:
+                        os.rmdir(name, dir_fd=parent)  # fails, and stays, unless empty
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a run in progress
+                if not os.path.samestat(held, os.stat(name, dir_fd=parent, follow_symlinks=False)):
+                    continue  # renamed away and replaced since it was opened: not what was locked
                 shutil.rmtree(name, dir_fd=parent)
                 removed += 1
             except OSError:
