@@ -117,7 +117,7 @@ def test_impact_lists_what_a_removed_member_and_a_revoked_binding_were_exposed_t
             assert secret not in out
     # Mike never saw anything.
     assert s.cli.j("audit", "impact", "--principal", s.mike1) == {"principal_id": s.mike1, "sessions": [],
-                                                                  "revision_ids": []}
+                                                                  "revision_ids": [], "pruned_before_us": None}
 
 
 def test_impact_counts_a_mount_read_made_just_before_the_removal(scenario: Scenario,
@@ -242,3 +242,25 @@ def test_prune_keeps_every_exposure_row_of_a_session_still_open_however_idle(sce
         assert run(s.alice_session, seen[2:3]) == 3  # never shrinks: the open session's run kept its rows
     finally:
         home.close()
+
+
+def test_reports_built_from_the_audit_say_from_when_they_are_complete_once_pruned(scenario: Scenario) -> None:
+    """Before any prune, impact and a projection's revocation look complete and are; after one, both name the
+    latest cutoff (JSON and text) instead of silently counting less."""
+    s = scenario
+    _activity(s)
+    assert s.cli.j("audit", "impact", "--principal", s.alice)["pruned_before_us"] is None
+    assert "incomplete" not in s.cli("audit", "impact", "--principal", s.alice).out.decode()
+    first = s.cli.j("audit", "prune", "--older-than", "30d", "--yes")["cutoff_us"]
+    latest = s.cli.j("audit", "prune", "--older-than", "7d", "--yes")["cutoff_us"]
+    s.cli.j("audit", "prune", "--older-than", "60d", "--yes")  # an older cutoff later: the latest still counts
+    assert first < latest
+    assert s.cli.j("audit", "impact", "--principal", s.alice)["pruned_before_us"] == latest
+    assert "incomplete before 20" in s.cli("audit", "impact", "--principal", s.alice).out.decode()
+    projection = s.cli.j("project", s.alice_session, "private/notes/allergy.md", "--to",
+                         f"conversation:{s.conversation}", "--purpose", "lunch", "--no-expiry",
+                         "--yes")["projection_id"]
+    revoked = s.cli.j("projection", "revoke", projection)
+    assert revoked["revoked"] is True and revoked["pruned_before_us"] == latest
+    again = s.cli("projection", "revoke", projection).out.decode()
+    assert "already revoked" in again and "incomplete before 20" in again

@@ -130,8 +130,19 @@ def query(home: Home, filters: Filters) -> list[dict[str, Any]]:
 
 # -- impact -------------------------------------------------------------------
 
+def pruned_before(state: apsw.Connection) -> int | None:
+    """The latest cutoff ``audit prune`` applied (µs), or None if the audit was never pruned.
+
+    Every report built from the audit and the exposure receipts (``impact``, who was shown a
+    projection) is complete only from then on: a prune removed older audit rows, and older exposures
+    of closed sessions. Such a report says so instead of looking complete."""
+    value = scalar(state, "SELECT max(cutoff) FROM audit_prunes")
+    return None if value is None else int(value)
+
+
 def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str, Any]:
-    """Sessions and revisions exposed to ``principal_id``'s audience while its access lasted."""
+    """Sessions and revisions exposed to ``principal_id``'s audience while its access lasted, as far as the
+    audit still tells (``pruned_before_us``: a prune removed what came before)."""
     state = home.state()
     row = state.execute("SELECT kind FROM principals WHERE principal_id = ?", (principal_id,)).fetchall()
     if not row:
@@ -176,7 +187,8 @@ def impact(home: Home, principal_id: str, agent: str | None = None) -> dict[str,
         if evidence_id is not None:
             entry["membership_id" if via == "membership" else "binding_id"] = evidence_id
         sessions.append(entry)
-    return {"principal_id": principal_id, "sessions": sessions, "revision_ids": list(revisions)}
+    return {"principal_id": principal_id, "sessions": sessions, "revision_ids": list(revisions),
+            "pruned_before_us": pruned_before(state)}
 
 
 # -- retention ----------------------------------------------------------------

@@ -17,6 +17,7 @@ import os
 import stat
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,17 @@ def cmd_audit_impact(args: argparse.Namespace) -> int:
                      f" {len(s['revision_ids'])} revision(s)")
         lines.extend(f"  {r}" for r in s["revision_ids"])
     lines.append(f"{len(found['sessions'])} session(s), {len(found['revision_ids'])} distinct revision(s) exposed")
+    if found["pruned_before_us"] is not None:
+        lines.append(pruned_note(found["pruned_before_us"]))
     emit(args.json, found, lines)
     return 0
+
+
+def pruned_note(cutoff_us: int) -> str:
+    """The line a report built from the audit adds once a prune removed part of what it would count."""
+    when = datetime.fromtimestamp(cutoff_us / 1e6, tz=UTC).isoformat(timespec="seconds")
+    return (f"incomplete before {when}: 'audit prune' removed older audit rows and exposures of closed sessions,"
+            " which this does not count")
 
 
 def cmd_audit_prune(args: argparse.Namespace) -> int:

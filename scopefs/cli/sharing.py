@@ -111,13 +111,15 @@ def cmd_projection_list(args: argparse.Namespace) -> int:
 
 
 def cmd_projection_revoke(args: argparse.Namespace) -> int:
+    from scopefs.cli.ops import pruned_note
     from scopefs.writer.projections import revoke_projection
 
     out = revoke_projection(_home(args), args.projection)
     emit(args.json, {"projection_id": out.projection_id, "revoked": out.revoked,
-                     "exposed_session_ids": out.exposed_sessions},
+                     "exposed_session_ids": out.exposed_sessions, "pruned_before_us": out.pruned_before_us},
          [f"revoked: {out.projection_id}" if out.revoked else f"already revoked: {out.projection_id}",
-          f"sessions that were shown it: {', '.join(out.exposed_sessions) or 'none'}"])
+          f"sessions that were shown it: {', '.join(out.exposed_sessions) or 'none'}"]
+         + ([] if out.pruned_before_us is None else [pruned_note(out.pruned_before_us)]))
     return 0
 
 

@@ -28,6 +28,7 @@ import apsw
 from scopefs.catalog import ids
 from scopefs.catalog.access import Access
 from scopefs.catalog.audit import AuditEvent, drain_quietly, enqueue, settle
+from scopefs.catalog.auditlog import pruned_before
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput, Conflict
@@ -203,6 +204,7 @@ class Revoked:
     projection_id: str
     revoked: bool  # False: it was revoked already
     exposed_sessions: list[str]
+    pruned_before_us: int | None  # the exposures are complete from then on only (``catalog.auditlog``)
 
 
 def revoke_projection(home: Home, projection_id: str) -> Revoked:
@@ -224,7 +226,8 @@ def revoke_projection(home: Home, projection_id: str) -> Revoked:
                                    agent_id=agent_id, revision_id=projection.copy_revision_id)
                 settle(catalog, enqueue(catalog, agent_id, event), decision="allow", reason=Reason.ALLOWED)
         drain_quietly(home.state(), catalog, agent_id)
-        return Revoked(projection_id, revoked, sessions_exposed(home, projection.copy_revision_id))
+        return Revoked(projection_id, revoked, sessions_exposed(home, projection.copy_revision_id),
+                       pruned_before(home.state()))
     raise BadInput("unknown projection")
 
 
