@@ -187,6 +187,18 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert not orphan.exists() and not tampered.exists()
     assert sorted(p.read_bytes() for p in quarantine.iterdir()) == sorted([orphan_bytes, bytes(data)])
     assert (quarantine / f"tampered-{alice_rev.revision_id}").read_bytes() == bytes(data)
+    # What the operator reviews: names, sizes and ids, never a byte of the content.
+    listed = cli("--json", "quarantine", "list", "--agent", "main")
+    assert listed.code == 0, listed.err
+    assert listed.json()["tampered"] == [{"name": f"tampered-{alice_rev.revision_id}", "size": len(data),
+                                          "revision_id": alice_rev.revision_id}]
+    [orphan_entry] = listed.json()["files"]
+    assert orphan_entry["size"] == len(orphan_bytes) and (quarantine / orphan_entry["name"]).is_file()
+    assert listed.json()["migrated"] == []
+    text = cli("quarantine", "list", "--agent", "main", check=True).out
+    assert b"0 migrated note(s), 1 tampered copy(ies), 1 other file(s)" in text
+    for content in (bytes(data), orphan_bytes, ALICE_FACT):
+        assert content.strip()[:20] not in listed.out + text
 
     assert cli("read", base.alice_session, "private/notes/allergy.md", check=True).out == ALICE_FACT
     result = cli("read", base.bob_session, "private/notes/allergy.md")

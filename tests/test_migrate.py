@@ -177,6 +177,28 @@ def test_without_an_owner_nothing_becomes_private(scenario: Scenario, layout: tu
     assert items["state/agents/main/sessions/s-alice.jsonl"]["reason"] == "no-owner"
 
 
+def test_what_migration_quarantined_is_listed_for_review_without_content(scenario: Scenario,
+                                                                          layout: tuple[Path, Path]) -> None:
+    """``quarantine list`` names every note the migration sent to quarantine (under ``migration/``, with its
+    class and size), exactly those, and no byte of any of them."""
+    s = scenario
+    ws, state = layout
+    digest = s.cli.j(*_args(s, ws, state))["plan_digest"]
+    report = s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
+    sent = [i for i in report["items"] if i["action"] == "quarantine"]
+    assert sent, "the layout quarantines nothing: the test shows nothing"
+    listed = s.cli("--json", "quarantine", "list", "--agent", s.agent)
+    assert listed.code == 0, listed.err
+    migrated = listed.json()["migrated"]
+    assert len(migrated) == len(sent)
+    assert all(m["path"].startswith("migration/") and m["class"] and m["revision_id"] for m in migrated)
+    assert sorted(m["size"] for m in migrated) == sorted(i["size"] for i in sent)
+    text = s.cli("quarantine", "list", "--agent", s.agent, check=True).out
+    for canary in (b"canary", b"M3m0", b"L1gh", b"R3mm", b"D33p"):
+        assert canary not in listed.out and canary not in text
+    assert s.cli("quarantine", "list", "--agent", "nosuchagent").code == 2
+
+
 def test_apply_copies_verifies_reindexes_and_cuts_over(scenario: Scenario, layout: tuple[Path, Path]) -> None:
     s = scenario
     ws, state = layout

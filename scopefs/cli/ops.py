@@ -252,11 +252,35 @@ def write_atomically(path: Path, text: str, mode: int = NEW_FILE_MODE) -> None:
         os.close(folder)
 
 
+def cmd_quarantine_list(args: argparse.Namespace) -> int:
+    from scopefs.writer.quarantine import quarantine_listing
+
+    home = _home(args)
+    agent = validate_agent_name(args.agent)
+    if not home.agent_exists(agent):
+        raise BadInput(f"unknown agent: {agent}")
+    found = quarantine_listing(home, agent)
+    lines = [f"migrated {m['path']} ({m['class'] or '-'}, {m['size']} bytes, revision {m['revision_id']})"
+             for m in found["migrated"]]
+    lines += [f"tampered {t['name']} ({t['size']} bytes)" for t in found["tampered"]]
+    lines += [f"file {f['name']} ({'-' if f['size'] is None else f['size']} bytes)" for f in found["files"]]
+    lines.append(f"{len(found['migrated'])} migrated note(s), {len(found['tampered'])} tampered copy(ies),"
+                 f" {len(found['files'])} other file(s); no session's view shows any of them")
+    emit(args.json, {"agent_id": agent, **found}, lines)
+    return 0
+
+
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("explain", cmd_explain, "why a path of a session's view is writable, read-only, or not there")
     p.add_argument("session")
     p.add_argument("path", help="a virtual path, e.g. private/notes/x.md (the mount's .search and .history"
                    " folders are not covered)")
+    quarantine = sub.add_parser("quarantine", help="what an agent's quarantine holds").add_subparsers(
+        dest="verb", required=True, parser_class=parser_class)
+    p = command("list", cmd_quarantine_list, "list what an agent's quarantine holds (names, sizes, ids; no content):"
+                " notes migrate could not give a person, tampered copies and orphans doctor --fix moved aside",
+                quarantine)
+    p.add_argument("--agent", required=True)
     p = command("stats", cmd_stats, "operational numbers without content or ids (--prometheus FILE writes"
                 " the text format atomically; refuses a file in the home or one it did not write)")
     p.add_argument("--prometheus", metavar="FILE")

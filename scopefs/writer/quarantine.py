@@ -1,4 +1,5 @@
-"""Quarantined copies of tampered artifacts: named after their revision, so a forget can find them.
+"""What an agent's quarantine holds, and the quarantined copies of tampered artifacts (named after their
+revision, so a forget can find them).
 
 ``doctor --fix`` moves an artifact that no longer hashes to its catalog out
 of the artifact area (``writer.recovery``). Its bytes are still (a changed
@@ -15,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Collection
+from typing import Any
 
 from scopefs.catalog.fsafe import open_dir
 from scopefs.catalog.home import Home
@@ -84,3 +87,51 @@ def remove_tampered(home: Home, agent_id: str, revision_ids: list[str]) -> int:
     finally:
         os.close(qfd)
     return removed
+
+
+_MIGRATED = (
+    "SELECT res.path, v.revision_id, v.size, v.activated_at, m.class FROM resources res"
+    " JOIN stores s ON s.store_id = res.store_id"
+    " JOIN revisions v ON v.resource_id = res.resource_id AND v.state = 'active'"
+    " LEFT JOIN migration_items m ON m.revision_id = v.revision_id"
+    " WHERE res.agent_id = ? AND res.state = 'live' AND s.scope_kind = 'quarantine' AND s.audience_id = ''"
+    " ORDER BY res.path")
+
+
+def quarantine_listing(home: Home, agent_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Everything ``agent_id``'s quarantine holds, for an operator to review (``scopefs quarantine list``).
+
+    Three kinds, none of which any session's view shows:
+
+    * ``migrated``: notes ``scopefs migrate`` could not give a person (the quarantine store: its path
+      under ``migration/``, the migration's class, the active revision and its size);
+    * ``tampered``: artifacts ``doctor --fix`` found changed and moved aside (``tampered-<revision>``);
+    * ``files``: anything else ``doctor --fix`` moved out of the artifact area (orphans).
+
+    Names, sizes and ids only: no byte of content is read. Postbox deposits wait in their owner's
+    own quarantine store and are reviewed with ``scopefs postbox``.
+    """
+    migrated = [{"path": str(path), "revision_id": str(revision_id), "size": int(size),
+                 "migrated_at_us": None if at is None else int(at), "class": None if klass is None else str(klass)}
+                for path, revision_id, size, at, klass in home.catalog(agent_id).execute(_MIGRATED, (agent_id,))]
+    tampered: list[dict[str, Any]] = []
+    files: list[dict[str, Any]] = []
+    try:
+        qfd = open_dir(home.quarantine_dir(agent_id))
+    except FileNotFoundError:
+        return {"migrated": migrated, "tampered": tampered, "files": files}
+    try:
+        for name in sorted(os.listdir(qfd)):
+            try:
+                st = os.stat(name, dir_fd=qfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed meanwhile (a forget, doctor)
+            entry: dict[str, Any] = {"name": name, "size": st.st_size if stat.S_ISREG(st.st_mode) else None}
+            revision_id = tampered_revision(name)
+            if revision_id is not None:
+                tampered.append({**entry, "revision_id": revision_id})
+            else:
+                files.append(entry)
+    finally:
+        os.close(qfd)
+    return {"migrated": migrated, "tampered": tampered, "files": files}
