@@ -67,14 +67,14 @@ def mounts_up(home: Home) -> dict[str, int]:
         try:
             record = json.loads((registry / name).read_text())
             pid, mountpoint = int(record["pid"]), str(record["mountpoint"])
-            sandboxed = name.startswith(("sandbox-", "run-"))
+            sandboxed = name.startswith((mounts.KEPT_RECORD_PREFIX, mounts.RUN_RECORD_PREFIX))
             module = str(record.get("module") or (SANDBOX_MODULE if sandboxed else mounts.SERVER_MODULE))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not mounts.server_alive(pid, module) or mounts.mounted_fstype(mountpoint) != mounts.FSTYPE:
             continue
         if sandboxed:  # served to the sandbox uid only: its gate answers, not a statvfs from here
-            counts["run" if name.startswith("run-") else "sandbox"] += 1
+            counts["run" if name.startswith(mounts.RUN_RECORD_PREFIX) else "sandbox"] += 1
         elif _answers(mountpoint):
             counts["mount"] += 1
     return counts

@@ -52,6 +52,11 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 FSTYPE = "fuse.scopefs"
 SERVER_MODULE = "scopefs.vfs.server"
+# Registry record names beside a plain mount's (a hash of its mount point): a kept sandbox mount's (a hash
+# of its session id, ``sandbox.sessions``) and a run's own mount's (a random token). ``sandbox.census``
+# tells the three apart by these.
+KEPT_RECORD_PREFIX = "sandbox-"
+RUN_RECORD_PREFIX = "run-"
 
 
 @dataclass(frozen=True)

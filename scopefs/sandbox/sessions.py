@@ -55,7 +55,7 @@ def _record_path(home: Home, session_id: str) -> Path:
     digest = hashlib.sha256(b"sandbox\0" + session_id.encode()).hexdigest()[:32]
     registry = home.root / "mounts"
     registry.mkdir(mode=0o700, exist_ok=True)
-    return registry / f"sandbox-{digest}"
+    return registry / f"{mounts.KEPT_RECORD_PREFIX}{digest}"
 
 
 def _lock(home: Home, session_id: str) -> mounts.RegistryLock:
@@ -153,9 +153,6 @@ def kept(home: Home, session_id: str) -> tuple[int, Target] | None:
     return pid, target
 
 
-RUN_RECORD_PREFIX = "run-"
-
-
 @contextlib.contextmanager
 def recorded_run(home: Home, pid: int, target: Target) -> Iterator[None]:
     """Record a run's own mount server (``pid``, serving ``target``) in the registry while the block runs.
@@ -165,7 +162,7 @@ def recorded_run(home: Home, pid: int, target: Target) -> Iterator[None]:
     written (a full or read-only disk) leaves the run unrecorded. Records of runs whose server is
     gone (a SIGKILLed launcher) go first."""
     registry = home.root / "mounts"
-    path = registry / f"{RUN_RECORD_PREFIX}{ids.random_token()}"
+    path = registry / f"{mounts.RUN_RECORD_PREFIX}{ids.random_token()}"
     try:
         registry.mkdir(mode=0o700, exist_ok=True)
         _sweep_runs(registry)
@@ -182,7 +179,7 @@ def recorded_run(home: Home, pid: int, target: Target) -> Iterator[None]:
 
 def _sweep_runs(registry: Path) -> None:
     """Remove the run records whose server no longer runs, and the half-written ones of long ago."""
-    for path in registry.glob(f"{RUN_RECORD_PREFIX}*"):
+    for path in registry.glob(f"{mounts.RUN_RECORD_PREFIX}*"):
         with contextlib.suppress(OSError):
             if path.suffix == ".tmp":  # a record on its way in, or one whose writer died writing it
                 if time.time() - path.stat().st_mtime > FRESH_S:
