@@ -438,9 +438,12 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
                 listing = pool.submit(getdents_into, notes, notes / "large.md")
                 time.sleep(0.02)  # its READ is being verified by now, most likely
                 pool.submit((other / "private" / "notes" / new).write_bytes, b"saved\n").result(timeout=30)
-                # This mount has applied the change once it shows the name, and the old drop would
-                # have hung its loop by then, this lookup with it.
-                pool.submit(wait_until, (notes / new).exists, timeout=BOUND_S).result(timeout=30)
+                # This mount has applied the change once it shows the note's history, and the old drop
+                # would have hung its loop by then, this lookup with it. Not the name itself: the kernel
+                # keeps its absence from a lookup made before the change, and the entry's invalidation
+                # waits for the folder's listing to end.
+                history = view / ".history" / "private" / "notes" / new
+                pool.submit(wait_until, history.exists, timeout=BOUND_S).result(timeout=30)
                 overlapped = not listing.done()
                 assert listing.result(timeout=30) > 0
             except BaseException:
@@ -449,6 +452,7 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
                 raise
         names = sorted([*names, new])
         wait_until(lambda want=names: sorted(os.listdir(notes)) == want, timeout=BOUND_S)
+        wait_until((notes / new).exists, timeout=BOUND_S)
         with open(notes / "large.md", "rb") as note:
             assert note.read(1 << 16) == large[: 1 << 16]
         if overlapped:

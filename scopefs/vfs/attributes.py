@@ -70,6 +70,15 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
     return attr
 
 
+def absent() -> pyfuse3.EntryAttributes:
+    """The answer to a lookup of a name the view lacks, which the kernel keeps for ``CACHE_TIMEOUT_S``
+    unless the view comes to show it (``Layers.remember_absent``)."""
+    attr = pyfuse3.EntryAttributes()
+    attr.st_ino = 0
+    attr.entry_timeout = CACHE_TIMEOUT_S
+    return attr
+
+
 def statfs() -> pyfuse3.StatvfsData:
     data = pyfuse3.StatvfsData()
     data.f_bsize = data.f_frsize = 4096

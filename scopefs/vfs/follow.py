@@ -35,6 +35,7 @@ from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, checkpoint
 from scopefs.catalog.index import index_again
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
+from scopefs.vfs.layers import NO_INODE
 from scopefs.vfs.lean import Thrift
 from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState, Queued
 from scopefs.vfs.pages import GONE
@@ -372,7 +373,8 @@ def _send_invalidations(batch: list[Queued], progress: Progress) -> bool:
         if queued.node is not None:
             queued.node.invalidations_begun += 1
         try:
-            pyfuse3.invalidate_inode(item.ino)
+            if item.ino != NO_INODE:
+                pyfuse3.invalidate_inode(item.ino)
         except OSError as exc:
             sent = sent and exc.errno in GONE
         if item.parent_ino is not None and item.name is not None:

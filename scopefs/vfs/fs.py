@@ -74,6 +74,7 @@ Caveats (what a tool may notice, all deliberate):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 from collections.abc import Sequence
@@ -84,7 +85,7 @@ import trio
 from scopefs.catalog.home import Home
 from scopefs.catalog.search import search
 from scopefs.catalog.visible import VisibleView
-from scopefs.vfs.attributes import attributes, statfs
+from scopefs.vfs.attributes import absent, attributes, statfs
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.errors import guarded
@@ -205,14 +206,20 @@ class ScopeFS(pyfuse3.Operations):
                 raise fail(errno.ENOENT) from None  # a name that cannot exist is simply not there
             found = self.mount.layers.lookup(parent.parts + (text,))
             if found is None:
+                if self.mount.layers.remember_absent(parent, text):
+                    return absent()
                 raise fail(errno.ENOENT)
             node = found
         node.lookups += 1
         return attributes(self.mount, node)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        layers = self.mount.layers
         for inode, count in inode_list:
-            self.mount.layers.inodes.forget(inode, count)
+            layers.inodes.forget(inode, count)
+            node = layers.inodes.get(inode)
+            if node is not None and node.kind is Kind.DIR and node.lookups == 0:
+                layers.kernel_forgot(node)
             self.queries.forget(inode)
             self.history.forget(inode)
 
@@ -236,7 +243,9 @@ class ScopeFS(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx)
-        return attributes(self.mount, self.folders.mkdir(parent_inode, name))
+        node = self.folders.mkdir(parent_inode, name)
+        self._named_here(parent_inode, name)
+        return attributes(self.mount, node)
 
     @guarded
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -253,6 +262,11 @@ class ScopeFS(pyfuse3.Operations):
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         self.mount.admit(ctx)
         await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        self._named_here(parent_inode_new, name_new)
+
+    def _named_here(self, parent_inode: int, name: bytes) -> None:
+        with contextlib.suppress(BadName):  # a name that cannot exist was never kept absent
+            self.mount.layers.named_here(parent_inode, decode(name))
 
     # -- content ---------------------------------------------------------------
 
@@ -276,6 +290,7 @@ class ScopeFS(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         pid_namespace = self.mount.opener(ctx)
         node, fh = await self.commits.create(parent_inode, name, pid_namespace)
+        self._named_here(parent_inode, name)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), attributes(self.mount, node)
 
     @guarded

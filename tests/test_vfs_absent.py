@@ -1,0 +1,178 @@
+"""Names looked up in vain: the kernel keeps their absence, and loses it when the view comes to show them.
+
+A lookup of a name the view lacks is answered with a negative entry the
+kernel keeps for ``CACHE_TIMEOUT_S`` (30 s): ``rg`` looks for ignore files
+in every folder, editors for swap files, and each such lookup would
+otherwise reach the mount. So every test here first makes the kernel keep
+the absence (a ``stat`` that fails), then makes the name appear from
+outside the mount and waits at most ``BOUND_S``, far below 30 s: a name
+seen within that bound can only have come from an invalidation
+(``vfs.layers.Layers.remember_absent``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from scopefs.catalog.home import Home
+from scopefs.catalog.visible import build
+from scopefs.vfs.layers import ABSENT_NAMES_MAX, NO_INODE, Invalidation, Layers
+from tests.conftest import Scenario
+from tests.mountkit import Mounts, errno_of, mounts, view_servers, wait_until  # noqa: F401
+
+BOUND_S = 10.0
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+# Run in a process of its own while the server is stopped: a descriptor of the stopped mount in the
+# test's process would be closed by every fork of it, and each close waits for the server.
+STAT_ALL = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        os.stat(path)
+        print("found", flush=True)
+    except OSError as exc:
+        print(exc.errno, flush=True)
+"""
+
+
+def _line_within(stream: TextIO, seconds: float) -> str | None:
+    """The next line ``stream`` gives within ``seconds``, or None."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return stream.readline().strip() if ready else None
+
+
+def _absent(path: Path) -> bool:
+    return errno_of(lambda: os.stat(path)) == errno.ENOENT
+
+
+def _second_group_session(scenario: Scenario) -> str:
+    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
+                          "--conversation", scenario.conversation)["session_id"]
+
+
+def test_the_kernel_answers_a_name_looked_up_in_vain_without_asking(scenario: Scenario, mounts: Mounts) -> None:
+    """With the server stopped, a name looked up in vain a moment ago is still absent at once (a name never
+    looked up waits for the server): the absence came from the kernel's cache."""
+    view = mounts.mount(scenario.alice_session)
+    notes = view / "private" / "notes"
+    asked, unasked = notes / ".ignore", notes / ".rgignore"
+    assert _absent(asked)
+    assert os.path.isdir(notes)  # the folder's own entry is cached too
+    (server,) = view_servers(view)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        probe = subprocess.Popen([sys.executable, "-c", STAT_ALL, str(asked), str(unasked)], cwd=REPOSITORY,
+                                 stdout=subprocess.PIPE, text=True)
+        assert probe.stdout is not None
+        first = _line_within(probe.stdout, 5.0)
+        second = _line_within(probe.stdout, 0.5) if first is not None else None
+    finally:
+        os.kill(server, signal.SIGCONT)
+    out, _ = probe.communicate(timeout=30)
+    assert first == str(errno.ENOENT), "the name looked up in vain waited for the stopped server"
+    assert second is None, "a name never looked up was answered without the server"
+    assert out.strip() == str(errno.ENOENT)
+
+
+def test_a_note_another_session_writes_where_a_lookup_found_none_appears(scenario: Scenario,
+                                                                        mounts: Mounts) -> None:
+    """A new note at a name looked up in vain, and one in a new folder looked up in vain: both appear
+    (the folder's absence goes too, although only a note below it was written)."""
+    watcher = mounts.mount(scenario.group_session, "watcher")
+    writer = mounts.mount(_second_group_session(scenario), "writer")
+    agenda = watcher / "channel" / "agenda.md"
+    plan = watcher / "channel" / "plans" / "q3.md"
+    assert _absent(agenda) and _absent(plan.parent) and _absent(plan)
+    (writer / "channel" / "agenda.md").write_bytes(b"Agenda\n")
+    scenario.cli.j("write", scenario.group_session, "channel/plans/q3.md", stdin=b"Q3 plan\n")
+    wait_until(lambda: not _absent(agenda), timeout=BOUND_S)
+    wait_until(lambda: not _absent(plan), timeout=BOUND_S)
+    assert agenda.read_bytes() == b"Agenda\n"
+    assert plan.read_bytes() == b"Q3 plan\n"
+
+
+def test_a_root_the_view_gains_appears_where_a_lookup_found_none(scenario: Scenario, mounts: Mounts) -> None:
+    """A role membership gives the view a new root: a name looked up in vain at the top appears."""
+    view = mounts.mount(scenario.alice_session)
+    assert _absent(view / "roles")
+    role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+    scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "7d")
+    wait_until(lambda: os.path.isdir(view / "roles" / "ops"), timeout=BOUND_S)
+
+
+def test_a_name_hidden_by_an_unlink_is_not_kept_absent(scenario: Scenario, mounts: Mounts) -> None:
+    """A note unlinked here is hidden for a grace period before its tombstone; if the tombstone is not
+    committed (another session put another note there meanwhile), the name shows again with no lookup
+    the kernel kept: the other session's note is what it finds."""
+    view = mounts.mount(scenario.group_session)
+    note = view / "channel" / "offsite.md"
+    assert note.read_bytes()
+    os.unlink(note)
+    assert _absent(note)  # hidden, and not kept absent
+    scenario.cli.j("rm", _second_group_session(scenario), "channel/offsite.md")
+    scenario.cli.j("write", scenario.group_session, "channel/offsite.md", stdin=b"another note\n")
+    wait_until(lambda: not _absent(note), timeout=BOUND_S)
+    assert note.read_bytes() == b"another note\n"
+
+
+# -- the record of absences, on its own (``vfs.layers``) -----------------------------
+
+@contextlib.contextmanager
+def _layers(scenario: Scenario) -> Iterator[tuple[Layers, Callable[[], list[Invalidation]]]]:
+    """Layers over the Alice session's view, and a call that applies the catalog's view of now to them."""
+    home = Home.open(scenario.cli.home)
+    try:
+        layers = Layers(build(home, scenario.alice_session))
+        yield layers, lambda: layers.apply(build(home, scenario.alice_session))
+    finally:
+        home.close()
+
+
+def _names_dropped(out: list[Invalidation]) -> set[tuple[int | None, str | None]]:
+    return {(item.parent_ino, item.name) for item in out if item.ino == NO_INODE}
+
+
+def test_only_an_absence_handed_out_and_then_shown_is_dropped(scenario: Scenario) -> None:
+    """The view coming to show a name kept absent drops that entry once; a name this mount made
+    itself (the kernel replaced the absent entry) and a name never kept absent drop nothing."""
+    with _layers(scenario) as (layers, refresh):
+        folder = layers.lookup(("private", "notes"))
+        assert folder is not None
+        assert layers.remember_absent(folder, "kept.md") and layers.remember_absent(folder, "made.md")
+        layers.named_here(folder.ino, "made.md")
+        for name in ("kept.md", "made.md", "never.md"):
+            scenario.cli.j("write", scenario.alice_session, f"private/notes/{name}", stdin=b"x\n")
+        assert _names_dropped(refresh()) == {(folder.ino, "kept.md")}
+        assert layers.absent_count == 0
+
+
+def test_a_name_hidden_by_a_pending_removal_or_past_the_bound_is_not_kept_absent(scenario: Scenario) -> None:
+    with _layers(scenario) as (layers, _):
+        folder = layers.lookup(("private", "notes"))
+        note = layers.lookup(("private", "notes", "allergy.md"))
+        assert folder is not None and note is not None and note.resource_id is not None
+        layers.schedule_removal(("private", "notes", "allergy.md"), note.resource_id)
+        assert layers.lookup(("private", "notes", "allergy.md")) is None
+        assert not layers.remember_absent(folder, "allergy.md")
+        layers.absent_count = ABSENT_NAMES_MAX
+        assert not layers.remember_absent(folder, "other.md")
+
+
+def test_a_root_the_view_gains_drops_every_absence(scenario: Scenario) -> None:
+    with _layers(scenario) as (layers, refresh):
+        root, folder = layers.lookup(()), layers.lookup(("private", "notes"))
+        assert root is not None and folder is not None
+        assert layers.remember_absent(root, "roles") and layers.remember_absent(folder, "x.md")
+        role_id = scenario.cli.j("role", "add", "ops")["role_id"]
+        scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "7d")
+        assert _names_dropped(refresh()) == {(root.ino, "roles"), (folder.ino, "x.md")}
