@@ -23,9 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+import pytest
+
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
-from scopefs.vfs.layers import ABSENT_NAMES_MAX, NO_INODE, Invalidation, Layers
+from scopefs.vfs import absences
+from scopefs.vfs.absences import NO_INODE
+from scopefs.vfs.layers import Invalidation, Layers
 from tests.conftest import Scenario
 from tests.mountkit import Mounts, errno_of, mounts, view_servers, wait_until  # noqa: F401
 
@@ -149,14 +153,14 @@ def test_only_an_absence_handed_out_and_then_shown_is_dropped(scenario: Scenario
         folder = layers.lookup(("private", "notes"))
         assert folder is not None
         assert layers.remember_absent(folder, "kept.md") and layers.remember_absent(folder, "made.md")
-        layers.named_here(folder.ino, "made.md")
+        layers.absences.named_here(folder.ino, "made.md")
         for name in ("kept.md", "made.md", "never.md"):
             scenario.cli.j("write", scenario.alice_session, f"private/notes/{name}", stdin=b"x\n")
         assert _names_dropped(refresh()) == {(folder.ino, "kept.md")}
-        assert layers.absent_count == 0
+        assert layers.absences.count == 0
 
 
-def test_a_name_hidden_by_a_pending_removal_or_past_the_bound_is_not_kept_absent(scenario: Scenario) -> None:
+def test_a_name_hidden_by_a_pending_removal_is_not_kept_absent(scenario: Scenario) -> None:
     with _layers(scenario) as (layers, _):
         folder = layers.lookup(("private", "notes"))
         note = layers.lookup(("private", "notes", "allergy.md"))
@@ -164,8 +168,27 @@ def test_a_name_hidden_by_a_pending_removal_or_past_the_bound_is_not_kept_absent
         layers.schedule_removal(("private", "notes", "allergy.md"), note.resource_id)
         assert layers.lookup(("private", "notes", "allergy.md")) is None
         assert not layers.remember_absent(folder, "allergy.md")
-        layers.absent_count = ABSENT_NAMES_MAX
-        assert not layers.remember_absent(folder, "other.md")
+        assert layers.absences.count == 0
+
+
+def test_a_full_record_keeps_no_more_until_its_oldest_entries_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full: a new name is answered uncached, a name already kept is renewed; two timeouts later the
+    old entries go (the kernel has asked again since), once, and new names are kept again."""
+    now = [1000.0]
+    monkeypatch.setattr(absences.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(absences, "ABSENT_NAMES_MAX", 3)
+    record = absences.Absences()
+    assert all(record.remember(7, name) for name in ("a", "b", "c"))
+    assert not record.remember(7, "d") and record.count == 3
+    now[0] += 2 * absences.ABSENT_KEPT_S - 1
+    assert record.remember(7, "c")  # renewed, not added
+    assert not record.remember(7, "d")  # swept: nothing old enough yet
+    now[0] += 2
+    assert not record.remember(9, "e")  # a, b are old enough, but the last sweep freed nothing a moment ago
+    now[0] += absences.ABSENT_KEPT_S
+    assert record.remember(9, "e") and record.count == 2  # a and b expired; c renewed, e new
+    assert {(item.folder_ino, item.name) for item in record.everything()} == {(7, "c"), (9, "e")}
+    assert record.count == 0
 
 
 def test_a_root_the_view_gains_drops_every_absence(scenario: Scenario) -> None:

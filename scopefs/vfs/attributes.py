@@ -17,6 +17,7 @@ import stat
 import pyfuse3
 
 from scopefs.vfs import historytree, queries
+from scopefs.vfs.absences import ABSENT_KEPT_S, NO_INODE
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState
 
@@ -71,11 +72,11 @@ def attributes(mount: MountState, node: Node) -> pyfuse3.EntryAttributes:
 
 
 def absent() -> pyfuse3.EntryAttributes:
-    """The answer to a lookup of a name the view lacks, which the kernel keeps for ``CACHE_TIMEOUT_S``
-    unless the view comes to show it (``Layers.remember_absent``)."""
+    """The answer to a lookup of a name the view lacks, which the kernel keeps for ``ABSENT_KEPT_S``
+    unless the view comes to show it (``vfs.absences``)."""
     attr = pyfuse3.EntryAttributes()
-    attr.st_ino = 0
-    attr.entry_timeout = CACHE_TIMEOUT_S
+    attr.st_ino = NO_INODE
+    attr.entry_timeout = ABSENT_KEPT_S
     return attr
 
 

@@ -34,8 +34,8 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, checkpoint
 from scopefs.catalog.index import index_again
 from scopefs.vfs import catalog_ops
+from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.commits import Commits
-from scopefs.vfs.layers import NO_INODE
 from scopefs.vfs.lean import Thrift
 from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState, Queued
 from scopefs.vfs.pages import GONE

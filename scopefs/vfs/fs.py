@@ -219,7 +219,7 @@ class ScopeFS(pyfuse3.Operations):
             layers.inodes.forget(inode, count)
             node = layers.inodes.get(inode)
             if node is not None and node.kind is Kind.DIR and node.lookups == 0:
-                layers.kernel_forgot(node)
+                layers.absences.folder_forgotten(inode)
             self.queries.forget(inode)
             self.history.forget(inode)
 
@@ -266,7 +266,7 @@ class ScopeFS(pyfuse3.Operations):
 
     def _named_here(self, parent_inode: int, name: bytes) -> None:
         with contextlib.suppress(BadName):  # a name that cannot exist was never kept absent
-            self.mount.layers.named_here(parent_inode, decode(name))
+            self.mount.layers.absences.named_here(parent_inode, decode(name))
 
     # -- content ---------------------------------------------------------------
 

@@ -10,13 +10,9 @@ Three layers, looked up in this order:
    revision of the same note instead of a delete and a stranger);
 3. the view: every note the session may read, and the folders they imply.
 
-A name found in none of them may be kept by the kernel as absent (a
-negative entry, ``remember_absent``): tools look for names that are not
-there all day (``rg`` and ``git`` their ignore files in every folder, an
-editor its swap file), and each such lookup would otherwise reach the
-mount. The names handed out are recorded by folder, so that a view which
-comes to show one (or a folder above one) drops the kernel's entry with
-the rest of the change (``apply``).
+A name found in none of them may be kept by the kernel as absent
+(``remember_absent``; ``vfs.absences`` says why and until when); a view
+that comes to show one drops it with the rest of the change (``apply``).
 
 Nothing here touches the catalog; the filesystem calls it with new views
 and applies the answers. All of it runs on the trio thread.
@@ -32,11 +28,11 @@ import trio
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Mount, Op
 from scopefs.catalog.visible import VisibleNote, VisibleView
+from scopefs.vfs.absences import NO_INODE, Absences
 from scopefs.vfs.inodes import Inodes, Kind, Node
 from scopefs.vfs.tree import Tree
 
 REMOVAL_GRACE_S = 1.0
-ABSENT_NAMES_MAX = 65_536  # absences the kernel may keep at once; beyond them, lookups of absent names are asked
 
 
 @dataclass
@@ -55,9 +51,6 @@ class Invalidation:
     listing_grew: bool = False  # a folder that only gained names: its attributes go, its pages may stay
 
 
-NO_INODE = 0  # FUSE never numbers an inode 0 (the root is 1)
-
-
 class Layers:
     """The three layers of one mount and the lookups through them (the module docstring says how)."""
 
@@ -72,8 +65,7 @@ class Layers:
         self.local_children: dict[Parts, set[str]] = {}
         self.removed: dict[Parts, Removal] = {}
         self.tombstoned: set[Parts] = set()  # removals committed that the view still shows (``Removals.settle``)
-        self.absent: dict[int, set[str]] = {}  # names the kernel may keep as absent, by folder inode
-        self.absent_count = 0
+        self.absences = Absences()  # names the kernel was told are absent
 
     @staticmethod
     def _tree(view: VisibleView) -> Tree:
@@ -109,48 +101,18 @@ class Layers:
         refused, with no view change that could drop the kernel's entry.
         The caller looked the name up in this same turn of the trio thread.
         """
-        parts = folder.parts + (name,)
-        if parts in self.removed or self.absent_count >= ABSENT_NAMES_MAX or self.dirs.get(folder.parts) is not folder:
+        if folder.parts + (name,) in self.removed or self.dirs.get(folder.parts) is not folder:
             return False
-        names = self.absent.setdefault(folder.ino, set())
-        if name not in names:
-            names.add(name)
-            self.absent_count += 1
-        return True
+        return self.absences.remember(folder.ino, name)
 
-    def named_here(self, folder_ino: int, name: str) -> None:
-        """A create, mkdir or rename through this mount gave ``name`` an entry: the kernel replaced its
-        absent entry itself, and the view showing the name later must not drop the new one."""
-        names = self.absent.get(folder_ino)
-        if names is not None and name in names:
-            names.discard(name)
-            self.absent_count -= 1
+    def _absences_dropped(self, appeared: list[Parts], *, everything: bool) -> list[Invalidation]:
+        """What the kernel must forget of the absences it keeps, for a view in which ``appeared`` came."""
+        dropped = self.absences.everything() if everything else self.absences.shown(appeared, self._folder_ino)
+        return [Invalidation(NO_INODE, item.folder_ino, item.name) for item in dropped]
 
-    def kernel_forgot(self, folder: Node) -> None:
-        """The kernel dropped ``folder``'s entry, and with it every entry below it: none is absent there."""
-        self.absent_count -= len(self.absent.pop(folder.ino, ()))
-
-    def _absent_shown(self, appeared: list[Parts]) -> list[Invalidation]:
-        """The kernel's absent entries at ``appeared`` paths, or at a folder above one: dropped."""
-        out = []
-        for parts in appeared:
-            for depth in range(len(parts)):
-                folder = self.dirs.get(parts[:depth])
-                if folder is None:
-                    continue
-                names = self.absent.get(folder.ino)
-                if names is not None and parts[depth] in names:
-                    names.discard(parts[depth])
-                    self.absent_count -= 1
-                    out.append(Invalidation(NO_INODE, folder.ino, parts[depth]))
-        return out
-
-    def _absent_all(self) -> list[Invalidation]:
-        """Every absent entry the kernel may keep: dropped (the view's roots or its usability changed)."""
-        out = [Invalidation(NO_INODE, ino, name) for ino, names in self.absent.items() for name in names]
-        self.absent.clear()
-        self.absent_count = 0
-        return out
+    def _folder_ino(self, parts: Parts) -> int | None:
+        node = self.dirs.get(parts)
+        return node.ino if node is not None else None
 
     def _note_node(self, note: VisibleNote) -> Node:
         node = self.by_resource.get(note.resource_id)
@@ -322,7 +284,7 @@ class Layers:
         gone = [note.parts for note in changed
                 if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
         out.extend(self._listings_changed(gone, appeared, everything=rebuild))
-        out.extend(self._absent_all() if rebuild else self._absent_shown(appeared))
+        out.extend(self._absences_dropped(appeared, everything=rebuild))
         for parts in list(self.tombstoned):
             removal = self.removed.get(parts)
             if removal is None or not self.shows_at(parts, removal.resource_id):
@@ -362,7 +324,7 @@ class Layers:
         if node is None:
             return None
         node.attached = False
-        self.kernel_forgot(node)  # the entry's invalidation drops every entry below it
+        self.absences.folder_forgotten(node.ino)  # the entry's invalidation drops every entry below it
         parent = self.dirs.get(parts[:-1])
         return Invalidation(node.ino, parent.ino if parent else None, parts[-1])
 
