@@ -199,3 +199,19 @@ def test_a_root_the_view_gains_drops_every_absence(scenario: Scenario) -> None:
         role_id = scenario.cli.j("role", "add", "ops")["role_id"]
         scenario.cli.j("member", "add", role_id, scenario.alice, "--expires", "7d")
         assert _names_dropped(refresh()) == {(root.ino, "roles"), (folder.ino, "x.md")}
+
+
+def test_a_name_a_refused_rename_was_to_take_appears_when_the_view_shows_it(scenario: Scenario,
+                                                                           mounts: Mounts) -> None:
+    """A rename takes its new name out of the record before it commits (its own view change must not drop
+    the entry it gives); refused (a folder that holds notes: ``EXDEV``), the kernel's absent entry is
+    dropped at once, so the name appears when another session writes there."""
+    scenario.cli.j("write", scenario.group_session, "channel/plans/q3.md", stdin=b"Q3 plan\n")
+    view = mounts.mount(scenario.group_session)
+    target = view / "channel" / "moved"
+    assert _absent(target)
+    assert errno_of(lambda: os.rename(view / "channel" / "plans", target)) == errno.EXDEV
+    assert _absent(target)
+    scenario.cli.j("write", _second_group_session(scenario), "channel/moved/q4.md", stdin=b"Q4 plan\n")
+    wait_until(lambda: not _absent(target / "q4.md"), timeout=BOUND_S)
+    assert (target / "q4.md").read_bytes() == b"Q4 plan\n"

@@ -62,8 +62,9 @@ class Absences:
         names[name] = now
         return True
 
-    def named_here(self, folder_ino: int, name: str) -> None:
-        self._take(folder_ino, name)
+    def named_here(self, folder_ino: int, name: str) -> bool:
+        """Whether ``name`` was recorded in ``folder_ino`` (it is not any more)."""
+        return self._take(folder_ino, name)
 
     def folder_forgotten(self, folder_ino: int) -> None:
         self.count -= len(self._names.pop(folder_ino, ()))

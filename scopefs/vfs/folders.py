@@ -78,6 +78,7 @@ class Folders:
         if layers.local.get(parts) is node:  # kept by this mount (made here, or emptied here)
             layers.drop_local(parts)
             layers.dirs.pop(parts, None)
+            layers.absences.folder_forgotten(node.ino)  # the kernel's entries below it go with it
             node.attached = False
             return
         if layers.lookup(parts) is not None:

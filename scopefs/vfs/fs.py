@@ -74,7 +74,6 @@ Caveats (what a tool may notice, all deliberate):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 from collections.abc import Sequence
@@ -216,10 +215,10 @@ class ScopeFS(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         layers = self.mount.layers
         for inode, count in inode_list:
+            node = layers.inodes.get(inode)  # before the forget, which may let go of it
             layers.inodes.forget(inode, count)
-            node = layers.inodes.get(inode)
-            if node is not None and node.kind is Kind.DIR and node.lookups == 0:
-                layers.absences.folder_forgotten(inode)
+            if node is not None and node.kind is Kind.DIR and node.lookups == 0 and inode != pyfuse3.ROOT_INODE:
+                layers.absences.folder_forgotten(inode)  # its entries below went with it
             self.queries.forget(inode)
             self.history.forget(inode)
 
@@ -261,12 +260,24 @@ class ScopeFS(pyfuse3.Operations):
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
         self.mount.admit(ctx)
-        await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
-        self._named_here(parent_inode_new, name_new)
+        # Out of the record first: a rename that commits applies the view showing the new name, which must
+        # not drop the entry the rename is about to give it; a rename refused leaves the absent entry to drop.
+        taken = self._named_here(parent_inode_new, name_new)
+        try:
+            await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        except BaseException:
+            if taken is not None:
+                self.mount.drop_absence(parent_inode_new, taken)
+            raise
 
-    def _named_here(self, parent_inode: int, name: bytes) -> None:
-        with contextlib.suppress(BadName):  # a name that cannot exist was never kept absent
-            self.mount.layers.absences.named_here(parent_inode, decode(name))
+    def _named_here(self, parent_inode: int, name: bytes) -> str | None:
+        """The kernel's entry for ``name`` is (about to be) this mount's own: out of the record of absences.
+        The name, if it was in it."""
+        try:
+            text = decode(name)
+        except BadName:
+            return None  # a name that cannot exist was never kept absent
+        return text if self.mount.layers.absences.named_here(parent_inode, text) else None
 
     # -- content ---------------------------------------------------------------
 

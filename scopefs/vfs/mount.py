@@ -42,6 +42,7 @@ from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
 from scopefs.vfs.abort import abort, connection_of, requests_waiting
+from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.errors import ANSWERING
 from scopefs.vfs.gate import Gate
@@ -285,6 +286,11 @@ class MountState:
         """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker)."""
         node.forget_pages()
         self._queue(Invalidation(node.ino), node)
+
+    def drop_absence(self, folder_ino: int, name: str) -> None:
+        """The kernel must forget that ``name`` is absent from the folder (queued for the invalidation
+        worker): the record of it was taken out for a change that did not happen."""
+        self._queue(Invalidation(NO_INODE, folder_ino, name), None)
 
     def _queue(self, item: Invalidation, node: Node | None) -> None:
         if node is not None:
