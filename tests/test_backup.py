@@ -261,6 +261,7 @@ def test_live_backup_while_a_mount_keeps_writing(scenario: Scenario, mounts: Mou
                 threading.Event().wait(0.01)
             before = len(written)
             reports.append(_backup(cli, tmp_path / f"backup{n}"))
+            assert not errors, errors  # a writer that failed wrote nothing meanwhile: its error says why
             assert len(written) > before, "no write went through the mount while the backup ran"
     finally:
         stop.set()
