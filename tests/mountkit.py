@@ -57,6 +57,12 @@ def is_mounted(path: Path) -> bool:
     return last_mount_at(os.path.realpath(path)) is not None
 
 
+def second_group_session(scenario: Scenario) -> str:
+    """Another group session of the scenario's conversation: a second writer of the same channel."""
+    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
+                          "--conversation", scenario.conversation)["session_id"]
+
+
 def view_servers(where: Path) -> set[int]:
     """Live ``scopefs.vfs.server`` processes serving ``where``."""
     wanted = os.path.realpath(where).encode()

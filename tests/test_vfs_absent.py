@@ -31,7 +31,7 @@ from scopefs.vfs import absences
 from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.layers import Invalidation, Layers
 from tests.conftest import Scenario
-from tests.mountkit import Mounts, errno_of, mounts, view_servers, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, mounts, second_group_session, view_servers, wait_until  # noqa: F401
 
 BOUND_S = 10.0
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -57,11 +57,6 @@ def _line_within(stream: TextIO, seconds: float) -> str | None:
 
 def _absent(path: Path) -> bool:
     return errno_of(lambda: os.stat(path)) == errno.ENOENT
-
-
-def _second_group_session(scenario: Scenario) -> str:
-    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
-                          "--conversation", scenario.conversation)["session_id"]
 
 
 def test_the_kernel_answers_a_name_looked_up_in_vain_without_asking(scenario: Scenario, mounts: Mounts) -> None:
@@ -93,7 +88,7 @@ def test_a_note_another_session_writes_where_a_lookup_found_none_appears(scenari
     """A new note at a name looked up in vain, and one in a new folder looked up in vain: both appear
     (the folder's absence goes too, although only a note below it was written)."""
     watcher = mounts.mount(scenario.group_session, "watcher")
-    writer = mounts.mount(_second_group_session(scenario), "writer")
+    writer = mounts.mount(second_group_session(scenario), "writer")
     agenda = watcher / "channel" / "agenda.md"
     plan = watcher / "channel" / "plans" / "q3.md"
     assert _absent(agenda) and _absent(plan.parent) and _absent(plan)
@@ -123,7 +118,7 @@ def test_a_name_hidden_by_an_unlink_is_not_kept_absent(scenario: Scenario, mount
     assert note.read_bytes()
     os.unlink(note)
     assert _absent(note)  # hidden, and not kept absent
-    scenario.cli.j("rm", _second_group_session(scenario), "channel/offsite.md")
+    scenario.cli.j("rm", second_group_session(scenario), "channel/offsite.md")
     scenario.cli.j("write", scenario.group_session, "channel/offsite.md", stdin=b"another note\n")
     wait_until(lambda: not _absent(note), timeout=BOUND_S)
     assert note.read_bytes() == b"another note\n"
@@ -212,6 +207,6 @@ def test_a_name_a_refused_rename_was_to_take_appears_when_the_view_shows_it(scen
     assert _absent(target)
     assert errno_of(lambda: os.rename(view / "channel" / "plans", target)) == errno.EXDEV
     assert _absent(target)
-    scenario.cli.j("write", _second_group_session(scenario), "channel/moved/q4.md", stdin=b"Q4 plan\n")
+    scenario.cli.j("write", second_group_session(scenario), "channel/moved/q4.md", stdin=b"Q4 plan\n")
     wait_until(lambda: not _absent(target / "q4.md"), timeout=BOUND_S)
     assert (target / "q4.md").read_bytes() == b"Q4 plan\n"

@@ -72,6 +72,7 @@ from tests.mountkit import (  # noqa: F401
     live_notes,
     mounts,
     pending_rows,
+    second_group_session,
     wait_until,
 )
 
@@ -250,8 +251,7 @@ class Note:
 
 def _second_session(scenario: Scenario, kind: str) -> str:
     if kind == "channel":
-        return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group", "--conversation",
-                              scenario.conversation)["session_id"]
+        return second_group_session(scenario)
     return scenario.cli.j("session", "open", "--agent", scenario.agent, "--dm", "--channel", CHANNEL,
                           "--account", ACCOUNT, "--sender", ALICE_SENDER)["session_id"]
 

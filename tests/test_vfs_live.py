@@ -34,16 +34,18 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.abort import abort
 from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
-from tests.mountkit import Mounts, getdents64, getdents_into, mounts, wait_until  # noqa: F401
+from tests.mountkit import (  # noqa: F401
+    Mounts,
+    getdents64,
+    getdents_into,
+    mounts,
+    second_group_session,
+    wait_until,
+)
 
 BOUND_S = 10.0  # a functional bound, far below the kernel's 30 s cache timeouts
 OFFSITE = "channel/offsite.md"
 ALLERGY = "private/notes/allergy.md"
-
-
-def _second_group_session(scenario: Scenario) -> str:
-    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
-                          "--conversation", scenario.conversation)["session_id"]
 
 
 def _stat_errno(path: Path) -> int | os.stat_result:
@@ -154,7 +156,7 @@ def test_other_mount_sees_new_revision_new_note_and_rename(scenario: Scenario, m
     """Two group sessions of one conversation, each mounted: what one writes,
     the other sees, although its kernel cached the old state."""
     watcher = mounts.mount(scenario.group_session, "watcher")
-    writer = mounts.mount(_second_group_session(scenario), "writer")
+    writer = mounts.mount(second_group_session(scenario), "writer")
     note = watcher / OFFSITE
     old = os.stat(note)
     assert _cat(note) == CHANNEL_FACT
@@ -239,7 +241,7 @@ def test_readers_polling_another_mount_end_on_every_new_revision(scenario: Scena
 
 def test_tombstone_from_other_mount_removes_note(scenario: Scenario, mounts: Mounts) -> None:
     watcher = mounts.mount(scenario.group_session, "watcher")
-    remover = mounts.mount(_second_group_session(scenario), "remover")
+    remover = mounts.mount(second_group_session(scenario), "remover")
     note = watcher / OFFSITE
     assert os.stat(note).st_size == len(CHANNEL_FACT)
     assert _cat(note) == CHANNEL_FACT
