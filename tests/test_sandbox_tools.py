@@ -478,8 +478,7 @@ def test_terminal_signals_reach_the_sandboxed_program(scenario: Scenario) -> Non
     sandbox and its mount are not killed for it."""
     probe = ("import os, signal, sys, time\n"  # os.write: a handler's print can meet print's own lock
              "signal.signal(signal.SIGWINCH, lambda *a: os.write(1, b'[winch]\\n'))\n"
-             "print('[ready]', flush=True)\n"
-             "try:\n    time.sleep(60)\n"
+             "try:\n    print('[ready]', flush=True)\n    time.sleep(60)\n"  # Ctrl-C may come while it prints
              "except KeyboardInterrupt:\n    print('[interrupted]', flush=True)\n    sys.exit(5)\n")
     term = on_terminal(scenario, scenario.alice_session, "python3", "-c", probe)
     try:
