@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
@@ -25,6 +26,7 @@ from scopefs.writer.rename import rename_note
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, table_dump
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
+from tests.test_vfs_isolation import GUIDE, publish_shared
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -125,3 +127,65 @@ def test_a_backup_renamed_back_while_open_is_its_note_again_with_no_new_revision
     run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == before
     assert len(table_dump(catalog)["revisions"]) == revisions  # the same bytes are not a new revision
+
+
+def test_a_create_of_a_name_another_session_just_made_opens_that_note(scenario: Scenario) -> None:
+    """``echo x > new.md`` while the kernel still holds new.md absent, after the view came to show it.
+
+    The kernel sends CREATE for a name it keeps absent (``vfs.absences``)
+    without asking first; in the moment between the view showing another
+    session's new note and the kernel's entry being dropped, the create
+    reaches the mount for a name that is there. Without ``O_EXCL`` POSIX
+    opens the file that is there: the same note gets a new revision.
+    """
+    path = f"{DIR}/new.md"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder(DIR)
+        assert (await fs.lookup(folder, b"new.md")).st_ino == 0  # absent, and so kept by the kernel
+        theirs = as_alice(scenario, write_note, path, b"written elsewhere\n")
+        await fs.sync()
+        info, attr = await fs.create(folder, b"new.md", 0o600, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                     None)  # type: ignore[arg-type]
+        tool.check("create of a name that is there")
+        assert info.fh == 0 and attr.st_ino == await tool.ino(path)
+        opened = KernelFile(fs, attr.st_ino)
+        assert await opened.write(0, b"mine\n") == 5
+        await opened.flush()
+        await fs.release(info.fh)
+        tool.check("close")
+        node = fs.mount.layers.lookup(tuple(path.split("/")))
+        assert node is not None and node.resource_id == theirs.resource_id
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, path) == b"mine\n"
+
+
+def test_a_create_of_a_name_that_is_there_keeps_posix_meaning(scenario: Scenario) -> None:
+    """``O_EXCL`` still refuses; without ``O_TRUNC`` the content stays; a folder is ``EISDIR``;
+    a note under a read-only root is ``EROFS``, as a write to it is, and nothing changes."""
+    shared = "agent-shared/docs/guide.md"
+    publish_shared(scenario.cli.home, shared, GUIDE, scenario.alice_session)  # read-only for Alice
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        folder = await tool.folder(DIR)
+        ino = await tool.ino(NOTE)
+
+        def create(where: int, name: bytes, flags: int) -> Any:
+            return fs.create(where, name, 0o600, flags, None)  # type: ignore[arg-type]
+
+        assert await errno_of(create(folder, b"allergy.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL)) == errno.EEXIST
+        info, attr = await create(folder, b"allergy.md", os.O_RDWR | os.O_CREAT)
+        assert attr.st_ino == ino
+        assert await KernelFile(fs, ino).read() == ALICE_FACT  # not truncated
+        await fs.release(info.fh)
+        root = await tool.folder("private")
+        assert await errno_of(create(root, b"notes", os.O_WRONLY | os.O_CREAT)) == errno.EISDIR
+        docs = await tool.folder("agent-shared/docs")
+        assert await errno_of(create(docs, b"guide.md", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) == errno.EROFS
+        tool.check("the refused creates")
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, NOTE) == ALICE_FACT
+    assert _read(scenario, shared) == GUIDE

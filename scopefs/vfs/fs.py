@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 from collections.abc import Sequence
 
 import pyfuse3
@@ -93,7 +94,7 @@ from scopefs.vfs.follow import Follow
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import HandleTable
 from scopefs.vfs.history import History
-from scopefs.vfs.inodes import Kind
+from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.names import BadName, decode
 from scopefs.vfs.queries import Queries
@@ -300,9 +301,37 @@ class ScopeFS(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         pid_namespace = self.mount.opener(ctx)
-        node, fh = await self.commits.create(parent_inode, name, pid_namespace)
+        shown = None if flags & os.O_EXCL else self._shown_child(parent_inode, name)
+        if shown is not None:
+            await self._open_shown(shown, flags, pid_namespace)
+            fh = 0  # what the kernel sends when no open was asked: writes and closes come by inode
+        else:
+            shown, fh = await self.commits.create(parent_inode, name, pid_namespace)
         self._named_here(parent_inode, name)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False), attributes(self.mount, node)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False), attributes(self.mount, shown)
+
+    def _shown_child(self, parent_inode: int, name: bytes) -> Node | None:
+        """The note or scratch file the view shows at ``name``, for a create that may open it."""
+        try:
+            text = decode(name)
+        except BadName:
+            return None
+        node = self.mount.layers.lookup(self.mount.folder(parent_inode).parts + (text,))
+        if node is not None and node.kind is Kind.DIR:
+            raise fail(errno.EISDIR)
+        return node if node is not None and node.kind in (Kind.NOTE, Kind.SCRATCH) else None
+
+    async def _open_shown(self, node: Node, flags: int, pid_namespace: int | None) -> None:
+        """``open(O_CREAT)`` without ``O_EXCL`` of a name the kernel still held absent, which the view now
+        shows (another session made it, and the kernel's entry is not dropped yet): POSIX opens the file
+        that is there. The kernel counts it as created, so it neither checks the mode nor truncates: the
+        server does both, as a write by inode and the truncation of an ``O_TRUNC`` open would."""
+        if flags & os.O_ACCMODE != os.O_RDONLY and node.kind is not Kind.SCRATCH:
+            self.mount.check_writable(node.parts)
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            await self.commits.writer(node, pid_namespace)
+            await self.commits.truncate(node, 0, by_path=False)
+        node.lookups += 1
 
     @guarded
     async def write(self, fh: int, off: int, buf: bytes, inode: int = 0,
