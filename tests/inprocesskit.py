@@ -10,6 +10,7 @@ nothing (``no_kernel``). Real mounts are ``mountkit.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ import trio
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.layers import Invalidation, Layers
 from scopefs.vfs.mount import inconsistencies
 from tests.conftest import Scenario
 
@@ -52,6 +54,18 @@ def run_alice_mount(scenario: Scenario, script: Callable[[ScopeFS, Tool], Awaita
         trio.run(script, fs, Tool(fs))
     finally:
         fs.artifacts.close()
+        home.close()
+
+
+@contextlib.contextmanager
+def layers_of(scenario: Scenario) -> Iterator[tuple[Layers, Callable[[], list[Invalidation]]]]:
+    """A mount's layers over Alice's DM view, with no mount around them, and a call that applies the
+    catalog's view of now to them (what the mount's follower does): what the kernel must forget."""
+    home = Home.open(scenario.cli.home)
+    try:
+        layers = Layers(build(home, scenario.alice_session))
+        yield layers, lambda: layers.apply(build(home, scenario.alice_session))
+    finally:
         home.close()
 
 

@@ -12,25 +12,22 @@ seen within that bound can only have come from an invalidation
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import select
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
 import pytest
 
-from scopefs.catalog.home import Home
-from scopefs.catalog.visible import build
 from scopefs.vfs import absences
 from scopefs.vfs.absences import NO_INODE
-from scopefs.vfs.layers import Invalidation, Layers
+from scopefs.vfs.layers import Invalidation
 from tests.conftest import Scenario
+from tests.inprocesskit import layers_of
 from tests.mountkit import Mounts, errno_of, mounts, second_group_session, view_servers, wait_until  # noqa: F401
 
 BOUND_S = 10.0
@@ -126,17 +123,6 @@ def test_a_name_hidden_by_an_unlink_is_not_kept_absent(scenario: Scenario, mount
 
 # -- the record of absences, on its own (``vfs.layers``) -----------------------------
 
-@contextlib.contextmanager
-def _layers(scenario: Scenario) -> Iterator[tuple[Layers, Callable[[], list[Invalidation]]]]:
-    """Layers over the Alice session's view, and a call that applies the catalog's view of now to them."""
-    home = Home.open(scenario.cli.home)
-    try:
-        layers = Layers(build(home, scenario.alice_session))
-        yield layers, lambda: layers.apply(build(home, scenario.alice_session))
-    finally:
-        home.close()
-
-
 def _names_dropped(out: list[Invalidation]) -> set[tuple[int | None, str | None]]:
     return {(item.parent_ino, item.name) for item in out if item.ino == NO_INODE}
 
@@ -144,7 +130,7 @@ def _names_dropped(out: list[Invalidation]) -> set[tuple[int | None, str | None]
 def test_only_an_absence_handed_out_and_then_shown_is_dropped(scenario: Scenario) -> None:
     """The view coming to show a name kept absent drops that entry once; a name this mount made
     itself (the kernel replaced the absent entry) and a name never kept absent drop nothing."""
-    with _layers(scenario) as (layers, refresh):
+    with layers_of(scenario) as (layers, refresh):
         folder = layers.lookup(("private", "notes"))
         assert folder is not None
         assert layers.remember_absent(folder, "kept.md") and layers.remember_absent(folder, "made.md")
@@ -156,7 +142,7 @@ def test_only_an_absence_handed_out_and_then_shown_is_dropped(scenario: Scenario
 
 
 def test_a_name_hidden_by_a_pending_removal_is_not_kept_absent(scenario: Scenario) -> None:
-    with _layers(scenario) as (layers, _):
+    with layers_of(scenario) as (layers, _):
         folder = layers.lookup(("private", "notes"))
         note = layers.lookup(("private", "notes", "allergy.md"))
         assert folder is not None and note is not None and note.resource_id is not None
@@ -187,7 +173,7 @@ def test_a_full_record_keeps_no_more_until_its_oldest_entries_expired(monkeypatc
 
 
 def test_a_root_the_view_gains_drops_every_absence(scenario: Scenario) -> None:
-    with _layers(scenario) as (layers, refresh):
+    with layers_of(scenario) as (layers, refresh):
         root, folder = layers.lookup(()), layers.lookup(("private", "notes"))
         assert root is not None and folder is not None
         assert layers.remember_absent(root, "roles") and layers.remember_absent(folder, "x.md")

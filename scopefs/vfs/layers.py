@@ -243,6 +243,8 @@ class Layers:
         self.view = new
         out: list[Invalidation | None] = []
         appeared: list[Parts] = []
+        folders_came: list[Parts] = []  # folders that appeared with those notes
+        folders_went: list[Parts] = []  # folders that vanished with the notes that left
         if rebuild:
             self.tree = self._tree(new)
             changed = list(old.notes.values())
@@ -257,10 +259,12 @@ class Layers:
             # additions go first: a folder whose only note got a new revision
             # must never look empty, even for a moment (its node would die).
             for parts in appeared:
-                self.tree.add(parts)
+                folders_came += self.tree.add(parts)
             for note in changed:
                 if note.parts not in new.notes:
-                    out.extend(self._forget_dir(folder) for folder in self.tree.remove(note.parts))
+                    vanished = self.tree.remove(note.parts)
+                    folders_went += vanished
+                    out.extend(self._forget_dir(folder) for folder in vanished)
         for note in changed:
             node = self.by_resource.get(note.resource_id)
             if node is None:
@@ -283,7 +287,7 @@ class Layers:
                     out.append(self._forget_dir(parts))
         gone = [note.parts for note in changed
                 if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
-        out.extend(self._listings_changed(gone, appeared, everything=rebuild))
+        out.extend(self._listings_changed(gone + folders_went, appeared + folders_came, everything=rebuild))
         out.extend(self._absences_dropped(appeared, everything=rebuild))
         for parts in list(self.tombstoned):
             removal = self.removed.get(parts)
@@ -294,13 +298,18 @@ class Layers:
 
     def _listings_changed(self, gone: list[Parts], appeared: list[Parts], *,
                           everything: bool) -> list[Invalidation]:
-        """The folders whose cached listings may hold a name that came or went (each known ancestor).
+        """The folders whose cached listings may hold a name that came or went.
 
         The kernel keeps a folder's listing until it is dropped (no
-        ``opendir`` reaches the mount), so every folder above a path that
-        appeared or disappeared is listed again, at worst once more than
-        needed: its mtime moves and its attributes go (``MountState._apply``).
-        A folder above a path that went loses its cached pages too, as a
+        ``opendir`` reaches the mount), so the folder that holds a path
+        that appeared or disappeared is listed again: its mtime moves and
+        its attributes go (``MountState._apply``). ``gone`` are the notes
+        whose name went or now names another note, and the folders that
+        vanished with them; ``appeared`` the notes and folders that came.
+        Only the folder that holds one changed: a folder whose names
+        stayed keeps its attributes: with ``default_permissions`` the
+        kernel would ask for those of every folder on each path it walks.
+        A folder that lost a name loses its cached pages too, as a
         listing continued from an offset reads them unchecked; one that
         only gained names keeps them: such a listing may miss a name that
         came meanwhile, as on any filesystem, and a ``cp -r`` into the
@@ -309,9 +318,9 @@ class Layers:
         if everything:
             lost, grew = list(self.dirs.values()), []
         else:
-            lost_parts = _folders_above(gone)
+            lost_parts = {parts[:-1] for parts in gone if parts}
             lost = [node for folder in lost_parts if (node := self.dirs.get(folder)) is not None]
-            grew = [node for folder in _folders_above(appeared) - lost_parts
+            grew = [node for folder in {parts[:-1] for parts in appeared if parts} - lost_parts
                     if (node := self.dirs.get(folder)) is not None]
         for node in (*lost, *grew):
             node.listing_version += 1
@@ -327,17 +336,6 @@ class Layers:
         self.absences.folder_forgotten(node.ino)  # the entry's invalidation drops every entry below it
         parent = self.dirs.get(parts[:-1])
         return Invalidation(node.ino, parent.ino if parent else None, parts[-1])
-
-
-def _folders_above(paths: list[Parts]) -> set[Parts]:
-    """Every folder that holds one of ``paths``, however far up."""
-    folders: set[Parts] = set()
-    for parts in paths:
-        for depth in range(len(parts) - 1, -1, -1):
-            if parts[:depth] in folders:
-                break
-            folders.add(parts[:depth])
-    return folders
 
 
 def _deposit_at(found: tuple[Mount, Parts]) -> bool:

@@ -32,11 +32,17 @@ class Tree:
     def names(self, parts: Parts) -> dict[str, bool]:
         return self.children.get(parts, {})
 
-    def add(self, parts: Parts) -> None:
+    def add(self, parts: Parts) -> list[Parts]:
+        """Count a note in; returns the folders that appeared with it."""
+        appeared: list[Parts] = []
         for k in range(len(parts)):
             folder = parts[:k]
-            self.below[folder] = self.below.get(folder, 0) + 1
+            held = self.below.get(folder, 0)
+            if not held:
+                appeared.append(folder)
+            self.below[folder] = held + 1
             self.children.setdefault(folder, {})[parts[k]] = k < len(parts) - 1
+        return appeared
 
     def remove(self, parts: Parts) -> list[Parts]:
         """Forget a note; returns the folders that vanished with it."""
