@@ -28,7 +28,7 @@ from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.layers import Invalidation
 from tests.conftest import Scenario
 from tests.inprocesskit import layers_of
-from tests.mountkit import Mounts, errno_of, mounts, second_group_session, view_servers, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, is_mounted, mounts, second_group_session, view_servers, wait_until  # noqa: F401
 
 BOUND_S = 10.0
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -196,3 +196,65 @@ def test_a_name_a_refused_rename_was_to_take_appears_when_the_view_shows_it(scen
     scenario.cli.j("write", second_group_session(scenario), "channel/moved/q4.md", stdin=b"Q4 plan\n")
     wait_until(lambda: not _absent(target / "q4.md"), timeout=BOUND_S)
     assert (target / "q4.md").read_bytes() == b"Q4 plan\n"
+
+
+# -- a create that reaches the mount for a name the view has come to show ----------------------
+
+LATE_SERVER = """
+import sys
+from pathlib import Path
+from scopefs.catalog.home import Home
+from scopefs.vfs import layers
+from scopefs.vfs.server import serve
+
+# The moment between the view showing a new name and the worker dropping the kernel's absent entry
+# for it, stretched for one name: that entry is never dropped (``late.md``; every other name is).
+kept = layers.Layers._absences_dropped
+layers.Layers._absences_dropped = lambda self, appeared, **kw: [
+    item for item in kept(self, appeared, **kw) if item.name != "late.md"]
+serve(Home.open(Path(sys.argv[1])), sys.argv[2], sys.argv[3], on_ready=lambda: print("ready", flush=True))
+"""
+
+
+def test_a_create_the_kernel_sends_for_a_name_the_view_now_shows_opens_that_note(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """``echo x > late.md`` where the kernel still keeps late.md absent and another session made it.
+
+    The kernel sends CREATE without a lookup for a name it keeps absent,
+    counts the file as created (no mode check, no truncation) and keeps
+    the handle the reply gives. The mount opens the note that is there
+    (handle 0: writes and the close come by inode), truncating it itself:
+    the same note gets the new revision, and the file reads back whole.
+    """
+    where = tmp_path / "mnt"
+    where.mkdir()
+    server = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(scenario.cli.home), scenario.alice_session,
+                               str(where)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        folder = where / "private" / "notes"
+        assert _absent(folder / "late.md")  # the kernel keeps it absent from now on
+        scenario.cli.j("write", scenario.alice_session, "private/notes/late.md",
+                       stdin=b"written by another session, longer than mine\n")
+        scenario.cli.j("write", scenario.alice_session, "private/notes/after.md", stdin=b"x\n")
+        wait_until(lambda: (folder / "after.md").exists())  # the view shows late.md too by now
+        assert _absent(folder / "late.md")  # still, for the kernel (a listing would replace its entry)
+        fd = os.open(folder / "late.md", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            assert os.write(fd, b"mine\n") == 5
+        finally:
+            os.close(fd)
+        assert (folder / "late.md").read_bytes() == b"mine\n"
+        assert os.stat(folder / "late.md").st_size == 5
+        assert scenario.cli("read", scenario.alice_session, "private/notes/late.md", check=True).out == b"mine\n"
+        history = scenario.cli.j("history", scenario.alice_session, "private/notes/late.md")
+        assert len(history["revisions"]) == 2  # theirs, then mine: one note
+        assert errno_of(lambda: os.open(folder / "late.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL)) == errno.EEXIST
+    finally:
+        if is_mounted(where):
+            subprocess.run(["fusermount3", "-u", str(where)], capture_output=True)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -24,7 +24,7 @@ from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
 from scopefs.writer.transaction import write_note
-from tests.conftest import ALICE_FACT, Scenario, table_dump
+from tests.conftest import ALICE_FACT, Scenario, artifact_path, table_dump
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
 from tests.test_vfs_isolation import GUIDE, publish_shared
 
@@ -189,3 +189,31 @@ def test_a_create_of_a_name_that_is_there_keeps_posix_meaning(scenario: Scenario
     run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == ALICE_FACT
     assert _read(scenario, shared) == GUIDE
+
+
+def test_an_o_trunc_open_never_reads_what_it_throws_away(scenario: Scenario) -> None:
+    """``> note`` and a create that opens a note with ``O_TRUNC`` start from nothing: the stored
+    revision is neither read nor verified (a 256 MiB note is not hashed to be thrown away), so a
+    note whose artifact fails verification can still be overwritten, and nothing of it is served."""
+    artifact = artifact_path(scenario.cli.home, scenario.alice, "notes/allergy.md")
+    artifact.write_bytes(b"tampered behind the broker's back\n")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        ino = await tool.ino(NOTE)
+        opened = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
+        assert await opened.write(0, b"rewritten\n") == 10
+        await opened.flush()
+        tool.check("close after the truncating open")
+        artifact_now = artifact_path(scenario.cli.home, scenario.alice, "notes/allergy.md")
+        artifact_now.write_bytes(b"tampered again\n")
+        info, attr = await fs.create(await tool.folder(DIR), b"allergy.md", 0o600,
+                                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)  # type: ignore[arg-type]
+        assert attr.st_ino == ino and attr.st_size == 0
+        await KernelFile(fs, ino).write(0, b"and again\n")
+        await KernelFile(fs, ino).flush()
+        await fs.release(info.fh)
+        tool.check("close after the create")
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, NOTE) == b"and again\n"

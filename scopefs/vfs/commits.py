@@ -100,8 +100,9 @@ class Commits:
             draft.dirty = True
         return draft
 
-    async def writer(self, node: Node, pid_namespace: int | None) -> Handle:
-        """The handle ``node``'s writes by inode go through: made now (from its content) if there is none.
+    async def writer(self, node: Node, pid_namespace: int | None, *, truncate: bool = False) -> Handle:
+        """The handle ``node``'s writes by inode go through: made now (from its content, or empty when
+        ``truncate``: an ``O_TRUNC`` open never reads what it throws away) if there is none.
 
         On a sandbox's mount the handle belongs to the sandbox whose write
         or truncation made it; a dismissal revokes it like any other.
@@ -115,7 +116,7 @@ class Commits:
             raise fail(errno.EISDIR if node.kind is not Kind.RESULTS else errno.EROFS)
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
-        await self.ensure_draft(node, truncate=False)
+        await self.ensure_draft(node, truncate=truncate)
         handle = Handle(node, writable=True, pid_namespace=pid_namespace)
         self._register(node, mount.give(handle))
         return handle

@@ -177,7 +177,7 @@ class ScopeFS(pyfuse3.Operations):
             # it starts a writer whose close commits; a path truncation to any other size commits now.
             by_path = fh is None and attr.st_size > 0
             if not fh and not by_path:
-                await self.commits.writer(node, self.mount.opener(ctx))
+                await self.commits.writer(node, self.mount.opener(ctx), truncate=attr.st_size == 0)
             await self.commits.truncate(node, attr.st_size, by_path=by_path)
         return attributes(self.mount, node)  # chmod, chown and times: accepted, ignored (Caveats)
 
@@ -329,8 +329,8 @@ class ScopeFS(pyfuse3.Operations):
         if flags & os.O_ACCMODE != os.O_RDONLY and node.kind is not Kind.SCRATCH:
             self.mount.check_writable(node.parts)
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
-            await self.commits.writer(node, pid_namespace)
-            await self.commits.truncate(node, 0, by_path=False)
+            await self.commits.writer(node, pid_namespace, truncate=True)
+            await self.commits.truncate(node, 0, by_path=False)  # a writer that was there already
         node.lookups += 1
 
     @guarded
