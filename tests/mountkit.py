@@ -12,6 +12,7 @@ import ctypes
 import mmap
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,34 @@ def errno_of(call: Callable[[], object]) -> int:
 
 def is_mounted(path: Path) -> bool:
     return last_mount_at(os.path.realpath(path)) is not None
+
+
+_SERVE = """
+import sys
+from pathlib import Path
+from scopefs.catalog.home import Home
+from scopefs.vfs.server import serve
+serve(Home.open(Path(sys.argv[1])), sys.argv[2], sys.argv[3], on_ready=lambda: print("ready", flush=True))
+"""
+
+
+@contextlib.contextmanager
+def patched_server(home: Path, session_id: str, where: Path, patch: str) -> Iterator[None]:
+    """A real mount of ``session_id`` at ``where`` whose server runs ``patch`` (Python source) first: a
+    fault, or a moment stretched for one name, on purpose, in front of the real kernel. Unmounted after."""
+    server = subprocess.Popen([sys.executable, "-c", patch + _SERVE, str(home), session_id, str(where)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        if is_mounted(where):
+            subprocess.run(["fusermount3", "-u", str(where)], capture_output=True)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def second_group_session(scenario: Scenario) -> str:

@@ -28,7 +28,15 @@ from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.layers import Invalidation
 from tests.conftest import Scenario
 from tests.inprocesskit import layers_of
-from tests.mountkit import Mounts, errno_of, is_mounted, mounts, second_group_session, view_servers, wait_until  # noqa: F401
+from tests.mountkit import (  # noqa: F401
+    Mounts,
+    errno_of,
+    mounts,
+    patched_server,
+    second_group_session,
+    view_servers,
+    wait_until,
+)
 
 BOUND_S = 10.0
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -200,19 +208,13 @@ def test_a_name_a_refused_rename_was_to_take_appears_when_the_view_shows_it(scen
 
 # -- a create that reaches the mount for a name the view has come to show ----------------------
 
-LATE_SERVER = """
-import sys
-from pathlib import Path
-from scopefs.catalog.home import Home
-from scopefs.vfs import layers
-from scopefs.vfs.server import serve
-
 # The moment between the view showing a new name and the worker dropping the kernel's absent entry
 # for it, stretched for one name: that entry is never dropped (``late.md``; every other name is).
+LATE = """
+from scopefs.vfs import layers
 kept = layers.Layers._absences_dropped
 layers.Layers._absences_dropped = lambda self, appeared, **kw: [
     item for item in kept(self, appeared, **kw) if item.name != "late.md"]
-serve(Home.open(Path(sys.argv[1])), sys.argv[2], sys.argv[3], on_ready=lambda: print("ready", flush=True))
 """
 
 
@@ -228,10 +230,7 @@ def test_a_create_the_kernel_sends_for_a_name_the_view_now_shows_opens_that_note
     """
     where = tmp_path / "mnt"
     where.mkdir()
-    server = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(scenario.cli.home), scenario.alice_session,
-                               str(where)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    with patched_server(scenario.cli.home, scenario.alice_session, where, LATE):
         folder = where / "private" / "notes"
         assert _absent(folder / "late.md")  # the kernel keeps it absent from now on
         scenario.cli.j("write", scenario.alice_session, "private/notes/late.md",
@@ -250,11 +249,3 @@ def test_a_create_the_kernel_sends_for_a_name_the_view_now_shows_opens_that_note
         history = scenario.cli.j("history", scenario.alice_session, "private/notes/late.md")
         assert len(history["revisions"]) == 2  # theirs, then mine: one note
         assert errno_of(lambda: os.open(folder / "late.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL)) == errno.EEXIST
-    finally:
-        if is_mounted(where):
-            subprocess.run(["fusermount3", "-u", str(where)], capture_output=True)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()

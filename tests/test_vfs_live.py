@@ -39,6 +39,7 @@ from tests.mountkit import (  # noqa: F401
     getdents64,
     getdents_into,
     mounts,
+    patched_server,
     second_group_session,
     wait_until,
 )
@@ -400,6 +401,36 @@ def test_a_listing_continued_from_an_offset_shows_no_name_the_view_lost(scenario
     after_first = cached[0][1]  # never listed from the start again here: that would refill the cache
     wait_until(lambda: "gone.md" not in [name for name, _ in _entries_from(notes, after_first)], timeout=BOUND_S)
     assert sorted(os.listdir(notes)) == ["allergy.md"]
+
+
+# A removal the catalog refuses, for one name: the note shows again with no view change.
+REFUSED = """
+from scopefs.catalog.errors import StorageError
+from scopefs.vfs import catalog_ops
+kept = catalog_ops.remove
+def remove(home, session_id, parts, resource_id):
+    if parts[-1] == "refused.md":
+        raise StorageError("injected: the tombstone's commit failed")
+    return kept(home, session_id, parts, resource_id)
+catalog_ops.remove = remove
+"""
+
+
+def test_a_note_whose_removal_was_refused_is_listed_again(scenario: Scenario, tmp_path: Path) -> None:
+    """``rm`` succeeds at once; the tombstone commits a moment later, and may be refused: the note
+    then shows again. A listing the kernel cached while it was hidden must not go on lacking it,
+    though no view change moves the folder's mtime (``MountState.shown_again``)."""
+    scenario.cli("write", scenario.alice_session, "private/notes/refused.md", stdin=b"stays\n", check=True)
+    where = tmp_path / "mnt"
+    where.mkdir()
+    with patched_server(scenario.cli.home, scenario.alice_session, where, REFUSED):
+        notes = where / "private" / "notes"
+        assert "refused.md" in os.listdir(notes)
+        os.unlink(notes / "refused.md")
+        assert "refused.md" not in os.listdir(notes)  # the kernel holds this listing now
+        wait_until(lambda: (notes / "refused.md").exists(), timeout=BOUND_S)  # refused: it is back
+        assert sorted(os.listdir(notes)) == ["allergy.md", "refused.md"]
+        assert (notes / "refused.md").read_bytes() == b"stays\n"
 
 
 def _mtime_ns(path: Path) -> int:

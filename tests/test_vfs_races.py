@@ -49,9 +49,12 @@ def test_a_save_after_unlink_never_lands_in_the_note_moved_onto_the_name(scenari
         as_alice(scenario, rename_note, f"{DIR}/other.md", NOTE)
         await fs.sync()
         folder = await tool.folder(DIR)
+        listed = fs.mount.layers.inodes.get(folder).listing_version  # type: ignore[union-attr]
         assert await errno_of(fs.create(folder, b"allergy.md", 0o600, os.O_WRONLY | os.O_CREAT,
                                       None)) == errno.EAGAIN  # type: ignore[arg-type]
         tool.check("the refused create")
+        # S shows at the name now, which the unlink hid from listings: the kernel lists the folder again
+        assert fs.mount.layers.inodes.get(folder).listing_version == listed + 1  # type: ignore[union-attr]
 
     run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == b"S's own content\n"

@@ -199,6 +199,7 @@ class Commits:
                 # Another session moved the unlinked note away and put another
                 # one at its name: saving into that one would overwrite a note
                 # this tool never opened.
+                mount.shown_again(parts)  # that one shows at the name now
                 raise fail(errno.EAGAIN)
         if revived is not None:
             node = revived

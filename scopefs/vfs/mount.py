@@ -287,6 +287,15 @@ class MountState:
         node.forget_pages()
         self._queue(Invalidation(node.ino), node)
 
+    def shown_again(self, parts: Parts) -> None:
+        """``parts`` shows again with no view change (its removal refused, or given up for a note that
+        came meanwhile): a listing of its folder the kernel cached while the name was hidden lacks it,
+        and would go on lacking it, since nothing else moves the folder's mtime."""
+        folder = self.layers.dirs.get(parts[:-1])
+        if folder is not None:
+            folder.listing_version += 1
+            list_again(folder.ino)  # it gained a name: its pages may stay (``Layers._listings_changed``)
+
     def drop_absence(self, folder_ino: int, name: str) -> None:
         """The kernel must forget that ``name`` is absent from the folder (queued for the invalidation
         worker): the record of it was taken out for a change that did not happen."""

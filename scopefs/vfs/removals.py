@@ -91,6 +91,8 @@ class Removals:
                 if layers.removed.get(parts) is removal:
                     if not keep:
                         del layers.removed[parts]
+                        if layers.lookup(parts) is not None:
+                            mount.shown_again(parts)  # refused, or another note is at the name by now
                     elif removal.in_flight:
                         layers.tombstoned.add(parts)
                 removal.settled.set()
