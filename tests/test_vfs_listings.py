@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from scopefs.vfs.inodes import Node
 from scopefs.vfs.layers import Invalidation, Layers
+from scopefs.vfs.tree import Tree
 from tests.conftest import Scenario
 from tests.inprocesskit import layers_of
 
@@ -63,3 +64,19 @@ def test_a_note_that_goes_drops_its_folder_and_the_one_above_each_folder_that_go
         assert not layers.tree.is_dir(("private", "deep", "er"))
         scenario.cli.j("rm", scenario.alice_session, "private/deep/kept.md")
         assert _relisted(refresh(), folders) == {"private/deep": "lost", "private": "lost"}
+
+
+def test_a_folder_that_becomes_a_note_of_its_name_keeps_the_name_listed() -> None:
+    """In one view change ``a/b/c.md`` goes and a note ``a/b`` comes (or the other way round): the
+    newcomer is counted in first, and the removal of what went must not take its name with it."""
+    tree = Tree([("a",)])
+    tree.add(("a", "b", "c.md"))
+    assert tree.add(("a", "b")) == []  # a note where a folder still is: nothing new above it
+    assert tree.remove(("a", "b", "c.md")) == [("a", "b")]
+    assert tree.names(("a",)) == {"b": False} and not tree.is_dir(("a", "b"))
+
+    tree = Tree([("a",)])
+    tree.add(("a", "b"))
+    assert tree.add(("a", "b", "c.md")) == [("a", "b")]
+    assert tree.remove(("a", "b")) == []
+    assert tree.names(("a",)) == {"b": True} and tree.names(("a", "b")) == {"c.md": False}

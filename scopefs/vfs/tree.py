@@ -47,7 +47,7 @@ class Tree:
     def remove(self, parts: Parts) -> list[Parts]:
         """Forget a note; returns the folders that vanished with it."""
         vanished: list[Parts] = []
-        self.children.get(parts[:-1], {}).pop(parts[-1], None)
+        _drop(self.children.get(parts[:-1]), parts[-1], folder=False)
         for k in range(len(parts) - 1, -1, -1):
             folder = parts[:k]
             left = self.below.get(folder, 0) - 1
@@ -56,6 +56,17 @@ class Tree:
                 continue
             self.below.pop(folder, None)
             self.children.pop(folder, None)
-            self.children.get(folder[:-1], {}).pop(folder[-1], None)
+            _drop(self.children.get(folder[:-1]), folder[-1], folder=True)
             vanished.append(folder)
         return vanished
+
+
+def _drop(names: dict[str, bool] | None, name: str, *, folder: bool) -> None:
+    """Take ``name`` out of a folder's names if it is still the note (the folder) that went.
+
+    A view change can turn a folder into a note of the same name, or the
+    other way round (``a/b/c.md`` went, a note ``a/b`` came): the newcomer
+    is added first (``Layers.apply``), and must keep its name.
+    """
+    if names is not None and names.get(name) is folder:
+        del names[name]
