@@ -36,6 +36,7 @@ from scopefs.vfs.abort import abort
 from tests.conftest import ALICE_FACT, CHANNEL_FACT, Scenario
 from tests.mountkit import (  # noqa: F401
     Mounts,
+    errno_of,
     getdents64,
     getdents_into,
     mounts,
@@ -431,6 +432,40 @@ def test_a_note_whose_removal_was_refused_is_listed_again(scenario: Scenario, tm
         wait_until(lambda: (notes / "refused.md").exists(), timeout=BOUND_S)  # refused: it is back
         assert sorted(os.listdir(notes)) == ["allergy.md", "refused.md"]
         assert (notes / "refused.md").read_bytes() == b"stays\n"
+
+
+# A save the catalog refuses, for one name: a new note there never exists.
+REFUSED_SAVE = """
+from scopefs.catalog.errors import Denied
+from scopefs.vfs import catalog_ops
+kept = catalog_ops.commit
+def commit(home, session_id, parts, *args, **kwargs):
+    if parts[-1] == "refused.md":
+        raise Denied("injected: a policy refuses this save")
+    return kept(home, session_id, parts, *args, **kwargs)
+catalog_ops.commit = commit
+"""
+
+
+def test_a_new_note_whose_first_save_was_refused_is_neither_listed_nor_found(scenario: Scenario,
+                                                                             tmp_path: Path) -> None:
+    """The file a tool created is listed and found while it writes; its close is refused (EACCES) and
+    the note never existed: the kernel must forget its name and the listing it cached with it, though
+    the view never changed (``MountState.never_was``)."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    with patched_server(scenario.cli.home, scenario.alice_session, where, REFUSED_SAVE):
+        notes = where / "private" / "notes"
+        fd = os.open(notes / "refused.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            assert os.write(fd, b"never kept\n") == 11
+            assert sorted(os.listdir(notes)) == ["allergy.md", "refused.md"]  # the kernel holds this listing
+            assert os.stat(notes / "refused.md").st_size == 11  # and this entry
+        finally:
+            assert errno_of(lambda: os.close(fd)) == errno.EACCES
+        assert sorted(os.listdir(notes)) == ["allergy.md"]
+        wait_until(lambda: errno_of(lambda: os.stat(notes / "refused.md")) == errno.ENOENT, timeout=BOUND_S)
+    assert scenario.cli("read", scenario.alice_session, "private/notes/refused.md").code == 3
 
 
 def _mtime_ns(path: Path) -> int:

@@ -501,4 +501,5 @@ class Commits:
             if node.resource_id is None and layers.local.get(node.parts) is node:
                 layers.drop_local(node.parts)  # a new note whose first commit failed never existed
                 layers.detach(node)
+                mount.never_was(node)
         node.close_draft_if_detached()

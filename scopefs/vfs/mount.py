@@ -296,6 +296,18 @@ class MountState:
             folder.listing_version += 1
             list_again(folder.ino)  # it gained a name: its pages may stay (``Layers._listings_changed``)
 
+    def never_was(self, node: Node) -> None:
+        """``node``'s name went with no view change (a new note whose first commit failed, dropped
+        from the overlay): the kernel must forget its entry, which would still answer ``stat``, and
+        its folder's listing, pages too, as for any folder that lost a name (``_apply``)."""
+        folder = self.layers.dirs.get(node.parts[:-1])
+        if folder is None:
+            return
+        folder.listing_version += 1
+        list_again(folder.ino)
+        self._queue(Invalidation(folder.ino), folder)
+        self._queue(Invalidation(node.ino, folder.ino, node.parts[-1]), node)
+
     def drop_absence(self, folder_ino: int, name: str) -> None:
         """The kernel must forget that ``name`` is absent from the folder (queued for the invalidation
         worker): the record of it was taken out for a change that did not happen."""
