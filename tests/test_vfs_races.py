@@ -220,3 +220,29 @@ def test_an_o_trunc_open_never_reads_what_it_throws_away(scenario: Scenario) -> 
 
     run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == b"and again\n"
+
+
+def test_a_backup_renamed_back_never_takes_the_name_of_a_note_moved_onto_it(scenario: Scenario) -> None:
+    """vim renames R to its backup name, then back; meanwhile R moved away and S moved onto the name.
+    Undoing the backup would name R where the view shows S: the rename fails instead, S stays."""
+    as_alice(scenario, write_note, f"{DIR}/other.md", b"S's own content\n")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        await tool.rename(DIR, "allergy.md", "allergy.md~")
+        as_alice(scenario, rename_note, NOTE, f"{DIR}/moved.md")
+        as_alice(scenario, rename_note, f"{DIR}/other.md", NOTE)
+        await fs.sync()
+        folder = await tool.folder(DIR)
+        assert await errno_of(fs.rename(folder, b"allergy.md~", folder, b"allergy.md", 0,
+                                        None)) == errno.EAGAIN  # type: ignore[arg-type]
+        tool.check("the refused rename back")
+        await fs.removals.settle(everything=True)  # the unlink of R made here finds S there: nothing goes
+        tool.check("the settled removal")
+        shown = fs.mount.layers.lookup(tuple(NOTE.split("/")))
+        assert shown is not None and shown.resource_id is not None
+        assert await KernelFile(fs, shown.ino).read() == b"S's own content\n"
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, NOTE) == b"S's own content\n"
+    assert _read(scenario, f"{DIR}/moved.md") == ALICE_FACT

@@ -313,11 +313,13 @@ class Commits:
         """``draft`` as the next revision of the note ``expected`` (None: a new note) at ``parts``.
 
         None, and no revision, when the draft holds exactly the revision the
-        view shows of that note: a save that changed nothing. The caller
+        view shows of that note at ``parts``: a save that changed nothing (a
+        note moved away meanwhile is not at ``parts``: the commit decides).
+        The caller
         holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
         current = self._mount.layers.note_for(expected)
-        if current is not None and draft.holds(current.size, current.sha256):
+        if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
             draft.dirty = False
             return None
         self._mount.check_copy(node)

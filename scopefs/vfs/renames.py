@@ -111,8 +111,10 @@ class Renames:
         removal = layers.removed.get(dst)
         frozen = node.frozen
         if (target is None and removal is not None and frozen is not None and node.draft is None
-                and removal.resource_id == frozen.resource_id and not removal.in_flight):
-            # A backup renamed back over the note it was taken from: undo.
+                and removal.resource_id == frozen.resource_id and not removal.in_flight
+                and layers.shows_at(dst, frozen.resource_id)):
+            # A backup renamed back over the note it was taken from: undo. (Not if another session
+            # moved that note away and put another at the name: the commit below then refuses.)
             layers.cancel_removal(dst)
             layers.drop_local(src)
             node.parts, node.frozen = dst, None
