@@ -71,7 +71,15 @@ serve(Home.open(Path(sys.argv[1])), sys.argv[2], sys.argv[3], on_ready=lambda: p
 def patched_server(home: Path, session_id: str, where: Path, patch: str) -> Iterator[None]:
     """A real mount of ``session_id`` at ``where`` whose server runs ``patch`` (Python source) first: a
     fault, or a moment stretched for one name, on purpose, in front of the real kernel. Unmounted after."""
-    server = subprocess.Popen([sys.executable, "-c", patch + _SERVE, str(home), session_id, str(where)],
+    with server_script(patch + _SERVE, where, str(home), session_id, str(where)):
+        yield
+
+
+@contextlib.contextmanager
+def server_script(source: str, where: Path, *args: str) -> Iterator[None]:
+    """Run ``source`` (a mount server that prints "ready" once it answers at ``where``) with ``args``;
+    unmount ``where`` and wait for the server after."""
+    server = subprocess.Popen([sys.executable, "-c", source, *args],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"

@@ -31,7 +31,7 @@ from scopefs.vfs import mount as mount_module
 from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.fs import ScopeFS
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import Mounts, errno_of, is_mounted, mounts, view_servers, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, mounts, server_script, view_servers, wait_until  # noqa: F401
 
 SERVER = """
 import os, sys
@@ -70,10 +70,7 @@ serve(Home.open(Path(sys.argv[1]), vfs="scopefs-failing-reads"), sys.argv[2], sy
 def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Path) -> None:
     home, trigger, where = scenario.cli.home, tmp_path / "fail-reads", tmp_path / "mnt"
     where.mkdir()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(home), scenario.alice_session, str(trigger),
-                               str(where)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    with server_script(SERVER, where, str(home), scenario.alice_session, str(trigger), str(where)):
         note = where / "private" / "notes" / "allergy.md"
         assert note.read_bytes() == ALICE_FACT
         held = os.open(note, os.O_RDONLY)
@@ -91,14 +88,6 @@ def test_an_unreadable_catalog_empties_the_view(scenario: Scenario, tmp_path: Pa
             assert note.read_bytes() == ALICE_FACT
         finally:
             os.close(held)
-    finally:
-        if is_mounted(where):
-            subprocess.run(["fusermount3", "-u", str(where)], capture_output=True)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 # -- an invalidation the kernel refuses ends the connection --------------------------------
