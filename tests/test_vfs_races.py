@@ -187,6 +187,9 @@ def test_a_create_of_a_name_that_is_there_keeps_posix_meaning(scenario: Scenario
         assert await errno_of(create(root, b"notes", os.O_WRONLY | os.O_CREAT)) == errno.EISDIR
         docs = await tool.folder("agent-shared/docs")
         assert await errno_of(create(docs, b"guide.md", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) == errno.EROFS
+        assert await errno_of(create(docs, b"guide.md", os.O_RDONLY | os.O_CREAT | os.O_TRUNC)) == errno.EROFS
+        info, _ = await create(docs, b"guide.md", os.O_RDONLY | os.O_CREAT)  # reading it is fine
+        await fs.release(info.fh)
         tool.check("the refused creates")
 
     run_alice_mount(scenario, script)

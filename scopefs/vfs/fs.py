@@ -326,9 +326,10 @@ class ScopeFS(pyfuse3.Operations):
         shows (another session made it, and the kernel's entry is not dropped yet): POSIX opens the file
         that is there. The kernel counts it as created, so it neither checks the mode nor truncates: the
         server does both, as a write by inode and the truncation of an ``O_TRUNC`` open would."""
-        if flags & os.O_ACCMODE != os.O_RDONLY and node.kind is not Kind.SCRATCH:
+        writes = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC  # Linux: O_TRUNC asks to write
+        if writes and node.kind is not Kind.SCRATCH:
             self.mount.check_writable(node.parts)
-        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+        if flags & os.O_TRUNC:
             await self.commits.writer(node, pid_namespace, truncate=True)
             await self.commits.truncate(node, 0, by_path=False)  # a writer that was there already
         node.lookups += 1
