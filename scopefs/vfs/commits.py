@@ -315,8 +315,7 @@ class Commits:
         None, and no revision, when the draft holds exactly the revision the
         view shows of that note at ``parts``: a save that changed nothing (a
         note moved away meanwhile is not at ``parts``: the commit decides).
-        The caller
-        holds ``node.commit_lock``; a failure leaves the draft dirty.
+        The caller holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
         current = self._mount.layers.note_for(expected)
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
