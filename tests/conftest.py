@@ -38,8 +38,9 @@ class Result:
     def text(self) -> str:
         return self.out.decode("utf-8", errors="replace")
 
-    def json(self) -> dict:
-        return json.loads(self.out)
+    def json(self) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.out)
+        return found
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Cli:
             raise AssertionError(f"scopefs {' '.join(args)} exited {result.code}: {result.err}")
         return result
 
-    def j(self, *args: str, stdin: bytes | None = None) -> dict:
+    def j(self, *args: str, stdin: bytes | None = None) -> dict[str, Any]:
         """Run with --json, require success, return the object."""
         result = self("--json", *args, stdin=stdin, check=True)
         return result.json()
@@ -121,8 +122,8 @@ def build_scenario(cli: Cli, agent: str = "main") -> Scenario:
         cli.j("member", "add", conversation, member, "--expires", "7d")
 
     def dm(sender: str) -> str:
-        return cli.j("session", "open", "--agent", agent, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
-                     "--sender", sender)["session_id"]
+        return str(cli.j("session", "open", "--agent", agent, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
+                     "--sender", sender)["session_id"])
 
     alice_session, bob_session = dm(ALICE_SENDER), dm(BOB_SENDER)
     group_session = cli.j("session", "open", "--agent", agent, "--group", "--conversation", conversation)["session_id"]
@@ -170,7 +171,13 @@ def db_copy(db: Path) -> Iterator[apsw.Connection]:
             conn.close()
 
 
-def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple]]:
+def sqlite_int(value: object) -> int:
+    """An integer SQLite gave back (apsw types every value as any SQLite value): a count, a size."""
+    assert isinstance(value, int), value
+    return value
+
+
+def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (sorted), read from a copy of the database."""
     with db_copy(db) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'"
@@ -266,7 +273,7 @@ def artifact_path(home: Path, audience_id: str, path: str, agent: str = "main") 
         conn.close()
     assert len(rows) == 1, rows
     path_key, locator = rows[0]
-    return home / "agents" / agent / "memory-scopes" / "v1" / path_key / locator
+    return home / "agents" / agent / "memory-scopes" / "v1" / str(path_key) / str(locator)
 
 
 def run_readme_example(heading: str, tmp_path: Path, *, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:

@@ -34,12 +34,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from scopefs.writer.steps import WRITE_STEPS, Step
-from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy
+from tests.conftest import ACCOUNT, CHANNEL, MIKE1_SENDER, Cli, build_scenario, db_copy, sqlite_int
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "main"
@@ -123,7 +123,7 @@ class WriteCase:
         return tuple(s for s in STEPS if s not in skipped)
 
     def session_id(self, base: Base) -> str:
-        return getattr(base, self.session)
+        return str(getattr(base, self.session))
 
 
 NEW_STORE = WriteCase("new-store", "mike_session", "private/notes/first.md", None)
@@ -248,7 +248,7 @@ def revisions(home: Path, agent: str = AGENT) -> list[Rev]:
             " FROM revisions v JOIN resources x ON x.resource_id = v.resource_id"
             " JOIN stores s ON s.store_id = x.store_id JOIN storage_roots r ON r.storage_root_id = s.storage_root_id"
             " ORDER BY v.created_at").fetchall()
-    return [Rev(*row) for row in rows]
+    return [Rev(*cast(tuple[Any, ...], row)) for row in rows]
 
 
 def committed(home: Path, agent: str = AGENT) -> list[Rev]:
@@ -288,7 +288,7 @@ def doctor(cli: Cli, *, fix: bool = False) -> DoctorReport:
 def unsynced_rows(home: Path, agent: str = AGENT) -> int:
     """Revisions committed without a disk sync that nothing has synced or settled yet."""
     with db_copy(catalog_path(home, agent)) as conn:
-        return int(conn.execute("SELECT count(*) FROM unsynced_revisions").fetchall()[0][0])
+        return sqlite_int(conn.execute("SELECT count(*) FROM unsynced_revisions").fetchall()[0][0])
 
 
 def read_outcome(cli: Cli, session_id: str, path: str, old: bytes | None, new: bytes) -> str:

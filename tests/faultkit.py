@@ -285,9 +285,9 @@ class FaultPlan:
 
 
 class _FaultyFile(apsw.VFSFile):
-    def __init__(self, plan: FaultPlan, base: str, name, flags: list[int]) -> None:
+    def __init__(self, plan: FaultPlan, base: str, name: str | apsw.URIFilename | None, flags: list[int]) -> None:
         self._plan = plan
-        self._name = name.filename() if hasattr(name, "filename") else str(name)
+        self._name = name.filename() if isinstance(name, apsw.URIFilename) else str(name)
         self._log = self._name.endswith("-wal")
         self._commit_page_next = False  # the last xWrite was a commit frame's header: its page follows
         super().__init__(base, name, flags)
@@ -319,7 +319,7 @@ class FaultyVFS(apsw.VFS):
         self._base = ""
         super().__init__(self.vfs_name, self._base)
 
-    def xOpen(self, name, flags: list[int]) -> _FaultyFile:
+    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> _FaultyFile:
         return _FaultyFile(self.plan, self._base, name, flags)
 
 

@@ -438,7 +438,7 @@ class Lab:
         self.servers.add(server_pid)
         self.targets.append(target)
 
-    def leftovers(self, *, zombies: bool = True) -> dict[str, set]:
+    def leftovers(self, *, zombies: bool = True) -> dict[str, set[Any]]:
         """``tests.sandboxrun.leftovers()``, narrowed to what this lab made.
 
         Other suites may run sandboxes on the same host at the same time, so
@@ -467,9 +467,9 @@ class Lab:
                 "mounts": now["mounts"] & {t.mountpoint for t in self.targets},
                 "servers": now["servers"] & self.servers}
 
-    def settle(self, *, timeout: float = 15.0, zombies: bool = True) -> dict[str, set]:
+    def settle(self, *, timeout: float = 15.0, zombies: bool = True) -> dict[str, set[Any]]:
         """What of ours is still there once the host had ``timeout`` to clean up (empty: nothing)."""
-        left: dict[str, set] = {}
+        left: dict[str, set[Any]] = {}
 
         def clean() -> bool:
             left.clear()

@@ -23,7 +23,7 @@ import apsw
 import pytest
 
 from scopefs.vfs.mountinfo import last_mount_at
-from tests.conftest import Cli, Scenario
+from tests.conftest import Cli, Scenario, sqlite_int
 
 T = TypeVar("T")
 
@@ -96,8 +96,8 @@ def server_script(source: str, where: Path, *args: str) -> Iterator[None]:
 
 def second_group_session(scenario: Scenario) -> str:
     """Another group session of the scenario's conversation: a second writer of the same channel."""
-    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
-                          "--conversation", scenario.conversation)["session_id"]
+    return str(scenario.cli.j("session", "open", "--agent", scenario.agent, "--group",
+                              "--conversation", scenario.conversation)["session_id"])
 
 
 def view_servers(where: Path) -> set[int]:
@@ -204,7 +204,7 @@ def unsynced_paths(home: Path, agent: str = "main") -> set[str]:
     """Paths of the notes with a revision committed without a disk sync (``writer.unsynced``)."""
     with catalog(home, agent) as conn:
         rows = conn.execute("SELECT r.path FROM unsynced_revisions u JOIN resources r USING (resource_id)").fetchall()
-    return {row[0] for row in rows}
+    return {str(row[0]) for row in rows}
 
 
 def live_notes(home: Path, audience_id: str, agent: str = "main") -> dict[str, NoteHistory]:
@@ -217,16 +217,17 @@ def live_notes(home: Path, audience_id: str, agent: str = "main") -> dict[str, N
             " (SELECT content_sha256 FROM revisions v WHERE v.resource_id = r.resource_id AND v.state = 'active')"
             " FROM resources r JOIN stores s USING (store_id)"
             " WHERE s.audience_id = ? AND r.state = 'live'", (audience_id,)).fetchall()
-    return {row[1]: NoteHistory(*row) for row in rows}
+    return {str(path): NoteHistory(str(resource_id), str(path), sqlite_int(count), None if sha is None else str(sha))
+            for resource_id, path, count, sha in rows}
 
 
 def all_resource_paths(home: Path, agent: str = "main") -> set[str]:
     """Every path any resource ever had in the catalog (live or tombstoned)."""
     with catalog(home, agent) as conn:
-        return {row[0] for row in conn.execute("SELECT path FROM resources")}
+        return {str(row[0]) for row in conn.execute("SELECT path FROM resources")}
 
 
 def pending_rows(home: Path, agent: str = "main") -> int:
     with catalog(home, agent) as conn:
-        return conn.execute("SELECT (SELECT count(*) FROM revisions WHERE state = 'pending')"
-                            " + (SELECT count(*) FROM write_intents WHERE state = 'pending')").fetchall()[0][0]
+        return sqlite_int(conn.execute("SELECT (SELECT count(*) FROM revisions WHERE state = 'pending')"
+                                   " + (SELECT count(*) FROM write_intents WHERE state = 'pending')").fetchall()[0][0])

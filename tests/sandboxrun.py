@@ -14,12 +14,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from scopefs.sandbox import uids
+from scopefs.sandbox.places import RUN_ROOT
 
-MOUNTS = uids.RUN_ROOT / "mounts"
-UIDS = uids.RUN_ROOT / "uids"
-CONTROL = uids.RUN_ROOT / "control"
+MOUNTS = RUN_ROOT / "mounts"
+UIDS = RUN_ROOT / "uids"
+CONTROL = RUN_ROOT / "control"
 
 
 @contextlib.contextmanager
@@ -65,10 +67,10 @@ def server_processes() -> set[int]:
 def scopefs_mounts() -> set[str]:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as info:
         return {line.split()[4] for line in info if " - fuse.scopefs " in line
-                and line.split()[4].startswith(str(uids.RUN_ROOT))}
+                and line.split()[4].startswith(str(RUN_ROOT))}
 
 
-def leftovers() -> dict[str, set]:
+def leftovers() -> dict[str, set[Any]]:
     places = {p.name for p in MOUNTS.iterdir()} if MOUNTS.is_dir() else set()
     held = {int(p.name) for p in UIDS.iterdir() if p.name.isdigit() and uids.held(int(p.name))} \
         if UIDS.is_dir() else set()
@@ -77,7 +79,7 @@ def leftovers() -> dict[str, set]:
             "processes": sandbox_processes(), "control": sockets}
 
 
-def settle(before: dict[str, set], *, timeout: float = 15.0) -> dict[str, set]:
+def settle(before: dict[str, set[Any]], *, timeout: float = 15.0) -> dict[str, set[Any]]:
     """What is left beyond ``before``, once the host had ``timeout`` to clean up."""
     deadline = time.monotonic() + timeout
     while True:
