@@ -270,7 +270,8 @@ def run_probe(name: str) -> dict[str, object]:
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         return {"ok": False, "errno": f"signal:{signal.Signals(os.WTERMSIG(status)).name}"}
-    return json.loads(data)
+    found: dict[str, object] = json.loads(data)
+    return found
 
 
 def main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ user chose, a query or a raw provider id."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import apsw
 import pytest
@@ -33,7 +34,7 @@ COLUMNS = ("audit_id", "event_id", "at", "agent_id", "session_id", "operation", 
            "store_id", "revision_id", "decision", "reason")
 
 
-def _audit(scenario: Scenario) -> list[dict]:
+def _audit(scenario: Scenario) -> list[dict[str, Any]]:
     return [dict(zip(COLUMNS, row, strict=True)) for row in table_dump(scenario.cli.home / "state.sqlite")["audit"]]
 
 
@@ -82,9 +83,9 @@ def test_audit_holds_no_content_paths_or_raw_ids(scenario: Scenario) -> None:
         for needle in forbidden:
             assert needle not in blob, (needle, row)
     outbox = table_dump(cli.home / "agents" / "main" / "catalog.sqlite")["audit_outbox"]
-    for row in outbox:
+    for entry in outbox:
         for needle in forbidden:
-            assert needle not in repr(row).encode(), (needle, row)
+            assert needle not in repr(entry).encode(), (needle, entry)
     # The shared database as a whole holds no content or paths either.
     raw = b"".join(p.read_bytes() for p in cli.home.glob("state.sqlite*"))
     for needle in (b"hazelnut", b"peanut", b"Lisbon", b"allergy", b"offsite", b"no-such-secret-path"):

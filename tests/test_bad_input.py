@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_bad_command_lines(scenario: Scenario) -> None:
     _run_bad(scenario, "write", scenario.alice_session, "private", stdin=b"x")  # a root, not a note
 
 
-def test_missing_home(tmp_path) -> None:
+def test_missing_home(tmp_path: Path) -> None:
     env = {**os.environ, "SCOPEFS_HOME": str(tmp_path / "nowhere")}
     proc = subprocess.run([SCOPEFS, "agent", "add", "main"], capture_output=True, env=env)
     assert proc.returncode == 2 and b"scopefs init" in proc.stderr

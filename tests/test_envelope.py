@@ -220,7 +220,7 @@ def test_every_pattern_is_bounded() -> None:
     compiled = [value for value in vars(envelope).values() if isinstance(value, re.Pattern)]
     assert set(compiled) == set(envelope.PATTERNS)
     for pattern in compiled:
-        _low, high = re._parser.parse(pattern.pattern).getwidth()  # type: ignore[attr-defined]
+        _low, high = re._parser.parse(pattern.pattern).getwidth()
         assert high <= PATTERN_SPAN, pattern.pattern
 
 

@@ -7,6 +7,7 @@ import hashlib
 import hmac as std_hmac
 import os
 import stat
+from typing import Any
 
 import apsw
 
@@ -106,7 +107,7 @@ def test_two_mikes_stay_two_principals(scenario: Scenario) -> None:
     assert {scenario.mike1, scenario.mike2} <= audiences
 
 
-def _subject_row(scenario: Scenario, session_id: str) -> tuple:
+def _subject_row(scenario: Scenario, session_id: str) -> tuple[Any, ...]:
     conn = apsw.Connection(str(scenario.cli.home / "agents" / "main" / "catalog.sqlite"),
                            flags=apsw.SQLITE_OPEN_READONLY)
     return conn.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchall()[0]

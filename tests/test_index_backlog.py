@@ -25,13 +25,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import backlog_count, catch_up
 from scopefs.catalog.paths import split_virtual_path
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_parts
-from tests.conftest import SCOPEFS, Scenario, artifact_path
+from tests.conftest import SCOPEFS, Scenario, artifact_path, sqlite_int
 from tests.crashkit import REPO
 from tests.mountkit import Mounts, catalog, is_mounted, mounts, wait_until  # noqa: F401
 
@@ -60,8 +61,9 @@ def _deferred_write(scenario: Scenario, session: str, path: str, data: bytes) ->
         home.close()
 
 
-def _search(scenario: Scenario, session: str, query: str) -> list[dict]:
-    return scenario.cli.j("search", session, query)["results"]
+def _search(scenario: Scenario, session: str, query: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = scenario.cli.j("search", session, query)["results"]
+    return results
 
 
 def test_a_mount_save_is_queued_and_a_search_right_after_finds_it(scenario: Scenario, mounts: Mounts) -> None:
@@ -180,8 +182,8 @@ def test_an_idle_mount_works_only_the_queue_of_the_stores_it_saved_to(scenario: 
 def test_a_search_catches_up_only_what_was_queued_before_it_began(scenario: Scenario) -> None:
     earlier = _deferred_write(scenario, scenario.alice_session, "private/notes/early.md", b"early words\n")
     with catalog(scenario.cli.home) as conn:
-        queued_at = conn.execute("SELECT queued_at FROM index_backlog WHERE revision_id = ?",
-                                 (earlier,)).fetchall()[0][0]
+        queued_at = sqlite_int(conn.execute("SELECT queued_at FROM index_backlog WHERE revision_id = ?",
+                                            (earlier,)).fetchall()[0][0])
     later = _deferred_write(scenario, scenario.alice_session, "private/notes/late.md", b"late words\n")
     home = Home.open(scenario.cli.home)
     try:

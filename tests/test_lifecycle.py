@@ -9,6 +9,7 @@ an expired note that still shows fails here.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import apsw
 import pytest
@@ -22,6 +23,7 @@ from tests.conftest import (
     CHANNEL_FACT,
     MIKE1_SENDER,
     Cli,
+    Result,
     Scenario,
     diff_snapshots,
     snapshot,
@@ -32,7 +34,8 @@ SOURCE = "private/notes/allergy.md"
 SUMMARY = b"Summary: Alice avoids hazelnuts when ordering lunch for the team\n"
 
 
-def _derive(s: Scenario, session: str, to: str, *sources: str, content: bytes = SUMMARY, kind: str = "summary"):
+def _derive(s: Scenario, session: str, to: str, *sources: str, content: bytes = SUMMARY,
+            kind: str = "summary") -> Result:
     args = ["derive", session, "--to", to, "--kind", kind]
     for source in sources:
         args += ["--from", source]
@@ -52,7 +55,7 @@ def _search_paths(s: Scenario, session: str, query: str) -> list[str]:
     return [r["path"] for r in s.cli.j("search", session, query, "--mode", "words")["results"]]
 
 
-def _rows(cli: Cli, sql: str, *args: object) -> list[tuple]:
+def _rows(cli: Cli, sql: str, *args: object) -> list[tuple[Any, ...]]:
     with catalog(cli.home) as conn:
         return conn.execute(sql, args).fetchall()
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.writer.steps import Step
-from tests.conftest import Cli, db_copy
+from tests.conftest import Cli, db_copy, sqlite_int
 from tests.crashkit import ALICE_V2, REPO, Base, build_base, catalog_path, copy_home, doctor, loop_ext4
 
 pytestmark = pytest.mark.root
@@ -79,7 +79,7 @@ def _stopped(home: Path, step: Step, *argv: str, stdin: bytes = b"") -> Iterator
 
 def _count(home: Path, table: str) -> int:
     with db_copy(catalog_path(home)) as conn:
-        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
+        return sqlite_int(conn.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 
 
 @contextlib.contextmanager

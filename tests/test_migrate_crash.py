@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.writer.steps import MIGRATION_STEPS, Step
-from tests.conftest import BOB_FACT, SCOPEFS, Scenario, db_copy
+from tests.conftest import BOB_FACT, SCOPEFS, Scenario, db_copy, sqlite_int
 from tests.crashkit import REPO, catalog_path
 from tests.migratekit import CANARIES, build_layout, tree_hash
 from tests.test_migrate import PRIVATE_EXPECTED, _args
@@ -57,7 +57,7 @@ def _killed_at(s: Scenario, step: Step, nth: int, argv: list[str]) -> None:
 
 def _count(s: Scenario, sql: str) -> int:
     with db_copy(catalog_path(s.cli.home)) as conn:
-        return int(conn.execute(sql).fetchall()[0][0])
+        return sqlite_int(conn.execute(sql).fetchall()[0][0])
 
 
 @pytest.mark.parametrize(("step", "nth"), POINTS, ids=lambda p: p.value if isinstance(p, Step) else str(p))

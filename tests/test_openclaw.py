@@ -447,7 +447,7 @@ def _actor_of(gw: Gateway, name: str) -> list[str | None]:
     with db_copy(gw.scopefs.home / "agents" / "main" / "catalog.sqlite") as conn:
         rows = conn.execute("SELECT v.actor_id FROM revisions v JOIN resources r USING (resource_id)"
                             " WHERE r.path LIKE ? ORDER BY v.revision_no", (f"%/{name}",)).fetchall()
-    return [row[0] for row in rows]
+    return [None if row[0] is None else str(row[0]) for row in rows]
 
 
 def test_telegram_dms_pass_the_verified_sender_and_see_only_its_notes(gateway: Gateway) -> None:

@@ -17,13 +17,13 @@ import subprocess
 import apsw
 import pytest
 
-from tests.conftest import ACCOUNT, ALICE_SENDER, CHANNEL, SCOPEFS, Scenario
+from tests.conftest import ACCOUNT, ALICE_SENDER, CHANNEL, SCOPEFS, Scenario, sqlite_int
 
 
 def _bindings(scenario: Scenario) -> int:
     conn = apsw.Connection(str(scenario.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        return int(conn.execute("SELECT count(*) FROM identity_bindings").fetchall()[0][0])
+        return sqlite_int(conn.execute("SELECT count(*) FROM identity_bindings").fetchall()[0][0])
     finally:
         conn.close()
 

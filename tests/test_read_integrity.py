@@ -13,19 +13,20 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import ALICE_FACT, Scenario, artifact_path, table_dump
+from tests.conftest import ALICE_FACT, Result, Scenario, artifact_path, table_dump
 
 NOTE = "notes/allergy.md"
 
 
-def _read(scenario: Scenario):
+def _read(scenario: Scenario) -> Result:
     return scenario.cli("read", scenario.alice_session, f"private/{NOTE}", timeout=20)
 
 
-def _integrity_audit_rows(scenario: Scenario) -> list[tuple]:
+def _integrity_audit_rows(scenario: Scenario) -> list[tuple[Any, ...]]:
     rows = table_dump(scenario.cli.home / "state.sqlite")["audit"]
     return [r for r in rows if r[4] == scenario.alice_session and r[10] == "error" and r[11] == "revision-stale"]
 

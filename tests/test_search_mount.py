@@ -43,6 +43,7 @@ from tests.conftest import (
     db_copy,
     diff_snapshots,
     snapshot,
+    sqlite_int,
 )
 from tests.mountkit import Mounts, errno_of, mounts, wait_until  # noqa: F401
 
@@ -83,7 +84,7 @@ def sandboxed(scenario: Scenario, session: str, script: str, *args: str) -> str:
 def searches_audited(scenario: Scenario) -> int:
     """How many revisions searches have returned (one audit row each), from a copy of state.sqlite."""
     with db_copy(scenario.cli.home / "state.sqlite") as conn:
-        return conn.execute("SELECT count(*) FROM audit WHERE operation = 'search'").fetchall()[0][0]
+        return sqlite_int(conn.execute("SELECT count(*) FROM audit WHERE operation = 'search'").fetchall()[0][0])
 
 
 def add_bob_only_note(scenario: Scenario) -> None:

@@ -11,21 +11,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from tests.conftest import ACCOUNT, ALICE_FACT, ALICE_SENDER, BOB_FACT, BOB_SENDER, CHANNEL, Cli, Scenario, db_copy
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_FACT,
+    ALICE_SENDER,
+    BOB_FACT,
+    BOB_SENDER,
+    CHANNEL,
+    Cli,
+    Scenario,
+    db_copy,
+    sqlite_int,
+)
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 KEY = "agent:main:telegram:direct:session-key-canary-K3y9"
 
 
-def _open(cli: Cli, sender: str, key: str = KEY) -> dict:
+def _open(cli: Cli, sender: str, key: str = KEY) -> dict[str, Any]:
     return cli.j("session", "open", "--agent", "main", "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
                  "--sender", sender, "--key", key)
 
 
 def _sessions(home: Path) -> int:
     with db_copy(home / "agents" / "main" / "catalog.sqlite") as conn:
-        return int(conn.execute("SELECT count(*) FROM sessions").fetchall()[0][0])
+        return sqlite_int(conn.execute("SELECT count(*) FROM sessions").fetchall()[0][0])
 
 
 def test_the_same_key_and_facts_reuse_one_session(scenario: Scenario) -> None:

@@ -3,14 +3,16 @@ views each subject gets through the CLI (items 6 and 9)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import apsw
 import pytest
 
-from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, CHANNEL_FACT, Scenario, snapshot, table_dump
+from tests.conftest import ACCOUNT, ALICE_FACT, CHANNEL, CHANNEL_FACT, Result, Scenario, snapshot, table_dump
 from tests.mountkit import wait_until
 
 
-def _open(scenario: Scenario, *args: str) -> dict:
+def _open(scenario: Scenario, *args: str) -> dict[str, Any]:
     return scenario.cli.j("session", "open", "--agent", scenario.agent, *args)
 
 
@@ -122,9 +124,13 @@ def test_group_actor_needs_fresh_membership(scenario: Scenario) -> None:
     # Long enough for the read that follows on a loaded machine (a command starts in 0.3 s or more).
     cli.j("member", "add", scenario.conversation, outsider, "--expires", "5s")
     assert cli("read", scenario.group_session, "channel/offsite.md", "--actor", outsider).code == 0
-    result = wait_until(lambda: (r := cli("--json", "read", scenario.group_session, "channel/offsite.md",
-                                          "--actor", outsider)).code == 3 and r, timeout=30)
-    assert result.json()["reason"] == "membership-stale"
+
+    def refused() -> Result | None:
+        read = cli("--json", "read", scenario.group_session, "channel/offsite.md", "--actor", outsider)
+        return read if read.code == 3 else None
+
+    stale = wait_until(refused, timeout=30)
+    assert stale is not None and stale.json()["reason"] == "membership-stale"
     # The conversation subject itself is unchanged by who speaks.
     assert cli("read", scenario.group_session, "channel/offsite.md").out == CHANNEL_FACT
 

@@ -13,6 +13,7 @@ import re
 import signal
 import stat
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -127,9 +128,9 @@ _LABEL = re.compile(r'([a-z_]+)="((?:[^"\\]|\\.)*)"')
 VOCABULARY = {"op", "decision", "reason", "kind", "quantile"}
 
 
-def parse_prometheus(text: str) -> dict[str, dict]:
+def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
     """A strict reader of the text format: every sample belongs to a family with HELP and TYPE first."""
-    families: dict[str, dict] = {}
+    families: dict[str, dict[str, Any]] = {}
     assert text.endswith("\n")
     for line in text.splitlines():
         if line.startswith("# HELP "):

@@ -18,8 +18,9 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import TextIO
+from typing import IO
 
 import pytest
 
@@ -54,7 +55,7 @@ for path in sys.argv[1:]:
 """
 
 
-def _line_within(stream: TextIO, seconds: float) -> str | None:
+def _line_within(stream: IO[str], seconds: float) -> str | None:
     """The next line ``stream`` gives within ``seconds``, or None."""
     ready, _, _ = select.select([stream], [], [], seconds)
     return stream.readline().strip() if ready else None
@@ -164,7 +165,7 @@ def test_a_full_record_keeps_no_more_until_its_oldest_entries_expired(monkeypatc
     """Full: a new name is answered uncached, a name already kept is renewed; two timeouts later the
     old entries go (the kernel has asked again since), once, and new names are kept again."""
     now = [1000.0]
-    monkeypatch.setattr(absences.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # the clock absences reads
     monkeypatch.setattr(absences, "ABSENT_NAMES_MAX", 3)
     record = absences.Absences()
     assert all(record.remember(7, name) for name in ("a", "b", "c"))

@@ -27,7 +27,7 @@ import apsw
 from scopefs.catalog.db import BUSY_TIMEOUT_MS
 from scopefs.catalog.home import Home
 from scopefs.writer.transaction import write_note
-from tests.conftest import ALICE_FACT, Scenario, artifact_path
+from tests.conftest import ALICE_FACT, Scenario, artifact_path, sqlite_int
 from tests.mountkit import Mounts, errno_of, mounts, wait_until  # noqa: F401
 
 SECOND = b"A second note, read while the state database is locked (canary L0ck)\n"
@@ -41,7 +41,7 @@ def exposed_revisions(state: apsw.Connection, session_id: str) -> set[str]:
 
 def delivered_saves(state: apsw.Connection, session_id: str) -> int:
     """Audit rows that came through an outbox (saves), for this session."""
-    return int(state.execute("SELECT count(*) FROM audit WHERE event_id IS NOT NULL AND session_id = ?",
+    return sqlite_int(state.execute("SELECT count(*) FROM audit WHERE event_id IS NOT NULL AND session_id = ?",
                              (session_id,)).fetchall()[0][0])
 
 

@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyfuse3
 import pytest
@@ -120,7 +122,11 @@ def test_a_refused_invalidation_fails_the_mount_closed(scenario: Scenario, monke
     aborted: list[str | None] = []
     monkeypatch.setattr(pyfuse3, "invalidate_inode", _refuse)
     monkeypatch.setattr(pyfuse3, "invalidate_entry", _refuse)
-    monkeypatch.setattr(mount_module, "abort", lambda connection: aborted.append(connection) or True)
+    def record(connection: str | None) -> bool:
+        aborted.append(connection)
+        return True
+
+    monkeypatch.setattr(mount_module, "abort", record)
     monkeypatch.setattr(mount_module, "connection_of", lambda mountpoint: "77")
     home = Home.open(scenario.cli.home)
     fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
@@ -155,10 +161,14 @@ def test_the_connection_is_found_without_asking_the_mount(scenario: Scenario, mo
     view = mounts.mount(scenario.alice_session, name="with space")
     expected = str(os.minor(os.stat(view).st_dev))
     asked: list[str] = []
+    def watching(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            asked.append(os.fspath(path))
+            return real(path, *args, **kwargs)
+        return call
+
     for name in ("stat", "lstat"):
-        real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda path, *a, real=real, **k: asked.append(os.fspath(path))
-                            or real(path, *a, **k))
+        monkeypatch.setattr(os, name, watching(getattr(os, name)))
     assert connection_of(str(view)) == expected
     monkeypatch.undo()
     assert str(view) not in asked
@@ -211,7 +221,7 @@ def test_a_stuck_invalidation_fails_the_mount_closed(scenario: Scenario, mounts:
                 listing.kill()
                 listing.communicate()
                 raise
-    assert listing.returncode == 0 and int(copied) > 0  # the stopped server answered: the copy ended
+    assert listing.wait() == 0 and int(copied) > 0  # the stopped server answered: the copy ended
     assert target.read_bytes() == large  # and it serves on
 
 

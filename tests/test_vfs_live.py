@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import struct
@@ -54,7 +55,21 @@ def _stat_errno(path: Path) -> int | os.stat_result:
     try:
         return os.stat(path)
     except OSError as exc:
-        return exc.errno
+        return exc.errno or -1
+
+
+def _reads(path: Path, data: bytes) -> bool:
+    return _open_errno(path) == data
+
+
+def _lists(folder: Path, names: list[str]) -> bool:
+    return sorted(os.listdir(folder)) == names
+
+
+def _mtime_moved(path: Path, was: int) -> int:
+    """The note's mtime once it shows one other than ``was`` (0: none yet)."""
+    now = _mtime_ns(path)
+    return now if now not in (0, was) else 0
 
 
 def _gone(path: Path) -> bool:
@@ -65,7 +80,7 @@ def _pread_result(fd: int, size: int = 4096, offset: int = 0) -> int | bytes:
     try:
         return os.pread(fd, size, offset)
     except OSError as exc:
-        return exc.errno
+        return exc.errno or -1
 
 
 def _cat(path: Path) -> bytes:
@@ -77,7 +92,7 @@ def _open_errno(path: Path) -> int | bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
-        return exc.errno
+        return exc.errno or -1
 
 
 class Pinned:
@@ -229,7 +244,7 @@ def test_readers_polling_another_mount_end_on_every_new_revision(scenario: Scena
                 scratch.write_bytes(data)
                 os.replace(scratch, editor / ALLERGY)
                 try:
-                    wait_until(lambda data=data: _open_errno(note) == data, timeout=BOUND_S, interval=0.005)
+                    wait_until(functools.partial(_reads, note, data), timeout=BOUND_S, interval=0.005)
                 except AssertionError as late:
                     raise AssertionError(f"save {save}: the second mount still reads {_open_errno(note)!r}") from late
         finally:
@@ -497,8 +512,7 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
     for round_ in range(5):
         large = os.urandom(1 << 20) * 128  # hashed whole before its first page is served
         scenario.cli("write", scenario.alice_session, "private/notes/large.md", stdin=large, check=True)
-        shown = wait_until(lambda was=shown: (now := _mtime_ns(notes / "large.md")) not in (0, was) and now,
-                           timeout=BOUND_S)
+        shown = wait_until(functools.partial(_mtime_moved, notes / "large.md", shown), timeout=BOUND_S)
         assert sorted(os.listdir(notes)) == names  # the kernel now holds this listing
         new = f"new-{round_}.md"
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -519,7 +533,7 @@ def test_a_view_change_while_a_listing_is_copied_into_a_note_of_the_mount_does_n
                     abort(connection)  # lets the threads and the clean-up end
                 raise
         names = sorted([*names, new])
-        wait_until(lambda want=names: sorted(os.listdir(notes)) == want, timeout=BOUND_S)
+        wait_until(functools.partial(_lists, notes, names), timeout=BOUND_S)
         wait_until((notes / new).exists, timeout=BOUND_S)
         with open(notes / "large.md", "rb") as note:
             assert note.read(1 << 16) == large[: 1 << 16]

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -106,11 +107,13 @@ def _env(scenario: Scenario) -> dict[str, str]:
 def _probe(where: Path) -> dict[str, str]:
     proc = subprocess.run([sys.executable, "-c", _PROBE, str(where)], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    shown: dict[str, str] = json.loads(proc.stdout)
+    return shown
 
 
-def _read_line(stream, timeout: float = 30.0) -> bytes:
+def _read_line(stream: IO[bytes] | None, timeout: float = 30.0) -> bytes:
     """One line from a child's stdout, or b"" if none arrives in time."""
+    assert stream is not None, "the child's stdout is not a pipe"
     ready, _, _ = select.select([stream], [], [], timeout)
     return stream.readline() if ready else b""
 

@@ -101,8 +101,11 @@ def test_a_close_and_a_rename_of_a_new_file_at_once_make_one_note(scenario: Scen
         folder = await tool.folder(DIR)
         info, _ = await fs.create(folder, b"new.md", 0o600, os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
         await fs.write(info.fh, 0, b"one file\n")
+        async def rename() -> None:
+            await fs.rename(folder, b"new.md", folder, b"final.md", 0, None)  # type: ignore[arg-type]
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.rename, folder, b"new.md", folder, b"final.md", 0, None)
+            nursery.start_soon(rename)
             nursery.start_soon(fs.flush, info.fh)
         await fs.release(info.fh)
         tool.check("close and rename at once")

@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.lowlevel
 
+from scopefs.catalog import visible
 from scopefs.catalog.errors import Denied, StorageError
 from scopefs.vfs import catalog_ops
 from scopefs.vfs import mount as mount_module
@@ -60,7 +61,8 @@ async def _settle_watching(fs: ScopeFS) -> list[list[str]]:
 
 def _read(scenario: Scenario, name: str) -> bytes:
     from scopefs.catalog.reader import read_note
-    return as_alice(scenario, read_note, "/".join(FOLDER + (name,)))
+    data: bytes = as_alice(scenario, read_note, "/".join(FOLDER + (name,)))
+    return data
 
 
 def test_a_settling_removal_is_never_shown_again(scenario: Scenario) -> None:
@@ -127,7 +129,7 @@ def test_a_tombstone_whose_view_refresh_failed_stays_hidden(scenario: Scenario,
     """The view after a tombstone could not be read: the note stays hidden until one without it is applied."""
     seen: list[list[str]] = []
     failed: list[bool] = []
-    real_refresh = mount_module.refresh
+    real_refresh = visible.refresh  # what the mount calls, by the name monkeypatched below
 
     def refresh(home: object, view: object) -> object:
         if not failed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from tests.conftest import ALICE_FACT, Scenario, table_dump
 OPAQUE = re.compile(r"[a-z2-7]{26}")
 
 
-def _catalog(scenario: Scenario) -> dict:
+def _catalog(scenario: Scenario) -> dict[str, Any]:
     return table_dump(scenario.cli.home / "agents" / "main" / "catalog.sqlite")
 
 
@@ -54,7 +55,8 @@ def test_stores_are_created_lazily_under_opaque_names(scenario: Scenario) -> Non
     assert len({row[0] for row in stores}) == len(stores) == 4
 
 
-def test_store_directory_collision_retries_with_a_new_key(scenario: Scenario, monkeypatch) -> None:
+def test_store_directory_collision_retries_with_a_new_key(scenario: Scenario,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Exclusive mkdir: an existing directory name is never reused."""
     home = Home.open(scenario.cli.home)
     v1 = scenario.cli.home / "agents" / "main" / "memory-scopes" / "v1"
