@@ -136,6 +136,7 @@ def test_a_client_cannot_name_a_principal_a_session_or_a_store(scenario: Scenari
         answer = service.handle({"op": "read", "capability": alice, "nonce": secrets.token_urlsafe(16),
                                  "ts": clock.now, "args": args})
         _refused(answer, "bad-input")
+    malformed: object
     for malformed in (None, [], "read", {"op": "read"}, {"op": "drop-tables"},
                       {"op": "read", "capability": alice, "nonce": "short", "ts": clock.now, "args": {}},
                       {"op": "read", "capability": alice, "nonce": secrets.token_urlsafe(16), "ts": "now",
@@ -188,11 +189,12 @@ def test_a_replayed_or_stale_request_is_refused(scenario: Scenario, api: tuple[S
     _refused(restarted.handle({**request, "nonce": secrets.token_urlsafe(16), "ts": restarted_clock.now}),
              "denied", "invalid-context")
     # A wall clock stepped back does not revive a nonce already forgotten.
-    sent = {**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now}
+    sent_at = clock.now
+    sent = {**request, "nonce": secrets.token_urlsafe(16), "ts": sent_at}
     _ok(service.handle(dict(sent)))
     clock.now += 3 * 60 * 1_000_000  # past the window: the guard forgets the nonce at its next call
     _ok(service.handle({**request, "nonce": secrets.token_urlsafe(16), "ts": clock.now}))
-    clock.now = sent["ts"]  # the clock steps back to when it was sent
+    clock.now = sent_at  # the clock steps back to when it was sent
     _refused(service.handle(dict(sent)), "denied", "invalid-context")
 
 

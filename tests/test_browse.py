@@ -122,7 +122,7 @@ def revisions_of(home: Path, path: str) -> list[tuple[str, str, str]]:
     """(actor, trust origin, session) of every revision of the owner's private note at ``path``."""
     conn = catalog(home)
     try:
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(
             "SELECT v.actor_id, v.trust_origin, v.session_id FROM revisions v JOIN resources r USING (resource_id)"
             " JOIN stores s ON s.store_id = r.store_id WHERE s.scope_kind = 'user' AND r.path = ?"
             " ORDER BY v.revision_no", (path,))]
@@ -233,6 +233,7 @@ def test_a_tamper_behind_the_brokers_back_is_refused_and_quarantined(place: Plac
         return result if result.returncode != 0 else None
 
     seen = wait_until(refusal)
+    assert seen is not None
     assert b"Input/output error" in seen.stderr and seen.stdout == b"", seen
     for session in (session_id, scenario.alice_session):
         result = cli("read", session, NOTE)

@@ -177,8 +177,8 @@ def test_doctor_reports_tampered_missing_and_orphaned_artifacts(base: Base, tmp_
     assert list(quarantine.iterdir()) == []
     fixed = doctor(cli, fix=True)
     assert fixed.code == 4, fixed  # integrity failures cannot be repaired from here
-    found = sorted((f["kind"], f["ref_id"], f["action"]) for f in fixed.findings)
-    assert found == sorted([
+    repaired = sorted((f["kind"], f["ref_id"], f["action"]) for f in fixed.findings)
+    assert repaired == sorted([
         # moved aside, never re-hashed: the revision is retired and the note is back at the one before
         ("tampered-artifact", alice_rev.revision_id, "quarantined, rolled back"),
         ("missing-artifact", bob_rev.revision_id, None),

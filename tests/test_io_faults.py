@@ -226,7 +226,7 @@ def test_sync_eio_at_every_call_site_fails_cleanly_and_is_never_trusted(
                            + (" (SQLite ignores the result of the directory sync it issues after creating a"
                               " WAL file, so the new WAL's directory entry is not known to be durable)"
                               if kind in SQLITE_DIRS else ""))
-            expected = new
+            expected: bytes | None = new
         else:
             why = one_line_error(result)
             if why:
@@ -295,7 +295,7 @@ def test_writes_near_the_space_limit_succeed_or_fail_cleanly(prepared: Prepared,
             run: list[str] = []
             if result.code == 0:
                 outcomes.append("success")
-                expected = new
+                expected: bytes | None = new
             else:
                 outcomes.append("staging-failure" if "stage" in result.err else "later-failure")
                 why = one_line_error(result)

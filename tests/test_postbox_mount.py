@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,11 @@ NOTE = b"Alice would like a vegetarian option (canary M0nt)\n"
 
 
 def _handle(s: Scenario, sender: str = ALICE_SENDER) -> str:
-    return s.cli.j("message", "add", s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
-                   "--sender", sender)["message_handle"]
+    return str(s.cli.j("message", "add", s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
+                       "--sender", sender)["message_handle"])
 
 
-def _errno(call) -> int:  # noqa: ANN001
+def _errno(call: Callable[[], object]) -> int:
     try:
         call()
     except OSError as exc:

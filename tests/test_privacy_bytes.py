@@ -9,6 +9,8 @@ labels in state.sqlite.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import apsw
 
 from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, GROUP_CONVERSATION, MIKE1_SENDER, MIKE2_SENDER, Scenario
@@ -28,9 +30,9 @@ def _finish_scenario(scenario: Scenario) -> None:
     cli.j("doctor", "--fix")
 
 
-def _text_cells(db) -> list[tuple[str, str, object]]:
+def _text_cells(db: Path) -> list[tuple[str, str, object]]:
     conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
-    cells = []
+    cells: list[tuple[str, str, object]] = []
     for (table,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
         # From the schema: a cursor over an empty table has no row to describe.
         columns = [info[1] for info in conn.execute(f'PRAGMA table_info("{table}")')]

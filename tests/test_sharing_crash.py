@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import apsw
 import pytest
@@ -47,7 +48,7 @@ def _crash_at(s: Scenario, step: Step, *argv: str, stdin: bytes = b"") -> None:
     assert proc.returncode == 70, (proc.returncode, proc.stderr.decode(errors="replace")[-2000:])
 
 
-def _rows(s: Scenario, sql: str) -> list[tuple]:
+def _rows(s: Scenario, sql: str) -> list[tuple[Any, ...]]:
     with db_copy(catalog_path(s.cli.home)) as conn:
         return conn.execute(sql).fetchall()
 
@@ -94,8 +95,8 @@ def test_a_deposit_killed_midway_leaves_no_item_and_spends_its_handle(scenario: 
     s.cli.j("postbox", "enable", s.alice)
 
     def handle() -> str:
-        return s.cli.j("message", "add", s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
-                       "--sender", ALICE_SENDER)["message_handle"]
+        return str(s.cli.j("message", "add", s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
+                           "--sender", ALICE_SENDER)["message_handle"])
 
     spent = handle()
     _crash_at(s, step, "deposit", s.group_session, spent, stdin=b"an observation\n")

@@ -18,7 +18,7 @@ from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
 from scopefs.writer.tombstone import delete_note
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import errno_of, live_notes, mounts, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, live_notes, mounts, wait_until  # noqa: F401
 
 NOTE = "notes/allergy.md"
 
@@ -32,7 +32,7 @@ def _write_into(path: os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def test_a_backup_copy_dies_with_its_note(scenario: Scenario, mounts) -> None:
+def test_a_backup_copy_dies_with_its_note(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     folder = view / "private" / "notes"
@@ -47,7 +47,7 @@ def test_a_backup_copy_dies_with_its_note(scenario: Scenario, mounts) -> None:
     assert "notes/restored.md" not in live_notes(home, scenario.alice)
 
 
-def test_a_held_read_write_handle_stops_at_revocation(scenario: Scenario, mounts) -> None:
+def test_a_held_read_write_handle_stops_at_revocation(scenario: Scenario, mounts: Mounts) -> None:
     view = mounts.mount(scenario.alice_session)
     fd = os.open(view / "private" / NOTE, os.O_RDWR)
     try:
@@ -58,7 +58,7 @@ def test_a_held_read_write_handle_stops_at_revocation(scenario: Scenario, mounts
         os.close(fd)
 
 
-def test_a_refused_save_fails_at_close_and_is_never_read_back(scenario: Scenario, mounts) -> None:
+def test_a_refused_save_fails_at_close_and_is_never_read_back(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     owner = Home.open(home)
     catalog = owner.catalog(scenario.agent)

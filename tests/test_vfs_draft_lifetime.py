@@ -36,18 +36,20 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
         folder = await tool.folder("private/notes")
         info, _ = await fs.create(folder, b"raced.md", 0o600, os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
         await fs.write(info.fh, 0, CONTENT)
-        node = fs.mount.handles.get(info.fh).node
+        handle = fs.mount.handles.get(info.fh)
+        assert handle is not None
+        node = handle.node
         busy = threading.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fs.mount.catalog, busy.wait)  # the catalog thread is taken
 
             async def close() -> None:
-                await fs.flush(info.fh, node.ino, None)  # type: ignore[arg-type]
+                await fs.flush(info.fh, node.ino, None)
                 closed.append(True)
 
             nursery.start_soon(close)
             await trio.testing.wait_all_tasks_blocked()  # the close's commit waits for the catalog thread
-            fs.mount.handles.get(info.fh).used -= 10.0  # as if its last write were long ago
+            handle.used -= 10.0  # as if its last write were long ago
             nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer
             await trio.testing.wait_all_tasks_blocked()
             busy.set()

@@ -74,10 +74,10 @@ def _active_revision(home: Path, audience_id: str, path: str) -> str:
             " JOIN revisions v ON v.resource_id = r.resource_id AND v.state = 'active'"
             " WHERE s.audience_id = ? AND r.path = ? AND r.state = 'live'", (audience_id, path)).fetchall()
     assert len(rows) == 1, rows
-    return rows[0][0]
+    return str(rows[0][0])
 
 
-def _error_rows(home: Path, session_id: str) -> list[dict]:
+def _error_rows(home: Path, session_id: str) -> list[dict[str, Any]]:
     conn = apsw.Connection(str(home / "state.sqlite"))
     try:
         cols = ("audit_id", "event_id", "at", "agent_id", "session_id", "operation", "subject_kind", "actor_id",
@@ -177,7 +177,7 @@ def _pread_errno(fd: int, size: int, offset: int) -> int | bytes:
     try:
         return os.pread(fd, size, offset)
     except OSError as exc:
-        return exc.errno
+        return exc.errno or -1
 
 
 def _held_read_fails(fd: int, offset: int, *never: bytes, size: int = 4096) -> None:

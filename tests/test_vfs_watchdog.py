@@ -72,10 +72,16 @@ def test_a_worker_that_keeps_dropping_is_not() -> None:
     assert _run(work, lambda: False) is Outcome.DONE
 
 
+def _slept(seconds: float) -> bool:
+    """A worker's work that takes ``seconds`` and drops everything."""
+    time.sleep(seconds)
+    return True
+
+
 def test_idleness_counts_only_if_it_lasts() -> None:
     """Busy for a moment in every fifth of STALL_S is never idle for STALL_S."""
     started = time.monotonic()
-    assert _run(lambda progress: time.sleep(1.5) is None,
+    assert _run(lambda progress: _slept(1.5),
                 lambda: (time.monotonic() - started) % 0.1 < 0.05) is Outcome.DONE
 
 
@@ -87,7 +93,7 @@ def test_a_loop_held_is_not_a_mount_idle() -> None:
                 await trio.sleep(0.1)
                 time.sleep(0.8)  # noqa: ASYNC251 - the loop held, on purpose
             nursery.start_soon(hold)
-            return await watched(lambda progress: time.sleep(1.0) is None, lambda: False)
+            return await watched(lambda progress: _slept(1.0), lambda: False)
     assert trio.run(main) is Outcome.DONE
 
 
