@@ -6,9 +6,9 @@ for five ignore files in every folder it walks, editors for swap files).
 The kernel drops such an entry only when told to, so each one handed out
 is recorded here by folder inode until one of these ends it:
 
-* the view comes to show the name, or a folder above it: the entry is
-  invalidated with the rest of the change (``shown``; ``everything`` when
-  the view's roots or its usability change);
+* the view comes to show the name (a note, or a folder that came with
+  one): the entry is invalidated with the rest of the change (``shown``;
+  ``everything`` when the view's roots or its usability change);
 * this mount makes the name itself (create, mkdir, rename): the kernel
   replaced the entry on its own (``named_here``);
 * the kernel forgets the folder, and every entry below it with it
@@ -69,17 +69,18 @@ class Absences:
     def folder_forgotten(self, folder_ino: int) -> None:
         self.count -= len(self._names.pop(folder_ino, ()))
 
-    def shown(self, appeared: Iterable[Parts], folder_ino_of: Callable[[Parts], int | None]) -> list[Dropped]:
-        """The recorded entries at ``appeared`` paths or at a folder above one, taken out of the record.
-        ``folder_ino_of``: the inode of a folder the kernel was told of (None for any other path)."""
+    def shown(self, came: Iterable[Parts], folder_ino_of: Callable[[Parts], int | None]) -> list[Dropped]:
+        """The recorded entries of the paths that ``came`` (notes, and the folders that came with them),
+        taken out of the record. A name that was there already was never recorded absent, so only the
+        last name of each path is looked at. ``folder_ino_of``: the inode of a folder the kernel was
+        told of (None for any other path)."""
         out: list[Dropped] = []
         if not self.count:
             return out
-        for parts in appeared:
-            for depth in range(len(parts)):
-                folder_ino = folder_ino_of(parts[:depth])
-                if folder_ino is not None and self._take(folder_ino, parts[depth]):
-                    out.append(Dropped(folder_ino, parts[depth]))
+        for parts in came:
+            folder_ino = folder_ino_of(parts[:-1]) if parts else None
+            if folder_ino is not None and self._take(folder_ino, parts[-1]):
+                out.append(Dropped(folder_ino, parts[-1]))
         return out
 
     def everything(self) -> list[Dropped]:

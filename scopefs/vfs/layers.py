@@ -105,9 +105,10 @@ class Layers:
             return False
         return self.absences.remember(folder.ino, name)
 
-    def _absences_dropped(self, appeared: list[Parts], *, everything: bool) -> list[Invalidation]:
-        """What the kernel must forget of the absences it keeps, for a view in which ``appeared`` came."""
-        dropped = self.absences.everything() if everything else self.absences.shown(appeared, self._folder_ino)
+    def _absences_dropped(self, came: list[Parts], *, everything: bool) -> list[Invalidation]:
+        """What the kernel must forget of the absences it keeps, for a view in which the notes and
+        folders ``came``."""
+        dropped = self.absences.everything() if everything else self.absences.shown(came, self._folder_ino)
         return [Invalidation(NO_INODE, item.folder_ino, item.name) for item in dropped]
 
     def _folder_ino(self, parts: Parts) -> int | None:
@@ -287,8 +288,9 @@ class Layers:
                     out.append(self._forget_dir(parts))
         gone = [note.parts for note in changed
                 if (now := new.notes.get(note.parts)) is None or now.resource_id != note.resource_id]
-        out.extend(self._listings_changed(gone + folders_went, appeared + folders_came, everything=rebuild))
-        out.extend(self._absences_dropped(appeared, everything=rebuild))
+        came = appeared + folders_came
+        out.extend(self._listings_changed(gone + folders_went, came, everything=rebuild))
+        out.extend(self._absences_dropped(came, everything=rebuild))
         for parts in list(self.tombstoned):
             removal = self.removed.get(parts)
             if removal is None or not self.shows_at(parts, removal.resource_id):
