@@ -200,10 +200,9 @@ class ScopeFS(pyfuse3.Operations):
         elif self.history.covers(parent, name):
             node = await self.history.lookup(parent, name)
         else:
-            try:
-                text = decode(name)
-            except BadName:
-                raise fail(errno.ENOENT) from None  # a name that cannot exist is simply not there
+            text = _text(name)
+            if text is None:
+                raise fail(errno.ENOENT)  # a name that cannot exist is simply not there
             found = self.mount.layers.lookup(parent.parts + (text,))
             if found is None:
                 if self.mount.layers.remember_absent(parent, text):
@@ -244,7 +243,7 @@ class ScopeFS(pyfuse3.Operations):
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx)
         node = self.folders.mkdir(parent_inode, name)
-        self._named_here(parent_inode, name)
+        self._named_here(parent_inode, _text(name))
         return attributes(self.mount, node)
 
     @guarded
@@ -263,7 +262,7 @@ class ScopeFS(pyfuse3.Operations):
         self.mount.admit(ctx)
         # Out of the record first: a rename that commits applies the view showing the new name, which must
         # not drop the entry the rename is about to give it; a rename refused leaves the absent entry to drop.
-        taken = self._named_here(parent_inode_new, name_new)
+        taken = self._named_here(parent_inode_new, _text(name_new))
         try:
             await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
         except BaseException:
@@ -271,14 +270,12 @@ class ScopeFS(pyfuse3.Operations):
                 self.mount.drop_absence(parent_inode_new, taken)
             raise
 
-    def _named_here(self, parent_inode: int, name: bytes) -> str | None:
-        """The kernel's entry for ``name`` is (about to be) this mount's own: out of the record of absences.
-        The name, if it was in it."""
-        try:
-            text = decode(name)
-        except BadName:
-            return None  # a name that cannot exist was never kept absent
-        return text if self.mount.layers.absences.named_here(parent_inode, text) else None
+    def _named_here(self, parent_inode: int, text: str | None) -> str | None:
+        """The kernel's entry for ``text`` is (about to be) this mount's own: out of the record of absences.
+        The name, if it was in it (a name that cannot exist, None, never was)."""
+        if text is None or not self.mount.layers.absences.named_here(parent_inode, text):
+            return None
+        return text
 
     # -- content ---------------------------------------------------------------
 
@@ -301,21 +298,18 @@ class ScopeFS(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         pid_namespace = self.mount.opener(ctx)
-        shown = None if flags & os.O_EXCL else self._shown_child(parent_inode, name)
+        text = _text(name)
+        shown = None if flags & os.O_EXCL or text is None else self._shown_child(parent_inode, text)
         if shown is not None:
             await self._open_shown(shown, flags, pid_namespace)
             fh = 0  # what the kernel sends when no open was asked: writes and closes come by inode
         else:
             shown, fh = await self.commits.create(parent_inode, name, pid_namespace)
-        self._named_here(parent_inode, name)
+        self._named_here(parent_inode, text)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False), attributes(self.mount, shown)
 
-    def _shown_child(self, parent_inode: int, name: bytes) -> Node | None:
-        """The note or scratch file the view shows at ``name``, for a create that may open it."""
-        try:
-            text = decode(name)
-        except BadName:
-            return None
+    def _shown_child(self, parent_inode: int, text: str) -> Node | None:
+        """The note or scratch file the view shows at ``text``, for a create that may open it."""
         node = self.mount.layers.lookup(self.mount.folder(parent_inode).parts + (text,))
         if node is not None and node.kind is Kind.DIR:
             raise fail(errno.EISDIR)
@@ -398,3 +392,11 @@ class ScopeFS(pyfuse3.Operations):
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx)
         raise fail(errno.EPERM)
+
+
+def _text(name: bytes) -> str | None:
+    """A name the kernel sent, decoded; None for one that cannot exist here (``vfs.names``)."""
+    try:
+        return decode(name)
+    except BadName:
+        return None

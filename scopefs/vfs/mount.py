@@ -290,23 +290,26 @@ class MountState:
     def shown_again(self, parts: Parts) -> None:
         """``parts`` shows again with no view change (its removal refused, or given up for a note that
         came meanwhile): a listing of its folder the kernel cached while the name was hidden lacks it,
-        and would go on lacking it, since nothing else moves the folder's mtime."""
-        folder = self.layers.dirs.get(parts[:-1])
-        if folder is not None:
-            folder.listing_version += 1
-            list_again(folder.ino)  # it gained a name: its pages may stay (``Layers._listings_changed``)
+        and would go on lacking it, since nothing else moves the folder's mtime. It gained a name: its
+        pages may stay (``Layers._listings_changed``)."""
+        self._list_again(parts[:-1])
 
     def never_was(self, node: Node) -> None:
         """``node``'s name went with no view change (a new note whose first commit failed, dropped
         from the overlay): the kernel must forget its entry, which would still answer ``stat``, and
         its folder's listing, pages too, as for any folder that lost a name (``_apply``)."""
-        folder = self.layers.dirs.get(node.parts[:-1])
-        if folder is None:
-            return
-        folder.listing_version += 1
-        list_again(folder.ino)
-        self._queue(Invalidation(folder.ino), folder)
-        self._queue(Invalidation(node.ino, folder.ino, node.parts[-1]), node)
+        folder = self._list_again(node.parts[:-1])
+        if folder is not None:
+            self._queue(Invalidation(folder.ino), folder)
+            self._queue(Invalidation(node.ino, folder.ino, node.parts[-1]), node)
+
+    def _list_again(self, folder_parts: Parts) -> Node | None:
+        """Move the folder's mtime and drop its attributes now, if the kernel knows it; the folder."""
+        folder = self.layers.dirs.get(folder_parts)
+        if folder is not None:
+            folder.listing_version += 1
+            list_again(folder.ino)
+        return folder
 
     def drop_absence(self, folder_ino: int, name: str) -> None:
         """The kernel must forget that ``name`` is absent from the folder (queued for the invalidation
