@@ -419,16 +419,18 @@ def test_a_listing_continued_from_an_offset_shows_no_name_the_view_lost(scenario
     assert sorted(os.listdir(notes)) == ["allergy.md"]
 
 
-# A removal the catalog refuses, for one name: the note shows again with no view change.
-REFUSED = """
-from scopefs.catalog.errors import StorageError
+def _refusing(operation: str, error: str) -> str:
+    """Server source that makes ``catalog_ops.<operation>`` raise ``error`` for the name ``refused.md``
+    (a tombstone, a save the catalog refuses), and only for it."""
+    return f"""
+from scopefs.catalog.errors import {error}
 from scopefs.vfs import catalog_ops
-kept = catalog_ops.remove
-def remove(home, session_id, parts, resource_id):
+kept = catalog_ops.{operation}
+def refusing(home, session_id, parts, *args, **kwargs):
     if parts[-1] == "refused.md":
-        raise StorageError("injected: the tombstone's commit failed")
-    return kept(home, session_id, parts, resource_id)
-catalog_ops.remove = remove
+        raise {error}("injected: refused for this name")
+    return kept(home, session_id, parts, *args, **kwargs)
+catalog_ops.{operation} = refusing
 """
 
 
@@ -439,7 +441,7 @@ def test_a_note_whose_removal_was_refused_is_listed_again(scenario: Scenario, tm
     scenario.cli("write", scenario.alice_session, "private/notes/refused.md", stdin=b"stays\n", check=True)
     where = tmp_path / "mnt"
     where.mkdir()
-    with patched_server(scenario.cli.home, scenario.alice_session, where, REFUSED):
+    with patched_server(scenario.cli.home, scenario.alice_session, where, _refusing("remove", "StorageError")):
         notes = where / "private" / "notes"
         assert "refused.md" in os.listdir(notes)
         os.unlink(notes / "refused.md")
@@ -449,19 +451,6 @@ def test_a_note_whose_removal_was_refused_is_listed_again(scenario: Scenario, tm
         assert (notes / "refused.md").read_bytes() == b"stays\n"
 
 
-# A save the catalog refuses, for one name: a new note there never exists.
-REFUSED_SAVE = """
-from scopefs.catalog.errors import Denied
-from scopefs.vfs import catalog_ops
-kept = catalog_ops.commit
-def commit(home, session_id, parts, *args, **kwargs):
-    if parts[-1] == "refused.md":
-        raise Denied("injected: a policy refuses this save")
-    return kept(home, session_id, parts, *args, **kwargs)
-catalog_ops.commit = commit
-"""
-
-
 def test_a_new_note_whose_first_save_was_refused_is_neither_listed_nor_found(scenario: Scenario,
                                                                              tmp_path: Path) -> None:
     """The file a tool created is listed and found while it writes; its close is refused (EACCES) and
@@ -469,7 +458,7 @@ def test_a_new_note_whose_first_save_was_refused_is_neither_listed_nor_found(sce
     the view never changed (``MountState.never_was``)."""
     where = tmp_path / "mnt"
     where.mkdir()
-    with patched_server(scenario.cli.home, scenario.alice_session, where, REFUSED_SAVE):
+    with patched_server(scenario.cli.home, scenario.alice_session, where, _refusing("commit", "Denied")):
         notes = where / "private" / "notes"
         fd = os.open(notes / "refused.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
