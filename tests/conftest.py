@@ -177,6 +177,12 @@ def sqlite_int(value: object) -> int:
     return value
 
 
+def sqlite_str(value: object) -> str:
+    """A text value SQLite gave back (apsw types every value as any SQLite value): an id, a path."""
+    assert isinstance(value, str), value
+    return value
+
+
 def table_dump(db: Path, *, skip: tuple[str, ...] = ()) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (sorted), read from a copy of the database."""
     with db_copy(db) as conn:

@@ -13,6 +13,7 @@ byte leaves.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -92,16 +93,20 @@ def test_kernel_names_with_separators_are_invalid(name: str) -> None:
     assert caught.value.errno == errno.EINVAL
 
 
+def _create_new(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def test_mount_refuses_separator_names_with_einval(scenario: Scenario, mounts: Mounts) -> None:  # noqa: F811
     where = mounts.mount(scenario.alice_session)
     notes = where / "private/notes"
     for name in ("line\u2028sep.md", "para\u2029sep.md"):
         target = notes / name
         seen = {
-            "create": errno_of(lambda t=target: os.close(os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))),
-            "mkdir": errno_of(lambda t=target: os.mkdir(t)),
-            "rename-to": errno_of(lambda t=target: os.rename(notes / "allergy.md", t)),
-            "stat": errno_of(lambda t=target: os.stat(t)),
+            "create": errno_of(functools.partial(_create_new, target)),
+            "mkdir": errno_of(functools.partial(os.mkdir, target)),
+            "rename-to": errno_of(functools.partial(os.rename, notes / "allergy.md", target)),
+            "stat": errno_of(functools.partial(os.stat, target)),
         }
         assert seen == {"create": errno.EINVAL, "mkdir": errno.EINVAL, "rename-to": errno.EINVAL,
                         "stat": errno.ENOENT}, name

@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def _clear_mounts(where: Path) -> None:
     wait_until(lambda: not view_servers(where), timeout=30)
 
 
-def _stop_extra_servers(before: dict[str, set]) -> None:
+def _stop_extra_servers(before: dict[str, set[Any]]) -> None:
     """SIGTERM sandbox mount servers started since ``before`` that nothing stopped (the bug's leftovers)."""
     for pid in server_processes() - before["servers"]:
         os.kill(pid, signal.SIGTERM)
@@ -340,7 +341,8 @@ def _probe_in_process(scenario: Scenario, tmp_path: Path, read_only_root: bool) 
         sessions.stop_server(proc.pid, target.mountpoint)
         proc.wait()
     assert code == 0
-    return json.loads(out.read_bytes())
+    written: dict[str, str] = json.loads(out.read_bytes())
+    return written
 
 
 def test_control_without_the_read_only_root_the_probe_writes_outside(scenario: Scenario, tmp_path: Path) -> None:

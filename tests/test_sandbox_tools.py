@@ -56,6 +56,8 @@ from tests.conftest import (
     Scenario,
     diff_snapshots,
     snapshot,
+    sqlite_int,
+    sqlite_str,
 )
 from tests.mountkit import catalog, pending_rows
 from tests.test_vfs_editors import PtyProcess, sha
@@ -222,7 +224,7 @@ def store_of(home: Path, audience: str) -> str:
     with catalog(home) as conn:
         rows = conn.execute("SELECT store_id FROM stores WHERE audience_id = ?", (audience,)).fetchall()
     assert len(rows) == 1, rows
-    return rows[0][0]
+    return sqlite_str(rows[0][0])
 
 
 def assert_one_new_revision(scenario: Scenario, p: Place, before: Catalog, new: bytes) -> None:
@@ -319,7 +321,9 @@ def test_reading_tools_show_exactly_the_view(scenario: Scenario, kind: str) -> N
     assert f"/memory/{p.note}:{p.fact.decode().strip()}" in grep.text.splitlines()
     for foreign in FACTS:
         if foreign != p.fact:
-            canary = CANARY.search(foreign).group()
+            found_canary = CANARY.search(foreign)
+            assert found_canary is not None
+            canary = found_canary.group()
             for result in (listed, found, cat, grep):
                 assert canary not in result.out, f"{canary!r} leaked into the {p.kind} view"
 
@@ -570,7 +574,7 @@ def test_a_read_only_root_stays_read_only_inside(scenario: Scenario, kind: str) 
 def _last_audit(home: Path) -> int:
     conn = apsw.Connection(str(home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        return conn.execute("SELECT coalesce(max(audit_id), 0) FROM audit").fetchall()[0][0]
+        return sqlite_int(conn.execute("SELECT coalesce(max(audit_id), 0) FROM audit").fetchall()[0][0])
     finally:
         conn.close()
 

@@ -10,6 +10,7 @@ one audience and is gone from every new read once revoked or expired.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import apsw
 import pytest
@@ -35,11 +36,12 @@ AUDIT_ONLY = ("audit",)  # a refusal or a preview may add audit rows, nothing el
 
 
 def _grant(s: Scenario, principal: str, scope: str = "agent-shared") -> str:
-    return s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", principal, "--scope", scope)["grant_id"]
+    return str(s.cli.j("grant", "publisher", "--agent", s.agent, "--principal", principal, "--scope", scope)
+               ["grant_id"])
 
 
 def _role(s: Scenario, name: str, *members: str) -> str:
-    role = s.cli.j("role", "add", name)["role_id"]
+    role = str(s.cli.j("role", "add", name)["role_id"])
     for member in members:
         s.cli.j("member", "add", f"role:{name}", member)  # a role is named by its name or its id
     return role
@@ -50,15 +52,15 @@ def _other_group(s: Scenario, members: tuple[str, ...] = ()) -> tuple[str, str]:
                    "--conversation", "tg-chat-other-5550001")["conversation_id"]
     for member in members:
         s.cli.j("member", "add", conv, member)
-    return conv, s.cli.j("session", "open", "--agent", s.agent, "--group", "--conversation", conv)["session_id"]
+    return conv, str(s.cli.j("session", "open", "--agent", s.agent, "--group", "--conversation", conv)["session_id"])
 
 
 def _service_session(s: Scenario) -> str:
     service = s.cli.j("principal", "add", "cron", "--kind", "service")["principal_id"]
-    return s.cli.j("session", "open", "--agent", s.agent, "--service", service)["session_id"]
+    return str(s.cli.j("session", "open", "--agent", s.agent, "--service", service)["session_id"])
 
 
-def _project(s: Scenario, to: str, *more: str, session: str | None = None, path: str = SOURCE) -> dict:
+def _project(s: Scenario, to: str, *more: str, session: str | None = None, path: str = SOURCE) -> dict[str, Any]:
     return s.cli.j("project", session or s.alice_session, path, "--to", to, "--purpose", "so the group knows",
                    *(more or ("--expires", "7d")), "--yes")
 
