@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -34,12 +35,13 @@ from tests.conftest import (
     artifact_path,
     run_readme_example,
     snapshot,
+    sqlite_str,
 )
 from tests.mountkit import Mounts, mounts  # noqa: F401
 from tests.test_pools import POOL_FACT, pooled  # noqa: F401
 
 
-def _backup(cli: Cli, dest: Path) -> dict:
+def _backup(cli: Cli, dest: Path) -> dict[str, Any]:
     return cli.j("backup", str(dest))
 
 
@@ -64,7 +66,7 @@ def _tree(cli: Cli, session: str, folder: str = "") -> dict[str, str]:
     return out
 
 
-def _view(cli: Cli, session: str) -> dict[str, object]:
+def _view(cli: Cli, session: str) -> dict[str, Any]:
     """What a session sees: its tree with contents, and what searches return."""
     searches = {q: cli.j("search", session, q) for q in ("allergic", "Lisbon offsite", "release train")}
     return {"tree": _tree(cli, session), "search": searches}
@@ -361,7 +363,7 @@ def _parked(cli: Cli, step: Step, *argv: str) -> Iterator[tuple[subprocess.Popen
 
 
 def _backup_racing_a_forget(cli: Cli, step: Step, session: str, path: str, text: bytes, canary: bytes,
-                            dest: Path) -> dict:
+                            dest: Path) -> dict[str, Any]:
     """Write ``text`` at ``path``, park a backup at ``step``, forget the note, let the backup finish: its report.
     The backup must succeed and no file of it may hold ``canary``."""
     cli.j("write", session, path, stdin=text)
@@ -373,7 +375,8 @@ def _backup_racing_a_forget(cli: Cli, step: Step, session: str, path: str, text:
     for kept in dest.rglob("*"):
         if kept.is_file():
             assert canary not in kept.read_bytes(), kept
-    return json.loads(out)
+    report: dict[str, Any] = json.loads(out)
+    return report
 
 
 def test_a_forget_between_the_snapshot_and_the_copy_is_not_undone(scenario: Scenario, tmp_path: Path) -> None:
@@ -487,8 +490,8 @@ def _rewrite_manifest_hash(backup: Path, rel: str) -> None:
 def _rebind_bob_to_alice(scenario: Scenario, state: Path, *, restore_trigger: bool) -> None:
     conn = apsw.Connection(str(state))
     try:
-        trigger = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'identity_bindings_immutable'"
-                               ).fetchall()[0][0]
+        trigger = sqlite_str(conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'identity_bindings_immutable'"
+                                          ).fetchall()[0][0])
         conn.execute("DROP TRIGGER identity_bindings_immutable")
         conn.execute("UPDATE identity_bindings SET principal_id = ? WHERE principal_id = ?",
                      (scenario.alice, scenario.bob))
@@ -560,7 +563,7 @@ def test_a_malformed_locator_in_a_backup_is_an_integrity_failure(scenario: Scena
         conn.execute("UPDATE revisions SET locator = '../../x' WHERE rowid = (SELECT min(rowid) FROM revisions"
                      " WHERE state = 'active')")
         for _name, sql in triggers:
-            conn.execute(sql)
+            conn.execute(sqlite_str(sql))
     finally:
         conn.close()
     _rewrite_manifest_hash(backup, "agents/main/catalog.sqlite")

@@ -27,6 +27,7 @@ import pytest
 
 from scopefs.catalog.errors import Denied
 from scopefs.catalog.home import Home
+from scopefs.catalog.reasons import Reason
 from scopefs.writer.rename import rename_note
 from scopefs.writer.tombstone import delete_parts
 from scopefs.writer.transaction import write_parts
@@ -68,15 +69,15 @@ writers = ["main", "social"]
 POOL_FACT = b"Pool fact: the release train leaves on Thursdays (canary P00l)\n"
 
 
-def _apply(cli: Cli, tmp: Path, text: str, name: str = "pools.toml") -> dict:
+def _apply(cli: Cli, tmp: Path, text: str, name: str = "pools.toml") -> dict[str, Any]:
     path = tmp / name
     path.write_text(text)
     return cli.j("pools", "apply", str(path))
 
 
 def _dm(cli: Cli, agent: str) -> str:
-    return cli.j("session", "open", "--agent", agent, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
-                 "--sender", ALICE_SENDER)["session_id"]
+    return str(cli.j("session", "open", "--agent", agent, "--dm", "--channel", CHANNEL, "--account", ACCOUNT,
+                     "--sender", ALICE_SENDER)["session_id"])
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def pooled(scenario: Scenario, tmp_path: Path) -> dict[str, str]:
 def _curator(cli: Cli, agent: str = "main") -> str:
     """A service session of ``agent``: where a writer that keeps private stores writes its pools from."""
     principal = cli.j("principal", "add", "curator", "--kind", "service")["principal_id"]
-    return cli.j("session", "open", "--agent", agent, "--service", principal)["session_id"]
+    return str(cli.j("session", "open", "--agent", agent, "--service", principal)["session_id"])
 
 
 def _ls(cli: Cli, session: str, path: str = "") -> list[str]:
@@ -142,8 +143,10 @@ def test_writers_are_enforced_on_write_rename_and_delete(scenario: Scenario, poo
     assert cli("write", dev, "pools/team/new.md", stdin=b"new\n").code == 3
     home = Home.open(cli.home)
     try:
-        for call in (lambda: rename_note(home, dev, "pools/team/release.md", "pools/team/moved.md"),
-                     lambda: delete_parts(home, dev, ("pools", "team", "release.md"))):
+        calls: tuple[Callable[[], object], ...] = (
+            lambda: rename_note(home, dev, "pools/team/release.md", "pools/team/moved.md"),
+            lambda: delete_parts(home, dev, ("pools", "team", "release.md")))
+        for call in calls:
             with pytest.raises(Denied):
                 call()
     finally:
@@ -322,7 +325,8 @@ class _SlowSource(io.BytesIO):
 
     def read(self, size: int | None = -1) -> bytes:
         if self._meanwhile is not None:
-            self._meanwhile, run = None, self._meanwhile
+            run = self._meanwhile
+            self._meanwhile = None
             run()
         return super().read(size)
 
@@ -341,7 +345,8 @@ def test_a_write_staging_while_its_pool_is_taken_away_commits_nothing(scenario: 
         source = _SlowSource(b"written while the writers changed\n", lambda: _apply(cli, tmp_path, fewer, "f.toml"))
         with pytest.raises(Denied) as refused:
             write_parts(home, pooled["social"], ("pools", "team", "late.md"), source)
-        assert refused.value.reason.value == "plan-expired"
+        reason = refused.value.reason  # typed str; a Reason (a StrEnum) in fact
+        assert isinstance(reason, Reason) and reason.value == "plan-expired"
     finally:
         home.close()
     assert _ls(cli, pooled["dev"], "pools/team") == ["release.md"]

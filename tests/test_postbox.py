@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from typing import Any
 
 import apsw
 import pytest
 
 from scopefs.catalog.home import Home
 from scopefs.catalog.human import open_human_session
-from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, CHANNEL, Scenario, diff_snapshots, snapshot
+from tests.conftest import (
+    ACCOUNT,
+    ALICE_SENDER,
+    BOB_SENDER,
+    CHANNEL,
+    Result,
+    Scenario,
+    diff_snapshots,
+    snapshot,
+    sqlite_str,
+)
 from tests.mountkit import catalog
 
 NOTE = b"Alice said she prefers the window seat (canary P0st)\n"
@@ -25,11 +36,11 @@ UNCHANGED_BUT = ("audit",)
 
 
 def _handle(s: Scenario, sender: str = ALICE_SENDER, session: str | None = None) -> str:
-    return s.cli.j("message", "add", session or s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
-                   "--sender", sender)["message_handle"]
+    return str(s.cli.j("message", "add", session or s.group_session, "--channel", CHANNEL, "--account", ACCOUNT,
+                       "--sender", sender)["message_handle"])
 
 
-def _deposit(s: Scenario, handle: str, data: bytes = NOTE, session: str | None = None):  # noqa: ANN202
+def _deposit(s: Scenario, handle: str, data: bytes = NOTE, session: str | None = None) -> Result:
     return s.cli("deposit", session or s.group_session, handle, stdin=data)
 
 
@@ -39,7 +50,7 @@ def enabled(scenario: Scenario) -> Scenario:
     return scenario
 
 
-def _state_rows(s: Scenario, sql: str, args: tuple = ()) -> list[tuple]:
+def _state_rows(s: Scenario, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     conn = apsw.Connection(str(s.cli.home / "state.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         return conn.execute(sql, args).fetchall()
@@ -114,7 +125,8 @@ def test_every_bad_deposit_gets_the_same_refusal(enabled: Scenario) -> None:
     for_second = _handle(s)
     expired = _handle(s)
     with catalog(s.cli.home) as conn:  # a day has passed, for this one handle (past the schema's guard)
-        guard = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'message_handles_fixed'").fetchall()[0][0]
+        guard = sqlite_str(conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'message_handles_fixed'"
+                                        ).fetchall()[0][0])
         conn.execute("DROP TRIGGER message_handles_fixed")
         conn.execute("UPDATE message_handles SET expires_at = 0 WHERE handle_sha256 = ?",
                      (hashlib.sha256(expired.encode()).hexdigest(),))
@@ -267,19 +279,19 @@ def test_a_gateway_deposits_through_the_api_with_the_same_refusal(enabled: Scena
     try:
         service = Service(home)
 
-        def call(capability: str, op: str, **args: object) -> dict:
+        def call(capability: str, op: str, **args: object) -> dict[str, Any]:
             return service.handle({"op": op, "capability": capability, "nonce": secrets.token_urlsafe(16),
                                    "ts": now_us(), "args": args})
 
         def open_(**facts: str) -> str:
             answer = service.handle({"op": "open", "agent": "main", "channel": CHANNEL, "account": ACCOUNT, **facts})
             assert answer["ok"], answer
-            return answer["result"]["capability"]
+            return str(answer["result"]["capability"])
 
         group = open_(chat="group", conversation=GROUP_CONVERSATION, sender=ALICE_SENDER)
         session = home.state().execute("SELECT session_id FROM session_index ORDER BY rowid DESC LIMIT 1").fetchall()
         assert session
-        handle = s.cli.j("message", "add", session[0][0], "--channel", CHANNEL, "--account", ACCOUNT,
+        handle = s.cli.j("message", "add", sqlite_str(session[0][0]), "--channel", CHANNEL, "--account", ACCOUNT,
                          "--sender", ALICE_SENDER)["message_handle"]
         answer = call(group, "deposit", handle=handle, content="filed by the gateway (canary Ap1)\n")
         assert answer == {"ok": True, "result": {"deposited": True}}, answer
@@ -305,7 +317,8 @@ def test_an_expired_deposit_leaves_the_review(enabled: Scenario) -> None:
     path = f"postbox/{s.conversation}"
     assert len(s.cli.j("ls", s.alice_session, path)["entries"]) == 1
     with catalog(s.cli.home) as conn:  # the item's month has passed (past the schema's guard)
-        guard = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'postbox_items_fixed'").fetchall()[0][0]
+        guard = sqlite_str(conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'postbox_items_fixed'"
+                                        ).fetchall()[0][0])
         conn.execute("DROP TRIGGER postbox_items_fixed")
         conn.execute("UPDATE postbox_items SET expires_at = ? WHERE item_id = ?",
                      (int(time.time() * 1_000_000) - 1, pending["item_id"]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import apsw
 import pytest
@@ -24,7 +25,7 @@ from scopefs.catalog.policy import AudienceKind, Effect, Op
 from scopefs.catalog.search import search
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
-from tests.conftest import Scenario, artifact_path, diff_snapshots, snapshot
+from tests.conftest import Cli, Scenario, artifact_path, diff_snapshots, snapshot
 from tests.test_vfs_isolation import publish_shared
 
 RESULT_KEYS = {"path", "start_line", "end_line", "score", "snippet", "citation"}
@@ -44,7 +45,7 @@ def run_sql(scenario: Scenario, *statements: str) -> None:
         conn.close()
 
 
-def chunk_rows(scenario: Scenario) -> list[tuple]:
+def chunk_rows(scenario: Scenario) -> list[tuple[Any, ...]]:
     conn = catalog_of(scenario)
     try:
         return conn.execute("SELECT revision_id, ordinal, start_line, end_line, body, embedding, model"
@@ -53,8 +54,9 @@ def chunk_rows(scenario: Scenario) -> list[tuple]:
         conn.close()
 
 
-def hits(scenario: Scenario, session: str, query: str, *extra: str) -> list[dict]:
-    return scenario.cli.j("search", session, query, *extra)["results"]
+def hits(scenario: Scenario, session: str, query: str, *extra: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = scenario.cli.j("search", session, query, *extra)["results"]
+    return results
 
 
 # -- point 1: index rows follow the revision ----------------------------------
@@ -85,8 +87,10 @@ def test_index_rows_exist_only_for_active_revisions_and_are_never_edited(scenari
     cli.j("write", scenario.alice_session, "private/notes/a.md", stdin=b"two\n")
     conn = catalog_of(scenario)
     try:
-        resource, store = conn.execute("SELECT r.resource_id, r.store_id FROM revisions v JOIN resources r"
-                                       " USING (resource_id) WHERE v.revision_id = ?", (old["revision_id"],)).fetchone()
+        row = conn.execute("SELECT r.resource_id, r.store_id FROM revisions v JOIN resources r"
+                           " USING (resource_id) WHERE v.revision_id = ?", (old["revision_id"],)).fetchone()
+        assert row is not None
+        resource, store = row
         with pytest.raises(apsw.ConstraintError, match="active revision"):
             conn.execute("INSERT INTO search_chunks (agent_id, revision_id, resource_id, store_id, ordinal, start_line,"
                          " end_line, body) VALUES ('main', ?, ?, ?, 9, 1, 1, 'planted')",
@@ -233,7 +237,7 @@ ALLOWED = [
 NEAR = b"lantern battery lantern battery lantern battery\n"  # nearer than every allowed note, in both arms
 
 
-def _modes(cli, session: str, query: str) -> dict[str, bytes]:
+def _modes(cli: Cli, session: str, query: str) -> dict[str, bytes]:
     out = {}
     for mode in ("hybrid", "words", "vectors"):
         result = cli("--json", "search", session, query, "--mode", mode)
@@ -396,8 +400,10 @@ def test_snippets_are_cut_from_the_artifact_never_from_index_text(scenario: Scen
     written = cli.j("write", scenario.alice_session, "private/notes/x.md", stdin=b"alpha\nbeta gamma\n")
     conn = catalog_of(scenario)
     try:
-        resource, store = conn.execute("SELECT resource_id, store_id FROM search_chunks WHERE revision_id = ?",
-                                       (written["revision_id"],)).fetchone()
+        row = conn.execute("SELECT resource_id, store_id FROM search_chunks WHERE revision_id = ?",
+                           (written["revision_id"],)).fetchone()
+        assert row is not None
+        resource, store = row
         conn.execute("INSERT INTO search_chunks (agent_id, revision_id, resource_id, store_id, ordinal, start_line,"
                      " end_line, body) VALUES ('main', ?, ?, ?, 7, 2, 2, 'planted zebra text (canary Z3br)')",
                      (written["revision_id"], resource, store))

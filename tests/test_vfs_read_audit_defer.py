@@ -23,7 +23,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.vfs.follow import DEFER_S, TICK_S, Follow
 from scopefs.writer.transaction import write_note
-from tests.conftest import Scenario
+from tests.conftest import Scenario, sqlite_int
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
 NOTES = 60
@@ -43,7 +43,7 @@ class PendingReads:
 
 def test_the_decision_tick_by_tick() -> None:
     reads = PendingReads()
-    follow = Follow(None, reads, None, None)  # type: ignore[arg-type] - only the reads are asked
+    follow = Follow(None, reads, None, None)  # type: ignore[arg-type]  # only the reads are asked
     assert not follow._reads_streaming()  # nothing read
     reads.exposed_count, reads.oldest = 10, now_us()
     assert follow._reads_streaming()  # new reads since the last tick: wait
@@ -69,7 +69,8 @@ def state(scenario: Scenario) -> Iterator[apsw.Connection]:
 
 
 def exposed(state: apsw.Connection, session_id: str) -> int:
-    return int(state.execute("SELECT count(*) FROM exposures WHERE session_id = ?", (session_id,)).fetchall()[0][0])
+    return sqlite_int(state.execute("SELECT count(*) FROM exposures WHERE session_id = ?",
+                                    (session_id,)).fetchall()[0][0])
 
 
 def test_reads_that_never_pause_are_recorded_within_the_bound(scenario: Scenario, mounts: Mounts,  # noqa: F811
