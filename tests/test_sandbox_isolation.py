@@ -29,6 +29,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,8 +101,9 @@ def run(lab: Lab, control: str | None = None) -> Report:
 Evidence = Callable[[Report, Lab], list[str]]
 
 
-def _procs(report: Report) -> dict[str, dict]:
-    return report.inside["proc"]["info"]
+def _procs(report: Report) -> dict[str, dict[str, Any]]:
+    info: dict[str, dict[str, Any]] = report.inside["proc"]["info"]
+    return info
 
 
 def env_canary(report: Report, lab: Lab) -> list[str]:
@@ -379,25 +381,29 @@ SYSCALL_CONTROL = {
 BLOCKED = sorted(set(sandbox_probe.PROBES) - set(ALLOWED))
 
 
-def _syscall(report: Report, name: str) -> dict:
+def _syscall(report: Report, name: str) -> dict[str, Any]:
+    result: dict[str, Any]
     if name in OWN_MOUNTNS_PROBES and not report.protections.seccomp:
         own = report.inside["own_mountns"]
         assert own["rc"] == 0, own
-        return own["results"][name]
-    return report.inside["syscalls"][name]
+        result = own["results"][name]
+        return result
+    result = report.inside["syscalls"][name]
+    return result
 
 
 @pytest.fixture(scope="module")
-def privileged_results() -> dict[str, dict]:
+def privileged_results() -> dict[str, dict[str, Any]]:
     """PRIVILEGED_ONLY without the filter in a privileged bubblewrap (harmless arguments: see sandbox_probe)."""
     done = sandboxkit.run(["python3", "-c", SANDBOX_PROBE.read_text(), *PRIVILEGED_ONLY],
                           privileged=True, seccomp=False)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    results: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return results
 
 
 @pytest.mark.parametrize("name", BLOCKED)
-def test_syscall_blocked_and_flips(lab: Lab, name: str, privileged_results: dict[str, dict]) -> None:
+def test_syscall_blocked_and_flips(lab: Lab, name: str, privileged_results: dict[str, dict[str, Any]]) -> None:
     expected = FILTER_ERRNO.get(name, "EPERM")
     full = run(lab).inside["syscalls"][name]
     assert full == {"ok": False, "errno": expected}, f"{name} inside the full sandbox: {full}"

@@ -13,12 +13,16 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import ALICE_FACT, BOB_FACT, SCOPEFS, Scenario
 from tests.mountkit import wait_until
 from tests.sandboxrun import leftovers, sandbox_processes, server_processes, settle, stdout_into
+
+if TYPE_CHECKING:  # for an annotation only: the tests import the sandbox modules where they use them
+    from scopefs.sandbox.launch import Target
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # compares the host's sandbox leftovers
 
@@ -216,7 +220,7 @@ def test_a_killed_launcher_leaves_nothing(scenario: Scenario, delay: float) -> N
             launcher.kill()
 
 
-def _session_mount(scenario: Scenario) -> tuple[subprocess.Popen[bytes], object]:
+def _session_mount(scenario: Scenario) -> tuple[subprocess.Popen[bytes], Target]:
     from scopefs.catalog.home import Home
     from scopefs.sandbox import sessions
 
@@ -233,6 +237,7 @@ def test_a_sandbox_that_cannot_be_admitted_never_runs(scenario: Scenario) -> Non
     before = leftovers()
     proc, target = _session_mount(scenario)
     try:
+        assert target.control is not None  # a session mount's target names its control socket
         with pytest.raises(SandboxUnavailable, match="nothing was run"):
             run(dataclasses.replace(target, control=str(Path(target.control).with_name("gone.sock"))),
                 ["sleep", "300"])

@@ -29,6 +29,7 @@ import sys
 import termios
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,11 +72,11 @@ def blocked_errno(name: str) -> str:
     return BLOCKED_ERRNO.get(name, "EPERM")
 
 
-def is_blocked(result: dict, name: str) -> bool:
+def is_blocked(result: dict[str, Any], name: str) -> bool:
     return not result["ok"] and result["errno"] == blocked_errno(name)
 
 
-def flipped(result: dict, name: str) -> bool:
+def flipped(result: dict[str, Any], name: str) -> bool:
     """Neither the filter's errno nor a bare EPERM: the call got past every gate."""
     return result["ok"] or result["errno"] not in {blocked_errno(name), "EPERM"}
 
@@ -89,7 +90,8 @@ ALLOW, ERRNO = 0x7FFF0000, 0x00050000
 def bpf_eval(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = AUDIT_ARCH_X86_64) -> int:
     """Run a seccomp classic-BPF program on one ``struct seccomp_data``; returns the action."""
     data = struct.pack("<IIQ6Q", nr & 0xFFFFFFFF, arch, 0, *(list(args) + [0] * 6)[:6])
-    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    insns: list[tuple[int, int, int, int]] = [struct.unpack_from("<HBBI", program, i)
+                                              for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     while True:
         code, jt, jf, k = insns[pc]
@@ -217,10 +219,11 @@ def test_missing_libseccomp_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
 
 # --------------------------------------------------------- probes in sandboxes
 
-def run_probe(*names: str, **kwargs: object) -> dict[str, dict]:
+def run_probe(*names: str, **kwargs: object) -> dict[str, dict[str, Any]]:
     proc = sandboxkit.run([PY, "/probe.py", *names], files={"/probe.py": PROBE}, **kwargs)  # type: ignore[arg-type]
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    return json.loads(proc.stdout)
+    results: dict[str, dict[str, Any]] = json.loads(proc.stdout)
+    return results
 
 
 CONFIGS = {
@@ -232,7 +235,7 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def probes() -> dict[str, dict[str, dict]]:
+def probes() -> dict[str, dict[str, dict[str, Any]]]:
     """Every probe once in each configuration."""
     return {label: run_probe(**kwargs) for label, kwargs in CONFIGS.items()}
 
@@ -244,7 +247,7 @@ def test_every_probe_has_an_expectation() -> None:
 
 @pytest.mark.root
 @pytest.mark.parametrize("name", BLOCKED)
-def test_probe_blocked_by_filter_only(probes: dict[str, dict[str, dict]], name: str) -> None:
+def test_probe_blocked_by_filter_only(probes: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
     """Blocked with the filter (even as root with every capability), not without it."""
     results = {label: probes[label][name] for label in probes}
     assert is_blocked(results["filtered"], name), results
@@ -256,7 +259,7 @@ def test_probe_blocked_by_filter_only(probes: dict[str, dict[str, dict]], name: 
 
 @pytest.mark.root
 @pytest.mark.parametrize("name", sorted(ALLOWED))
-def test_probe_allowed_by_filter(probes: dict[str, dict[str, dict]], name: str) -> None:
+def test_probe_allowed_by_filter(probes: dict[str, dict[str, dict[str, Any]]], name: str) -> None:
     """The filter does not change these results (EBADF stays EBADF, success stays success)."""
     assert probes["filtered"][name] == probes["unfiltered"][name], (probes["filtered"][name],
                                                                     probes["unfiltered"][name])

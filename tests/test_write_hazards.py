@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,6 +242,7 @@ def test_doctor_leaves_a_write_that_is_still_reading_alone(scenario: Scenario) -
 def test_a_deny_cannot_hide_notes_from_their_writer(scenario: Scenario) -> None:
     home = Home.open(scenario.cli.home)
     store, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    assert resource is not None
     catalog = home.catalog("main")
     for target_kind, target in (("store", store), ("resource", resource)):
         for audience_kind, audience in ((AudienceKind.ANY, ""), (AudienceKind.PRINCIPAL, scenario.alice),
@@ -283,6 +285,7 @@ def test_the_schema_refuses_a_deny_hiding_notes_from_their_writer(scenario: Scen
     import apsw
 
     _, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    assert resource is not None
     with pytest.raises(apsw.ConstraintError):
         _raw_deny(scenario, resource, "read", scenario.alice, legacy=False)
 
@@ -293,6 +296,7 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
     cli = scenario.cli
     cli.j("write", scenario.alice_session, "private/notes/other.md", stdin=b"visible\n")
     _, resource = _store_and_resource(scenario, scenario.alice, "notes/allergy.md")
+    assert resource is not None
     _raw_deny(scenario, resource, capability, scenario.alice, legacy=True)
     listed = cli.j("ls", scenario.alice_session, "private/notes")["entries"]
     assert [e["name"] for e in listed] == ["other.md"]
@@ -305,13 +309,15 @@ def test_a_note_one_may_not_read_is_neither_listed_read_nor_replaced(scenario: S
     assert [r[3] for r in revisions if r[2] == resource] == [1]  # no new revision of the hidden note
 
 
-def test_an_exception_after_the_activation_committed_keeps_the_note(scenario: Scenario, monkeypatch) -> None:
+def test_an_exception_after_the_activation_committed_keeps_the_note(scenario: Scenario,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C landing as COMMIT returns: the write happened; its file must stay."""
     import scopefs.writer.transaction as transaction
+    from scopefs.writer import commit
 
-    real = transaction.activate
+    real = commit.activate  # the function transaction calls (it imports it from commit, not re-exported)
 
-    def activate_then_interrupt(*args, **kwargs):
+    def activate_then_interrupt(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         raise KeyboardInterrupt
 
