@@ -43,7 +43,7 @@ from scopefs.vfs.gate import UidGate
 from tests.conftest import ALICE_FACT, BOB_FACT, Scenario
 from tests.inprocesskit import errno_of, no_kernel  # noqa: F401 - a fixture
 from tests.mountkit import is_mounted, wait_until
-from tests.test_vfs_gate import Context
+from tests.test_vfs_gate import context
 
 pytestmark = pytest.mark.slow
 
@@ -327,7 +327,7 @@ def test_the_uid_gate_in_process(scenario: Scenario, no_kernel: None) -> None:
                  owner=(FOR_UID, FOR_UID))
 
     async def main() -> None:
-        me, root, other = Context(FOR_UID, 0), Context(0, os.getpid()), Context(OTHER_UID, os.getpid())
+        me, root, other = context(FOR_UID, 0), context(0, os.getpid()), context(OTHER_UID, os.getpid())
         ino = pyfuse3.ROOT_INODE
         for name in ("private", "notes", "allergy.md"):
             ino = (await fs.lookup(ino, name.encode(), me)).st_ino  # pid 0: a caller in another pid namespace

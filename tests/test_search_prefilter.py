@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -567,7 +568,7 @@ def test_prefilter_is_a_superset_of_the_evaluator_and_the_postfilter_equals_it(w
         allowed = exp.ids_where(exp.decide)
         seen["allowed"] |= bool(allowed)
         seen["false positive"] |= bool(candidates - allowed)
-        about_asked = exp.ids_where(lambda i, exp=exp: exp.decide(i, about=world.about))
+        about_asked = exp.ids_where(functools.partial(exp.decide, about=world.about))
         seen["allowed about the asked principal"] |= bool(about_asked)
         seen["allowed without placement"] |= variant.subject.kind is SubjectKind.AMBIGUOUS and bool(allowed)
     for what, happened in seen.items():
@@ -622,7 +623,7 @@ def test_an_ambiguous_session_sees_only_what_an_allow_admits() -> None:
     An allow of read alone does not admit a read (retrieve is missing): the
     prefilter keeps it (it is loose by design) and the postfilter refuses it.
     """
-    kind = {"kind": AudienceKind.SUBJECT_KIND, "audience": "ambiguous"}
+    kind: dict[str, Any] = {"kind": AudienceKind.SUBJECT_KIND, "audience": "ambiguous"}
     world = _world(AMBIGUOUS, [
         ResourceSpec(0, policy=PolicySpec(True, (allow(Op.READ, **kind), allow(Op.RETRIEVE, **kind)))),
         ResourceSpec(0, policy=PolicySpec(True, (allow(Op.READ, **kind),))),

@@ -12,6 +12,7 @@ import errno
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import pyfuse3
 import pytest
@@ -36,6 +37,12 @@ class Context:
     umask: int = 0o022
 
 
+def context(uid: int, pid: int) -> pyfuse3.RequestContext:
+    """A ``Context``, typed as the ``pyfuse3.RequestContext`` the file system's methods take (the tests
+    cannot make one: pyfuse3 fills it in C)."""
+    return cast(pyfuse3.RequestContext, Context(uid, pid))
+
+
 def _run(scenario: Scenario, test: Callable[[ScopeFS, Gate, int], Awaitable[None]]) -> None:
     """``test(fs, gate, inode of private/notes/allergy.md)`` on Alice's view with a gate."""
     home = Home.open(scenario.cli.home)
@@ -48,7 +55,7 @@ def _run(scenario: Scenario, test: Callable[[ScopeFS, Gate, int], Awaitable[None
         assert namespace is not None
         gate.admit(namespace)
         ino = pyfuse3.ROOT_INODE
-        me = Context(SESSION_UID, os.getpid())
+        me = context(SESSION_UID, os.getpid())
         for name in ("private", "notes", "allergy.md"):
             ino = (await fs.lookup(ino, name.encode(), me)).st_ino
         gate.dismiss(namespace)
@@ -66,12 +73,12 @@ def test_only_the_session_uid_from_an_admitted_namespace_is_answered(scenario: S
     async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
         mine = pid_namespace(os.getpid())
         assert mine is not None
-        me, root = Context(SESSION_UID, os.getpid()), Context(0, os.getpid())
+        me, root = context(SESSION_UID, os.getpid()), context(0, os.getpid())
         assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES  # right uid, not admitted
         assert await errno_of(fs.lookup(pyfuse3.ROOT_INODE, b"private", me)) == errno.EACCES
         gate.admit(mine)
         assert await errno_of(fs.read(0, 0, 4096, ino, root)) == errno.EACCES  # admitted namespace, wrong uid
-        assert await errno_of(fs.read(0, 0, 4096, ino, Context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
+        assert await errno_of(fs.read(0, 0, 4096, ino, context(SESSION_UID, 0))) == errno.EACCES  # pid unseen
         assert await errno_of(fs.write(0, 0, b"x", ino, root)) == errno.EACCES
         assert await errno_of(fs.readdir(0, 0, None, pyfuse3.ROOT_INODE, root)) == errno.EACCES  # type: ignore[arg-type]
         assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT  # the control: uid and namespace both right
@@ -89,8 +96,8 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
     async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
         mine = pid_namespace(os.getpid())
         assert mine is not None
-        me = Context(SESSION_UID, os.getpid())
-        writeback = Context(SESSION_UID, 0)  # the kernel writing back a mapping: no caller of its own
+        me = context(SESSION_UID, os.getpid())
+        writeback = context(SESSION_UID, 0)  # the kernel writing back a mapping: no caller of its own
         gate.admit(mine)
         assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT
         assert await fs.write(0, 0, b"changed", ino, me) == len(b"changed")  # makes the writer's handle

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ALICE_FACT, Scenario
-from tests.mountkit import errno_of, live_notes, mounts, pending_rows, wait_until  # noqa: F401
+from tests.mountkit import Mounts, errno_of, live_notes, mounts, pending_rows, wait_until  # noqa: F401
 
 NOTE = "notes/allergy.md"
 
@@ -35,7 +35,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 
-def test_truncate_by_path_is_one_revision(scenario: Scenario, mounts) -> None:
+def test_truncate_by_path_is_one_revision(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     before = live_notes(home, scenario.alice)[NOTE]
@@ -47,7 +47,7 @@ def test_truncate_by_path_is_one_revision(scenario: Scenario, mounts) -> None:
     assert (view / "private" / NOTE).read_bytes() == ALICE_FACT[:10]
 
 
-def test_chmod_and_utimens_are_accepted_and_change_nothing(scenario: Scenario, mounts) -> None:
+def test_chmod_and_utimens_are_accepted_and_change_nothing(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     note = view / "private" / NOTE
@@ -59,7 +59,7 @@ def test_chmod_and_utimens_are_accepted_and_change_nothing(scenario: Scenario, m
     assert note.read_bytes() == ALICE_FACT
 
 
-def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts) -> None:
+def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     folder = view / "private" / "plans"
@@ -81,7 +81,7 @@ def test_mkdir_then_a_note_in_it_then_rmdir(scenario: Scenario, mounts) -> None:
     assert errno_of(lambda: os.rmdir(view / "private")) in (errno.EROFS, errno.ENOTEMPTY, errno.EBUSY)
 
 
-def test_cp_r_then_rm_r_of_a_tree_of_notes(scenario: Scenario, mounts, tmp_path: Path) -> None:
+def test_cp_r_then_rm_r_of_a_tree_of_notes(scenario: Scenario, mounts: Mounts, tmp_path: Path) -> None:
     """``rm -r`` right after ``cp -r``: every note and folder goes, none waits out its grace period
     in the parent's listing (an emptied folder once came back there, and its parent's rmdir failed)."""
     home = scenario.cli.home
@@ -101,7 +101,7 @@ def test_cp_r_then_rm_r_of_a_tree_of_notes(scenario: Scenario, mounts, tmp_path:
     assert {p for p in live_notes(home, scenario.alice) if p.startswith("copy/")} == set()
 
 
-def test_unlink_is_a_tombstone_after_the_grace_period(scenario: Scenario, mounts) -> None:
+def test_unlink_is_a_tombstone_after_the_grace_period(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     os.unlink(view / "private" / NOTE)
@@ -110,7 +110,7 @@ def test_unlink_is_a_tombstone_after_the_grace_period(scenario: Scenario, mounts
     assert scenario.cli("read", scenario.alice_session, f"private/{NOTE}").code == 3
 
 
-def test_rename_within_a_root_moves_the_resource(scenario: Scenario, mounts) -> None:
+def test_rename_within_a_root_moves_the_resource(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     before = live_notes(home, scenario.alice)[NOTE]
@@ -122,7 +122,7 @@ def test_rename_within_a_root_moves_the_resource(scenario: Scenario, mounts) -> 
     assert (view / "private" / "health.md").read_bytes() == ALICE_FACT
 
 
-def test_rename_over_an_existing_note_replaces_it(scenario: Scenario, mounts) -> None:
+def test_rename_over_an_existing_note_replaces_it(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     (view / "private" / "other.md").write_bytes(b"other\n")
@@ -135,7 +135,7 @@ def test_rename_over_an_existing_note_replaces_it(scenario: Scenario, mounts) ->
     assert pending_rows(home) == 0
 
 
-def test_rename_across_roots_is_a_cross_device_link(scenario: Scenario, mounts) -> None:
+def test_rename_across_roots_is_a_cross_device_link(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     before = live_notes(home, scenario.alice)
@@ -146,7 +146,7 @@ def test_rename_across_roots_is_a_cross_device_link(scenario: Scenario, mounts) 
     assert live_notes(home, scenario.alice) == before
 
 
-def test_fsync_without_close_commits(scenario: Scenario, mounts) -> None:
+def test_fsync_without_close_commits(scenario: Scenario, mounts: Mounts) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.alice_session)
     fd = os.open(view / "private" / "journal.md", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -163,7 +163,7 @@ def test_fsync_without_close_commits(scenario: Scenario, mounts) -> None:
 
 
 @pytest.mark.parametrize("name", ["new.md", "x.txt"])
-def test_a_new_note_written_in_one_go_is_one_revision(scenario: Scenario, mounts, name: str) -> None:
+def test_a_new_note_written_in_one_go_is_one_revision(scenario: Scenario, mounts: Mounts, name: str) -> None:
     home = scenario.cli.home
     view = mounts.mount(scenario.group_session)
     (view / "channel" / name).write_bytes(b"hello\n")
@@ -173,7 +173,7 @@ def test_a_new_note_written_in_one_go_is_one_revision(scenario: Scenario, mounts
 
 
 @pytest.mark.parametrize("how", ["unlink", "rename-away"])
-def test_a_folder_emptied_here_stays_under_the_shell_in_it(scenario: Scenario, mounts, how: str) -> None:
+def test_a_folder_emptied_here_stays_under_the_shell_in_it(scenario: Scenario, mounts: Mounts, how: str) -> None:
     """Removing or moving away a folder's last note (committed: the folder fsync'd) leaves the
     folder, as on any filesystem: a shell whose working directory it is can still make a note
     there. (Folders exist in the catalog only through their notes.)"""
