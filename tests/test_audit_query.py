@@ -20,6 +20,7 @@ from tests.conftest import (
     GROUP_CONVERSATION,
     Scenario,
     snapshot,
+    sqlite_int,
 )
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401
 
@@ -76,9 +77,9 @@ def test_unknown_values_are_bad_input_naming_the_valid_ones_and_change_nothing(s
             bad = s.cli(*as_json, "audit", *args)
             assert bad.code == 2, args
             assert said in bad.err and len(bad.err.strip().splitlines()) == 1, (args, bad.err)
-    for args in (["audit", "prune", "--older-than", "soon"], ["audit", "prune", "--older-than", "0d", "--yes"],
-                 ["audit", "impact", "--principal", "p_nobody"], ["audit", "bogus"]):
-        assert s.cli(*args).code == 2, args
+    for command in (["audit", "prune", "--older-than", "soon"], ["audit", "prune", "--older-than", "0d", "--yes"],
+                    ["audit", "impact", "--principal", "p_nobody"], ["audit", "bogus"]):
+        assert s.cli(*command).code == 2, command
     assert snapshot(s.cli.home) == before
 
 
@@ -135,7 +136,7 @@ def test_impact_counts_a_mount_read_made_just_before_the_removal(scenario: Scena
     try:
         rows = wait_until(lambda: state.execute("SELECT at FROM exposures WHERE session_id = ? AND run_id = 'mount'",
                                                 (s.group_session,)).fetchall())
-        assert len(rows) == 1 and rows[0][0] <= read_by  # the read's time, not the later flush
+        assert len(rows) == 1 and sqlite_int(rows[0][0]) <= read_by  # the read's time, not the later flush
     finally:
         state.close()
     group = {x["session_id"]: x for x in s.cli.j("audit", "impact", "--principal", s.bob)["sessions"]}
@@ -175,12 +176,12 @@ def test_prune_previews_then_removes_only_what_is_older_and_records_itself(scena
                             " WHERE session_id = ? LIMIT 1", (s.alice_session,)).fetchall()[0]
         insert = ("INSERT INTO exposures (receipt_id, session_id, agent_id, run_id, operation, revision_id,"
                   " resource_id, at) VALUES ('r', ?, ?, ?, 'read', ?, ?, ?)")
-        state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], row[4] - 30 * DAY_US))
-        state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], row[4] - 29 * DAY_US))
+        state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], sqlite_int(row[4]) - 30 * DAY_US))
+        state.execute(insert, (row[0], row[1], "ended-run", row[2], row[3], sqlite_int(row[4]) - 29 * DAY_US))
         # A run that began long ago and is still going: none of its rows may go.
-        state.execute(insert, (row[0], row[1], "live-run", row[2], row[3], row[4] - 30 * DAY_US))
+        state.execute(insert, (row[0], row[1], "live-run", row[2], row[3], sqlite_int(row[4]) - 30 * DAY_US))
         state.execute(insert, (row[0], row[1], "live-run", row[2], row[3], row[4]))
-        exposures_before = state.execute("SELECT count(*) FROM exposures").fetchall()[0][0]
+        exposures_before = sqlite_int(state.execute("SELECT count(*) FROM exposures").fetchall()[0][0])
     finally:
         state.close()
     s.cli("session", "close", s.alice_session, check=True)  # only a closed session's runs have ended

@@ -25,12 +25,15 @@ have the design), on real mounts, real sandboxes and real SQLite files:
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +51,7 @@ from tests.conftest import (
     db_copy,
     diff_snapshots,
     snapshot,
+    sqlite_str,
 )
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
 from tests.test_vfs_integrity import _refused_within
@@ -65,13 +69,14 @@ SKIP_TABLES = ("audit", "exposures")  # reads are recorded there (in batches), n
 # -- helpers ------------------------------------------------------------------------
 
 
-def history(scenario: Scenario, session: str, path: str) -> list[dict]:
+def history(scenario: Scenario, session: str, path: str) -> list[dict[str, Any]]:
     out = scenario.cli.j("history", session, path)
     assert out["path"] == path
-    return out["revisions"]
+    revisions: list[dict[str, Any]] = out["revisions"]
+    return revisions
 
 
-def three_revisions(scenario: Scenario) -> list[dict]:
+def three_revisions(scenario: Scenario) -> list[dict[str, Any]]:
     """Alice's allergy note with revisions 1 (the scenario's), 2 and 3 (current); their history entries."""
     scenario.cli.j("write", scenario.alice_session, ALLERGY, stdin=SECOND)
     scenario.cli.j("write", scenario.alice_session, ALLERGY, stdin=THIRD)
@@ -88,10 +93,10 @@ def artifact_of(home: Path, revision_id: str) -> Path:
             " JOIN stores s ON s.store_id = r.store_id JOIN storage_roots sr ON sr.storage_root_id = s.storage_root_id"
             " WHERE v.revision_id = ?", (revision_id,)).fetchall()
     assert len(rows) == 1, rows
-    return home / "agents" / "main" / "memory-scopes" / "v1" / rows[0][0] / rows[0][1]
+    return home / "agents" / "main" / "memory-scopes" / "v1" / sqlite_str(rows[0][0]) / sqlite_str(rows[0][1])
 
 
-def audit_rows(scenario: Scenario, session: str) -> list[tuple]:
+def audit_rows(scenario: Scenario, session: str) -> list[tuple[Any, ...]]:
     with db_copy(scenario.cli.home / "state.sqlite") as conn:
         return [tuple(r) for r in conn.execute(
             "SELECT operation, decision, reason, revision_id, actor_id FROM audit WHERE session_id = ?"
@@ -135,7 +140,7 @@ def test_history_lists_revisions_with_time_actor_and_origin(scenario: Scenario) 
     found = three_revisions(scenario)
     contents = [ALICE_FACT, SECOND, THIRD]
     with catalog(scenario.cli.home) as conn:
-        origins = dict(conn.execute("SELECT revision_id, trust_origin FROM revisions").fetchall())
+        origins = {row[0]: row[1] for row in conn.execute("SELECT revision_id, trust_origin FROM revisions").fetchall()}
     assert [r["state"] for r in found] == ["superseded", "superseded", "active"]
     for entry, content in zip(found, contents, strict=True):
         assert entry["actor_id"] == scenario.alice and "session_id" not in entry
@@ -236,13 +241,14 @@ def test_a_note_outside_the_view_has_no_history(scenario: Scenario, mounts: Moun
     bob = mounts.mount(scenario.bob_session)
     history_root = bob / ".history"
     assert os.listdir(history_root / "agent-shared") == []
+    looks: tuple[Callable[[Path], object], ...] = (os.stat, os.listdir, lambda p: open(p, "rb").close())
     for hidden, absent in ((SHARED, "agent-shared/team/nosuch.md"),
                            (f"{SHARED}/r1.md", "agent-shared/nosuch/r1.md"),
                            ("agent-shared/team", "agent-shared/nosuch"),
                            ("channel/offsite.md", "channel/nosuch.md")):
-        for call in (os.stat, os.listdir, lambda p: open(p, "rb").close()):
-            assert errno_of(lambda c=call, h=hidden: c(history_root / h)) == errno.ENOENT, hidden
-            assert errno_of(lambda c=call, a=absent: c(history_root / a)) == errno.ENOENT, absent
+        for call in looks:
+            assert errno_of(functools.partial(call, history_root / hidden)) == errno.ENOENT, hidden
+            assert errno_of(functools.partial(call, history_root / absent)) == errno.ENOENT, absent
     # Bob's own note at Alice's path is his, with his revision only.
     assert os.listdir(history_root / ALLERGY) == ["r1.md"]
     assert (history_root / ALLERGY / "r1.md").read_bytes() == BOB_FACT

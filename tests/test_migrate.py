@@ -15,6 +15,7 @@ import os
 import pty
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,11 +67,11 @@ def _args(s: Scenario, ws: Path, state: Path, *extra: str, owner: bool = True) -
     return args + (["--owner", s.alice] if owner else []) + list(extra)
 
 
-def _by_source(report: dict) -> dict[str, dict]:
+def _by_source(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {i["source"] + (f"#{i['part']}" if i["part"] else ""): i for i in report["items"]}
 
 
-def _rows(s: Scenario, sql: str) -> list[tuple]:
+def _rows(s: Scenario, sql: str) -> list[tuple[Any, ...]]:
     with db_copy(catalog_path(s.cli.home)) as conn:
         return conn.execute(sql).fetchall()
 
@@ -446,7 +447,8 @@ def test_a_terminal_gets_a_progress_bar(scenario: Scenario, layout: tuple[Path, 
 _MEMORY_SOURCES = ("workspace/USER.md", "workspace/MEMORY.md", "workspace/DREAMS.md", "workspace/memory/2026-11-30.md")
 
 
-def _pure_plan(ws: Path, state: Path | None, bindings: dict | None = None) -> dict[str, tuple[str, str]]:
+def _pure_plan(ws: Path, state: Path | None, bindings: dict[tuple[str, ...], tuple[str, str]] | None = None
+               ) -> dict[str, tuple[str, str]]:
     known = bindings if bindings is not None else {(CHANNEL, ACCOUNT, ALICE_SENDER): ("binding_a", "principal_alice")}
     found = legacy.scan(str(ws), str(state) if state is not None else None, "main", ())
     items = classify(found, owner="principal_alice", resolve=lambda *t: known.get(t), shared=(),
@@ -460,7 +462,9 @@ def _memory_reasons(plan: dict[str, tuple[str, str]]) -> set[tuple[str, str]]:
 
 def test_an_unreadable_session_index_never_confirms_the_owner(tmp_path: Path) -> None:
     """Who talked to the agent cannot be said: the memory waits in quarantine, whatever made the index unreadable."""
-    sessions_of = lambda state: state / "agents" / "main" / "sessions"  # noqa: E731
+    def sessions_of(state: Path) -> Path:
+        return state / "agents" / "main" / "sessions"
+
     # A key over the bound.
     ws, state = build_layout(tmp_path / "hostile")
     index = sessions_of(state) / "sessions.json"
@@ -614,12 +618,12 @@ def test_doctor_reports_a_migration_backup_left_behind(scenario: Scenario, layou
     s.cli.j(*_args(s, ws, state, "--apply", "--confirm", digest))
     leftover = s.cli.home / "migrations" / digest[:32] / "backup"
 
-    def left_behind() -> dict:
+    def left_behind() -> dict[str, Any]:
         leftover.mkdir(parents=True, mode=0o700)
         (leftover / "state.sqlite").write_bytes(b"an old copy")
         result = s.cli("--json", "doctor")
         assert result.code == 0, result.err  # a notice fails nothing
-        found = [f for f in result.json()["findings"] if f["kind"] == "migration-backup"]
+        found: list[dict[str, Any]] = [f for f in result.json()["findings"] if f["kind"] == "migration-backup"]
         assert len(found) == 1 and found[0]["notice"] is True and "forget" in found[0]["hint"]
         return found[0]
 

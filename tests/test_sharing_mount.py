@@ -11,6 +11,7 @@ read-only through the mount for every subject, the publisher included.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 
 import apsw
@@ -52,8 +53,8 @@ def _read_recorded(s: Scenario, revision_id: str) -> bool:
 
 
 def _project(s: Scenario, *expiry: str) -> str:
-    return s.cli.j("project", s.alice_session, SOURCE, "--to", f"conversation:{s.conversation}",
-                   "--purpose", "for the offsite menu", *(expiry or ("--no-expiry",)), "--yes")["projection_id"]
+    return str(s.cli.j("project", s.alice_session, SOURCE, "--to", f"conversation:{s.conversation}",
+                       "--purpose", "for the offsite menu", *(expiry or ("--no-expiry",)), "--yes")["projection_id"])
 
 
 def test_a_revoked_projection_leaves_a_live_mount_and_its_page_cache(scenario: Scenario, mounts: Mounts) -> None:
@@ -99,12 +100,12 @@ def test_published_notes_arrive_read_only_for_everyone(scenario: Scenario, mount
     s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "menu.md", "--yes")
     for view in (alice, bob):
         note = view / "agent-shared" / "menu.md"
-        wait_until(lambda note=note: note.exists(), timeout=BOUND_S)
+        wait_until(note.exists, timeout=BOUND_S)
         assert note.read_bytes() == ALICE_FACT
         # The publisher's own mount does not write it either: reading never implies writing.
         assert _write_errno(note) in (errno.EROFS, errno.EACCES)
         assert _write_errno(view / "agent-shared" / "new.md", os.O_CREAT) in (errno.EROFS, errno.EACCES)
-        assert errno_of(lambda note=note: os.unlink(note)) in (errno.EROFS, errno.EACCES, errno.EPERM)
+        assert errno_of(functools.partial(os.unlink, note)) in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def test_unmodified_tools_in_the_sandbox_see_the_copy_and_never_the_source(scenario: Scenario) -> None:
@@ -143,8 +144,8 @@ def test_no_path_in_a_mount_shares_with_a_person(scenario: Scenario, mounts: Mou
     }
     for what, path in attempts.items():
         assert _write_errno(path, os.O_CREAT) in refused, what
-        assert errno_of(lambda path=path: os.mkdir(path.parent / "made")) in refused + (errno.EEXIST,), what
-        assert errno_of(lambda path=path: os.symlink("/memory/private/notes/allergy.md", path)) in refused, what
+        assert errno_of(functools.partial(os.mkdir, path.parent / "made")) in refused + (errno.EEXIST,), what
+        assert errno_of(functools.partial(os.symlink, "/memory/private/notes/allergy.md", path)) in refused, what
     source = alice / SOURCE
     assert errno_of(lambda: os.link(source, alice / "agent-shared" / "linked.md")) in refused + (errno.EXDEV,)
     assert errno_of(lambda: os.rename(source, alice / "agent-shared" / "moved.md")) in refused + (errno.EXDEV,)

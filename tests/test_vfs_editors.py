@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import os
 import pty
@@ -64,6 +65,7 @@ from tests.conftest import (
     CHANNEL_FACT,
     Cli,
     Scenario,
+    sqlite_str,
 )
 from tests.mountkit import (  # noqa: F401
     Mounts,
@@ -120,13 +122,14 @@ def store_resources(home: Path, audience_id: str) -> dict[str, tuple[str, str]]:
     with catalog(home) as conn:
         rows = conn.execute("SELECT r.resource_id, r.path, r.state FROM resources r JOIN stores s USING (store_id)"
                             " WHERE s.audience_id = ?", (audience_id,)).fetchall()
-    return {row[0]: (row[1], row[2]) for row in rows}
+    return {sqlite_str(row[0]): (sqlite_str(row[1]), sqlite_str(row[2])) for row in rows}
 
 
 class PtyProcess:
     """A program on its own pseudo-terminal, driven by keystrokes."""
 
     def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str]) -> None:
+        self.argv = argv
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
@@ -155,9 +158,9 @@ class PtyProcess:
         deadline = time.monotonic() + timeout
         while text not in self.screen[start:]:
             if failure is not None and failure in self.screen[start:]:
-                raise AssertionError(f"{self.proc.args[0]} showed {failure!r}: {self.tail()!r}")
+                raise AssertionError(f"{self.argv[0]} showed {failure!r}: {self.tail()!r}")
             if time.monotonic() > deadline or not self._pump(0.05):
-                raise AssertionError(f"{self.proc.args[0]} never showed {text!r}; last output: {self.tail()!r}")
+                raise AssertionError(f"{self.argv[0]} never showed {text!r}; last output: {self.tail()!r}")
 
     def send(self, keys: bytes) -> None:
         os.write(self.master, keys)
@@ -168,7 +171,7 @@ class PtyProcess:
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:
             if time.monotonic() > deadline or (stuck is not None and stuck in self.screen[start:]):
-                raise AssertionError(f"{self.proc.args[0]} did not exit; last output: {self.tail()!r}")
+                raise AssertionError(f"{self.argv[0]} did not exit; last output: {self.tail()!r}")
             if not self._pump(0.05):
                 break
         return self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -252,8 +255,8 @@ class Note:
 def _second_session(scenario: Scenario, kind: str) -> str:
     if kind == "channel":
         return second_group_session(scenario)
-    return scenario.cli.j("session", "open", "--agent", scenario.agent, "--dm", "--channel", CHANNEL,
-                          "--account", ACCOUNT, "--sender", ALICE_SENDER)["session_id"]
+    return str(scenario.cli.j("session", "open", "--agent", scenario.agent, "--dm", "--channel", CHANNEL,
+                              "--account", ACCOUNT, "--sender", ALICE_SENDER)["session_id"])
 
 
 def make_side(kind: str, scenario: Scenario, kit: Mounts) -> Side:
@@ -288,7 +291,7 @@ def prepare(side: Side, folder: str, name: str, data: bytes, tmp: Path) -> Note:
         home.close()
     note = Note(side, folder, name, tmp / "tools-home")
     for where in (note.edit_dir(), note.twin_dir(), note.observe_dir()):
-        wait_until(lambda where=where: (where / name).exists())
+        wait_until((where / name).exists)
     return note
 
 
@@ -462,7 +465,7 @@ EDITS: list[Edit] = [
 ]
 
 
-def _route(fn: Callable) -> str:
+def _route(fn: Callable[..., object]) -> str:
     return fn.__name__.split("_", 1)[1]
 
 
@@ -480,12 +483,16 @@ def read_or_none(path: Path) -> bytes | None:
         return None
 
 
+def reads_as(path: Path, data: bytes) -> bool:
+    return read_or_none(path) == data
+
+
 def check_observers(note: Note, name: str, data: bytes) -> None:
     """The second mount and the second session see the new bytes, and nothing but notes."""
     notes = note.note_names()
     for where in (note.twin_dir(), note.observe_dir()):
         try:
-            wait_until(lambda where=where: read_or_none(where / name) == data)
+            wait_until(functools.partial(reads_as, where / name, data))
         except AssertionError as late:  # seen once in a full run, never reproduced: say what was there
             raise AssertionError(f"{where / name} still reads {read_or_none(where / name)!r}, not {data!r};"
                                  f" mount logs: {mount_logs(note.home)}") from late
@@ -685,7 +692,7 @@ def test_rename_within_folder_keeps_the_resource(sides: dict[str, Side], kind: s
     assert absent(note.edit_dir() / name)
     assert (note.edit_dir() / new_name).read_bytes() == data
     for where in (note.twin_dir(), note.observe_dir()):
-        wait_until(lambda where=where: absent(where / name))
+        wait_until(functools.partial(absent, where / name))
     check_observers(note, new_name, data)
 
 

@@ -23,6 +23,7 @@ import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,7 @@ def publish_shared(home_dir: Path, path: str, data: bytes, via_session: str) -> 
         with tx._staged(staging_fd, data) as staged:
             with lock.shared(home.lock_path(access.agent_id)):
                 target, op = tx._plan(access, parts, None)
+                assert target.mount is not None  # _plan refused a path outside every mount
                 store = target.store or ensure_store(access, target.mount)
                 return tx._commit(access, store, target, op, staging_fd, staged, None).resource_id
     finally:
@@ -107,7 +109,7 @@ def setup_shared(scenario: Scenario) -> Shared:
 
 
 def ambiguous_session(scenario: Scenario) -> str:
-    return scenario.cli.j("session", "open", "--agent", "main", "--shared-main")["session_id"]
+    return str(scenario.cli.j("session", "open", "--agent", "main", "--shared-main")["session_id"])
 
 
 def session_of(scenario: Scenario, who: str) -> str:
@@ -150,7 +152,7 @@ def tree(root: Path) -> set[str]:
     return out
 
 
-def home_state(home: Path) -> dict:
+def home_state(home: Path) -> dict[str, Any]:
     """The whole home (audit rows aside), without the broker's mount registry."""
     return {k: v for k, v in snapshot(home, skip_tables=("audit",)).items()
             if k != "mounts" and not k.startswith("mounts/")}
@@ -291,7 +293,7 @@ def test_outside_denied_and_missing_names_are_indistinguishable(scenario: Scenar
             assert Path(hidden).name not in os.listdir(parent)
     # A folder holding only denied notes looks like an empty one (size, links, mode).
     if who == "alice":
-        def shape(p: Path) -> tuple:
+        def shape(p: Path) -> tuple[int, int, int, int]:
             st = os.stat(p)
             return st.st_mode, st.st_nlink, st.st_size, st.st_blocks
         assert sorted(os.listdir(where / "agent-shared")) == ["docs"]
@@ -513,7 +515,7 @@ def test_hostile_names_and_special_files_get_clear_errnos_and_change_nothing(sce
     assert listing == [b"allergy.md", b"diet.md"]
     before = home_state(scenario.cli.home)
 
-    wrong = []
+    wrong: list[tuple[object, ...]] = []
     for label, (name, code) in HOSTILE_NAMES.items():
         path = notes + b"/" + name
         want = errno.errorcode[code]
