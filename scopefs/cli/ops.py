@@ -1,4 +1,4 @@
-"""``scopefs explain|audit|audit impact|audit prune|stats``: the operator's questions.
+"""``scopefs explain|audit|audit impact|audit prune|stats|quarantine``: the operator's questions and reviews.
 
 Thin wiring: parse, call ``catalog.explain``, ``catalog.auditlog`` or
 ``catalog.metrics`` (and ``sandbox.census`` for live mounts), print. Every
@@ -270,6 +270,35 @@ def cmd_quarantine_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quarantine_release(args: argparse.Namespace) -> int:
+    from scopefs.writer.quarantine_review import release
+
+    done = release(_home(args), args.agent, args.path, owner=args.owner, to=args.to, as_path=args.as_name,
+                   yes=args.yes)
+    p = done.preview
+    what = f"{p['path']} ({p['class']}, {p['size']} bytes, revision {p['revision_id']}) to {p['to']} as {p['as']}"
+    if done.result is None:
+        emit(args.json, {**p, "released": False}, [f"would release {what}",
+                                                   "preview only: nothing was written; add --yes to do it"])
+    else:
+        emit(args.json, {**p, "released": True, "new_revision_id": done.result.revision_id},
+             [f"released {what}: revision {done.result.revision_id}; the quarantined note is tombstoned"])
+    return 0
+
+
+def cmd_quarantine_purge(args: argparse.Namespace) -> int:
+    from scopefs.writer.quarantine_review import purge
+
+    done = purge(_home(args), args.agent, args.entries, yes=args.yes)
+    verb = "purged" if done.applied else "would purge"
+    lines = [f"{verb} note {q.path} (every revision)" for q in done.notes]
+    lines += [f"{verb} file {name}" for name in done.files]
+    if not done.applied:
+        lines.append("preview only: nothing was removed; add --yes to do it")
+    emit(args.json, done.as_dict(args.agent), lines)
+    return 0
+
+
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("explain", cmd_explain, "why a path of a session's view is writable, read-only, or not there")
     p.add_argument("session")
@@ -281,6 +310,25 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
                 " notes migrate could not give a person, tampered copies and orphans doctor --fix moved aside",
                 quarantine)
     p.add_argument("--agent", required=True)
+    p = command("release", cmd_quarantine_release, "copy a note the migration quarantined into a person's private"
+                " store, a conversation's, a role's or agent-shared, and tombstone it in quarantine (a preview"
+                " unless --yes)",
+                quarantine)
+    p.add_argument("--agent", required=True)
+    p.add_argument("path", help="the note's path as 'quarantine list' prints it (migration/...)")
+    p.add_argument("--owner", metavar="PRINCIPAL", help="into this person's private store (an active human with a"
+                   " live binding)")
+    p.add_argument("--to", metavar="agent-shared|role:ROLE|conversation:ID", help="into agent-shared, a role's"
+                   " store, or a conversation's channel store (a group's transcript)")
+    p.add_argument("--as", dest="as_name", metavar="PATH", help="the path inside that store (default: the note's"
+                   " source path, without migration/<area>/); a note there is never overwritten")
+    p.add_argument("--yes", action="store_true", help="release (without it: preview only)")
+    p = command("purge", cmd_quarantine_purge, "remove quarantined notes (every revision and its bytes, as forget"
+                " does) or files doctor moved aside (a preview unless --yes)", quarantine)
+    p.add_argument("--agent", required=True)
+    p.add_argument("entries", nargs="+", metavar="ENTRY", help="a note's path (migration/..., derived/...) or a"
+                   " file's name (tampered-...), as 'quarantine list' prints them")
+    p.add_argument("--yes", action="store_true", help="purge (without it: preview only)")
     p = command("stats", cmd_stats, "operational numbers without content or ids (--prometheus FILE writes"
                 " the text format atomically; refuses a file in the home or one it did not write)")
     p.add_argument("--prometheus", metavar="FILE")

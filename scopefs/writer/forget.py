@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ log = logging.getLogger("scopefs.forget")
 
 
 @dataclass(frozen=True)
-class _Note:
+class Note:
     """One resource to forget, as the caller's view names it."""
 
     path: str
@@ -72,7 +73,7 @@ class _Note:
 
 @dataclass
 class Plan:
-    notes: list[_Note] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     refusals: list[dict[str, str]] = field(default_factory=list)
 
     def key(self) -> tuple[Any, ...]:
@@ -107,18 +108,33 @@ def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = Fal
     keys, unreadable = _claim_keys(home, access, catalog, plan)
     if dry_run or not plan.notes:
         return Report(dry_run, None, plan, len(keys), unreadable)
+    forget_id = forget_planned(access, plan, keys, lambda: _plan(access, catalog, named).key() == plan.key())
+    return Report(False, forget_id, plan, len(keys), unreadable)
+
+
+def forget_planned(access: Access, plan: Plan, keys: list[str], unchanged: Callable[[], bool], *,
+                   operation: str = "forget") -> str:
+    """Apply ``plan`` (rejecting the claims ``keys``) in one transaction; then the bytes leave. Its forget id.
+
+    ``unchanged`` re-reads, inside the transaction and under the writer lock,
+    whether the plan still holds; if not, nothing changes (Conflict). Shared
+    by ``forget`` and the quarantine's purge (``writer.quarantine_review``),
+    which plans from the catalog rather than from a view and rejects no claim.
+    """
+    home, agent = access.home, access.agent_id
+    catalog = home.catalog(agent)
     forget_id = ids.random_token()
-    with lock.shared(home.lock_path(access.agent_id)), secure_delete(catalog):
+    with lock.shared(home.lock_path(agent)), secure_delete(catalog):
         with immediate(catalog):
-            if _plan(access, catalog, named).key() != plan.key():
+            if not unchanged():
                 raise Conflict("the notes changed while the forget was prepared; nothing was forgotten, try again")
-            _apply(access, catalog, forget_id, plan, keys)
+            _apply(access, catalog, forget_id, plan, keys, operation)
             checkpoint(Step.FORGETTING)
     checkpoint(Step.FORGOTTEN)
-    drain_quietly(home.state(), catalog, access.agent_id)
-    _unlink_artifacts(home, access.agent_id, catalog, plan)
-    scrub(catalog, access.agent_id)
-    return Report(False, forget_id, plan, len(keys), unreadable)
+    drain_quietly(home.state(), catalog, agent)
+    _unlink_artifacts(home, agent, catalog, plan)
+    scrub(catalog, agent)
+    return forget_id
 
 
 def _deletable(access: Access, target: Target) -> bool:
@@ -136,7 +152,7 @@ def _removed_at(access: Access, catalog: apsw.Connection, store_id: str, path: s
 
 def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
     plan = Plan()
-    chosen: dict[str, _Note] = {}
+    chosen: dict[str, Note] = {}
     for parts in named:
         target = resolve(access, parts)
         path = "/".join(parts)
@@ -144,7 +160,7 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
                 and Op.DELETE in target.mount.placement:
             removed = _removed_at(access, catalog, target.store.store_id, target.inner_path)
             for rid in removed:  # notes removed from here before (rm): forgetting them is still the owner's act
-                chosen.setdefault(rid, _Note(path, rid, target.store, "removed",
+                chosen.setdefault(rid, Note(path, rid, target.store, "removed",
                                              tuple(resource_revisions(catalog, access.agent_id, rid))))
             if removed:
                 continue
@@ -154,7 +170,7 @@ def _plan(access: Access, catalog: apsw.Connection, named: list[Parts]) -> Plan:
             continue
         assert target.resource is not None and target.store is not None
         rid = target.resource.resource_id
-        chosen.setdefault(rid, _Note(path, rid, target.store, "named",
+        chosen.setdefault(rid, Note(path, rid, target.store, "named",
                                      tuple(resource_revisions(catalog, access.agent_id, rid))))
     roots = [rev for note in chosen.values() for rev in note.revisions]
     below = descendants(catalog, access.agent_id, roots)
@@ -207,7 +223,7 @@ def _root_of(access: Access, scope_kind: str, audience_id: str) -> str:
                 and m.audience_id == audience_id)
 
 
-def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chosen: dict[str, _Note],
+def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chosen: dict[str, Note],
                      family: set[str], plan: Plan, own_roots: set[str]) -> None:
     row = catalog.execute("SELECT r.resource_id, r.path, r.store_id, s.scope_kind, s.audience_id, r.state"
                           " FROM revisions v"
@@ -231,7 +247,7 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
         derived = tuple(r for r in resource_revisions(catalog, access.agent_id, resource_id) if r in family)
         current = catalog.execute("SELECT revision_id FROM revisions WHERE resource_id = ? AND state = 'active'",
                                   (resource_id,)).fetchall()
-        chosen[resource_id] = _Note(copy or f"{_root_of(access, scope_kind, audience_id)}/{inner}", resource_id,
+        chosen[resource_id] = Note(copy or f"{_root_of(access, scope_kind, audience_id)}/{inner}", resource_id,
                                     StoreRow(str(store[0]), scope_kind, audience_id, str(store[1])),
                                     "copy" if copy else "removed-descendant", derived,
                                     whole=not current or str(current[0][0]) in family)
@@ -253,7 +269,7 @@ def _plan_descendant(access: Access, catalog: apsw.Connection, child: str, chose
         return
     assert target.store is not None and target.revision is not None
     derived = tuple(r for r in resource_revisions(catalog, access.agent_id, resource_id) if r in family)
-    chosen[resource_id] = _Note(path, resource_id, target.store, "descendant", derived,
+    chosen[resource_id] = Note(path, resource_id, target.store, "descendant", derived,
                                 whole=target.revision.revision_id in family)
 
 
@@ -277,10 +293,11 @@ def _claim_keys(home: Home, access: Access, catalog: apsw.Connection, plan: Plan
     return list(keys), unreadable
 
 
-def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan, keys: list[str]) -> None:
+def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan, keys: list[str],
+           operation: str) -> None:
     now = now_us()
     agent = access.agent_id
-    event_id = enqueue(catalog, agent, access.event("forget", "allow", Reason.ALLOWED))
+    event_id = enqueue(catalog, agent, access.event(operation, "allow", Reason.ALLOWED))
     catalog.execute("INSERT INTO forgets (forget_id, agent_id, session_id, actor_id, notes, claims, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)", (forget_id, agent, access.session.session_id, access.actor_id,
                                                       len(plan.notes), len(keys), now))

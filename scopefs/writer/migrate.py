@@ -46,7 +46,7 @@ from typing import Any
 
 import apsw
 
-from scopefs.catalog.access import Access, current_access
+from scopefs.catalog.access import Access
 from scopefs.catalog.artifacts import open_artifact, open_store_dir
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
@@ -61,12 +61,12 @@ from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.policy import ALLOW, Decision, Effect, Op
 from scopefs.catalog.pools import memory_for
 from scopefs.catalog.reasons import Reason
-from scopefs.catalog.sessions import SharedMain, close_session, open_session
 from scopefs.catalog.stores import active_revision, find_resource, find_store, policy_entries
 from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 from scopefs.catalog.view import AGENT_SHARED_AUDIENCE, RoleEvidence, memory_view
 from scopefs.writer import legacy
 from scopefs.writer.backup import backup_home
+from scopefs.writer.broker import broker_access
 from scopefs.writer.classify import COPIED, PRIVATE, SHARED, Item, classify, transcript_derived
 from scopefs.writer.derive import QUARANTINE as AGENT_QUARANTINE
 from scopefs.writer.recovery import drop_migration_backup, migration_run_dir
@@ -492,18 +492,12 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
     checkpoint(Step.MIGRATION_BACKED_UP)
     todo = [i for i in plan.items if i.action in COPIED]
     diverted: dict[str, Item] = {}  # item key -> the item sent to quarantine instead (its destination was taken)
-    session = open_session(home, agent, SharedMain())
-    try:
-        access, problem = current_access(home, session.session_id)
-        if problem is not None:
-            raise access.refuse(Op.IMPORT, problem)
+    with broker_access(home, agent, Op.IMPORT) as access:
         for n, item in enumerate(todo, 1):
             if item.key not in status:
                 status[item.key] = _copy(home, plan, access, item, diverted)
             if progress is not None:
                 progress(n, len(todo), item, status[item.key])
-    finally:
-        close_session(home, session.session_id)
     checkpoint(Step.MIGRATION_COPIED)
     _verify(home, plan, diverted)
     reindexed = reindex(home, agent)

@@ -1,0 +1,288 @@
+"""The admin's review of an agent's quarantine: release a migrated note where it belongs, or purge.
+
+The seed's scope table gives the quarantine one reader, "admin review":
+migration sends there what structural evidence could not give a person
+(``writer.migrate``), a derivation that mixed audiences is filed there
+(``writer.derive``), and ``doctor --fix`` moves there artifacts that no
+longer hash (``tampered-<revision>``) and files no revision names.
+``quarantine list`` shows all of it without content; these are the two
+decisions a review makes on it.
+
+* ``release``: a migrated note is copied, through the write transaction,
+  into the private store of a person with a live binding (the owner
+  assignment the migration could not prove, which the seed lets an admin
+  confirm), into a conversation's channel store (a group's transcript,
+  confirmed as that group's), or into agent-shared or a role's store (an
+  admin's explicit mark). The copy keeps trust origin ``migration``. In the same
+  transaction the quarantined note is tombstoned and an audit row names
+  it, so a note is released once. A note already at the destination is
+  never overwritten. A derivation filed for mixing audiences is not
+  released: widening it is what the quarantine prevents, and only the
+  session that made it can split it.
+* ``purge``: a quarantined note is forgotten, with every revision and its
+  bytes, as ``forget`` does, but without rejecting its claims, since the
+  text was ambiguous rather than wrong. A tampered copy or a stray file is
+  unlinked once its audit row is written.
+
+Both only preview unless ``yes``. Both write as the broker
+(``writer.broker``) and are audited with ids only: no byte of a note is
+printed, logged or audited, and a refusal does not echo what was asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from scopefs.catalog.artifacts import read_verified
+from scopefs.catalog.audit import drain_quietly, enqueue, settle
+from scopefs.catalog.db import immediate, one
+from scopefs.catalog.errors import BadInput, Conflict, Denied
+from scopefs.catalog.fsafe import open_dir
+from scopefs.catalog.home import Home, validate_agent_name
+from scopefs.catalog.identity import get_principal, has_live_binding
+from scopefs.catalog.lineage import resource_revisions
+from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
+from scopefs.catalog.policy import ALLOW, Decision, Op
+from scopefs.catalog.reasons import Reason
+from scopefs.catalog.sharing import parse_audience
+from scopefs.catalog.stores import RevisionRow, StoreRow, active_revision, find_resource, find_store
+from scopefs.writer.broker import broker_access
+from scopefs.writer.derive import QUARANTINE
+from scopefs.writer.forget import MAX_PATHS, Note, Plan, forget_planned
+from scopefs.writer.quarantine import tampered_revision
+from scopefs.writer.tombstone import tombstone_rows
+from scopefs.writer.transaction import Provenance, WriteResult, write_copy
+
+RELEASE = "quarantine-release"
+PURGE = "quarantine-purge"
+TRUST_ORIGIN = "migration"  # a released note is still the migration's copy (``writer.migrate``)
+MIGRATION_ROOT = "migration"
+_NOT_THERE = "no such note in the quarantine (scopefs quarantine list shows what it holds)"
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """One live note of the quarantine store, as the catalog has it now."""
+
+    parts: Parts
+    store: StoreRow
+    resource_id: str
+    revision: RevisionRow
+    migrated_class: str | None  # None: not a migration's item (a derivation filed for mixing audiences)
+
+    @property
+    def path(self) -> str:
+        return "/".join(self.parts)
+
+    def still(self, catalog: apsw.Connection, agent_id: str) -> bool:
+        """Whether the note is still live in quarantine with the same active revision (inside a transaction)."""
+        current = active_revision(catalog, agent_id, self.resource_id)
+        return current is not None and current.revision_id == self.revision.revision_id
+
+
+@dataclass(frozen=True)
+class Released:
+    preview: dict[str, Any]
+    result: WriteResult | None  # None: only previewed
+
+
+@dataclass(frozen=True)
+class Purged:
+    notes: list[Quarantined]
+    files: list[str]  # names in the quarantine folder
+    applied: bool
+    forget_id: str | None
+
+    def as_dict(self, agent_id: str) -> dict[str, Any]:
+        return {"agent_id": agent_id, "applied": self.applied, "forget_id": self.forget_id,
+                "notes": [{"path": q.path, "resource_id": q.resource_id, "revision_id": q.revision.revision_id}
+                          for q in self.notes],
+                "files": [{"name": name, "revision_id": tampered_revision(name)} for name in self.files]}
+
+
+def _agent(home: Home, agent_id: str) -> str:
+    agent = validate_agent_name(agent_id)
+    if not home.agent_exists(agent):
+        raise BadInput(f"unknown agent: {agent}")
+    return agent
+
+
+def quarantined(catalog: apsw.Connection, agent_id: str, path: str) -> Quarantined:
+    """The live quarantined note at ``path`` (as ``quarantine list`` prints it), else BadInput."""
+    parts = split_virtual_path(path)
+    store = find_store(catalog, agent_id, *QUARANTINE)
+    resource = find_resource(catalog, agent_id, store.store_id, "/".join(parts)) if store is not None else None
+    revision = active_revision(catalog, agent_id, resource.resource_id) if resource is not None else None
+    if store is None or resource is None or revision is None:
+        raise BadInput(_NOT_THERE)
+    klass = one(catalog, "SELECT class FROM migration_items WHERE agent_id = ? AND revision_id = ?",
+                (agent_id, revision.revision_id))
+    return Quarantined(parts, store, resource.resource_id, revision, None if klass is None else str(klass[0]))
+
+
+# -- release -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Destination:
+    scope_kind: str
+    audience_id: str
+    spelled: str  # how the preview names it: private:<principal>, agent-shared, role:<name>, conversation:<id>
+    owner: str | None  # the person whose live binding the copy needs, for a private store
+
+
+def _destination(home: Home, agent_id: str, owner: str | None, to: str | None) -> _Destination:
+    if (owner is None) == (to is None):
+        raise BadInput("release names one destination: --owner PRINCIPAL (their private store) or --to"
+                       " agent-shared|role:ROLE|conversation:CONVERSATION")
+    if owner is not None:
+        principal = get_principal(home.state(), owner)  # BadInput if unknown
+        if principal.kind != "human" or principal.state != "active" or not has_live_binding(home.state(), owner):
+            raise BadInput("--owner must be an active human principal with a live channel binding")
+        return _Destination("user", owner, f"private:{owner}", owner)
+    assert to is not None
+    audience = parse_audience(home.state(), agent_id, to)
+    if audience.kind == "conversation":  # a group's transcript, confirmed to be that group's: its channel store
+        return _Destination("channel", audience.principal_id, audience.spelled, None)
+    scope_kind, audience_id = audience.published_store()
+    return _Destination(scope_kind, audience_id, audience.spelled, None)
+
+
+def _default_inner(note: Quarantined) -> Parts:
+    """Where a released note goes unless ``--as`` says: its source path, without ``migration/<area>/``."""
+    parts = note.parts
+    if len(parts) > 2 and parts[0] == MIGRATION_ROOT:
+        return parts[2:]
+    return parts
+
+
+def _occupied(catalog: apsw.Connection, agent_id: str, to: _Destination, inner: Parts) -> bool:
+    store = find_store(catalog, agent_id, to.scope_kind, to.audience_id)
+    resource = find_resource(catalog, agent_id, store.store_id, "/".join(inner)) if store is not None else None
+    return resource is not None and active_revision(catalog, agent_id, resource.resource_id) is not None
+
+
+def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, to: str | None = None,
+            as_path: str | None = None, yes: bool = False) -> Released:
+    """Preview, or (``yes``) carry out, the release of the migrated note at ``path`` (module docstring)."""
+    agent = _agent(home, agent_id)
+    catalog = home.catalog(agent)
+    note = quarantined(catalog, agent, path)
+    if note.migrated_class is None:
+        raise BadInput("only a note the migration quarantined can be released; a derivation filed for mixing"
+                       " audiences stays until the session that made it splits it, or it is purged")
+    destination = _destination(home, agent, owner, to)
+    inner = check_parts(split_virtual_path(as_path)) if as_path is not None else _default_inner(note)
+    if _occupied(catalog, agent, destination, inner):
+        raise BadInput("a note is at that destination already and is never overwritten; name another with --as")
+    preview = {"agent_id": agent, "path": note.path, "revision_id": note.revision.revision_id,
+               "class": note.migrated_class, "size": note.revision.size, "to": destination.spelled,
+               "as": "/".join(inner)}
+    if not yes:
+        return Released(preview, None)
+    data = read_verified(home, agent, note.store, note.revision)  # a tampered note is never released (exit 4)
+
+    def authority(conn: apsw.Connection, _activating: bool) -> Decision:
+        if not note.still(conn, agent) or _occupied(conn, agent, destination, inner):
+            return Decision(False, Reason.REVISION_STALE)
+        if destination.owner is not None and not has_live_binding(home.state(), destination.owner):
+            return Decision(False, Reason.IDENTITY_REVOKED)
+        return ALLOW
+
+    with broker_access(home, agent, Op.IMPORT) as access:
+        def record(conn: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
+            tombstone_rows(conn, note.resource_id, note.revision.revision_id)
+            event = access.event(RELEASE, "allow", Reason.ALLOWED, store_id=note.store.store_id,
+                                 revision_id=note.revision.revision_id)
+            settle(conn, enqueue(conn, agent, event), decision="allow", reason=Reason.ALLOWED)
+
+        try:
+            result = write_copy(access, destination.scope_kind, destination.audience_id, inner, data,
+                                Provenance(Op.IMPORT, TRUST_ORIGIN, authority, record))
+        except Denied:
+            if note.still(catalog, agent) and not _occupied(catalog, agent, destination, inner):
+                raise  # the person's binding went: the refusal as it is (exit 3)
+            raise Conflict("the quarantined note or the destination changed meanwhile; nothing was released") from None
+    drain_quietly(home.state(), catalog, agent)
+    return Released(preview, result)
+
+
+# -- purge ---------------------------------------------------------------------------------------------------
+
+def _file_name(entry: str) -> str:
+    """A quarantine file's name as the operator typed it, checked before it is compared with anything."""
+    try:
+        fits = 0 < len(entry.encode("utf-8")) <= 255
+    except UnicodeEncodeError:
+        fits = False
+    if not fits or "\0" in entry or entry in (".", ".."):
+        raise BadInput(_NOT_THERE)
+    return entry
+
+
+def _quarantine_files(home: Home, agent_id: str) -> set[str]:
+    """The names in the quarantine folder that are not folders (``doctor --fix`` moves files there)."""
+    try:
+        qfd = open_dir(home.quarantine_dir(agent_id))
+    except FileNotFoundError:
+        return set()
+    try:
+        names = set()
+        for name in os.listdir(qfd):
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISDIR(os.stat(name, dir_fd=qfd, follow_symlinks=False).st_mode):
+                    names.add(name)
+        return names
+    finally:
+        os.close(qfd)
+
+
+def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -> Purged:
+    """Preview, or (``yes``) carry out, the purge of ``entries``: note paths (with a ``/``) or file names."""
+    if not entries or len(entries) > MAX_PATHS:
+        raise BadInput(f"name 1 to {MAX_PATHS} quarantine entries to purge")
+    agent = _agent(home, agent_id)
+    catalog = home.catalog(agent)
+    notes: dict[str, Quarantined] = {}
+    files: list[str] = []
+    present = _quarantine_files(home, agent)
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise BadInput(_NOT_THERE)
+        if "/" in entry:
+            note = quarantined(catalog, agent, entry)
+            notes.setdefault(note.resource_id, note)
+        elif _file_name(entry) in present:
+            if entry not in files:
+                files.append(entry)
+        else:
+            raise BadInput(_NOT_THERE)
+    if not yes:
+        return Purged(list(notes.values()), files, False, None)
+    forget_id = None
+    with broker_access(home, agent, Op.DELETE) as access:
+        if notes:
+            plan = Plan([Note(q.path, q.resource_id, q.store, "named",
+                              tuple(resource_revisions(catalog, agent, q.resource_id))) for q in notes.values()])
+            forget_id = forget_planned(access, plan, [], lambda: all(q.still(catalog, agent) for q in notes.values()),
+                                       operation=PURGE)
+        if files:
+            with immediate(catalog):  # the rows first: a crash before the unlink leaves a file to purge again
+                for name in files:
+                    event = access.event(PURGE, "allow", Reason.ALLOWED, revision_id=tampered_revision(name))
+                    settle(catalog, enqueue(catalog, agent, event), decision="allow", reason=Reason.ALLOWED)
+            drain_quietly(home.state(), catalog, agent)
+            qfd = open_dir(home.quarantine_dir(agent))
+            try:
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):  # gone meanwhile (a forget, doctor)
+                        os.unlink(name, dir_fd=qfd)
+                os.fsync(qfd)
+            finally:
+                os.close(qfd)
+    return Purged(list(notes.values()), files, True, forget_id)
