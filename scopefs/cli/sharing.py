@@ -1,7 +1,7 @@
-"""``scopefs grant|publish|project|projection``: sharing on purpose, from the command line.
+"""``scopefs grant|publish|unpublish|project|projection``: sharing on purpose, from the command line.
 
 Thin wiring like the rest of the command line: parse, call one function of
-``writer.publish`` or ``writer.projections``, print. A preview (no
+``writer.publish``, ``writer.unpublish`` or ``writer.projections``, print. A preview (no
 ``--yes``) prints what would be written where and for whom, and changes
 nothing; its first lines are the caller's own note, printed escaped.
 """
@@ -78,6 +78,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unpublish(args: argparse.Namespace) -> int:
+    from scopefs.writer.unpublish import unpublish
+
+    out = unpublish(_home(args), args.agent, args.paths, yes=args.yes)
+    verb = "unpublished" if out.forget_id is not None else "would unpublish"
+    lines = [f"{verb} {n.shown} (every revision)" for n in out.notes]
+    held = "held" if out.forget_id is not None else "would be held"
+    lines.append(f"{out.held} derived revision(s) {held} with them")
+    if out.forget_id is None:
+        lines.append("preview only: nothing was removed; add --yes to do it")
+    emit(args.json, out.as_dict(args.agent), lines)
+    return 0
+
+
 def cmd_project(args: argparse.Namespace) -> int:
     from scopefs.writer.projections import Expiry, check_purpose, project
 
@@ -143,6 +157,12 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     p.add_argument("--as", dest="as_name", metavar="NAME",
                    help="its path inside the target (default: its path inside its own root)")
     p.add_argument("--yes", action="store_true", help="publish (without it: preview only)")
+
+    p = command("unpublish", cmd_unpublish, "an admin removes notes from agent-shared/ or roles/<role>/: every"
+                " revision and its bytes; what was derived from them is held (a preview unless --yes)")
+    p.add_argument("--agent", required=True)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="as a view shows it: agent-shared/... or roles/ROLE/...")
+    p.add_argument("--yes", action="store_true", help="unpublish (without it: preview only)")
 
     p = command("project", cmd_project, "a reviewed copy of one private note for one audience"
                                         " (a preview unless --yes)")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import apsw
@@ -44,17 +44,17 @@ from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.fsafe import open_dir
-from scopefs.catalog.home import Home, validate_agent_name
+from scopefs.catalog.home import Home
 from scopefs.catalog.identity import get_principal, has_live_binding
-from scopefs.catalog.lineage import resource_revisions
 from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
 from scopefs.catalog.policy import ALLOW, Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import parse_audience
-from scopefs.catalog.stores import RevisionRow, StoreRow, active_revision, find_resource, find_store
+from scopefs.catalog.stores import active_revision, find_resource, find_store
+from scopefs.writer.admin import StoredNote, forget_stored, known_agent, stored_note
 from scopefs.writer.broker import broker_access
 from scopefs.writer.derive import QUARANTINE
-from scopefs.writer.forget import MAX_PATHS, Note, Plan, forget_planned
+from scopefs.writer.forget import MAX_PATHS
 from scopefs.writer.quarantine import tampered_revision
 from scopefs.writer.tombstone import tombstone_rows
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
@@ -67,23 +67,14 @@ _NOT_THERE = "no such note in the quarantine (scopefs quarantine list shows what
 
 
 @dataclass(frozen=True)
-class Quarantined:
-    """One live note of the quarantine store, as the catalog has it now."""
+class Quarantined(StoredNote):
+    """A live note of the quarantine store."""
 
-    parts: Parts
-    store: StoreRow
-    resource_id: str
-    revision: RevisionRow
-    migrated_class: str | None  # None: not a migration's item (a derivation filed for mixing audiences)
+    migrated_class: str | None = None  # None: not a migration's item (a derivation filed for mixing audiences)
 
     @property
     def path(self) -> str:
         return "/".join(self.parts)
-
-    def still(self, catalog: apsw.Connection, agent_id: str) -> bool:
-        """Whether the note is still live in quarantine with the same active revision (inside a transaction)."""
-        current = active_revision(catalog, agent_id, self.resource_id)
-        return current is not None and current.revision_id == self.revision.revision_id
 
 
 @dataclass(frozen=True)
@@ -106,24 +97,14 @@ class Purged:
                 "files": [{"name": name, "revision_id": tampered_revision(name)} for name in self.files]}
 
 
-def _agent(home: Home, agent_id: str) -> str:
-    agent = validate_agent_name(agent_id)
-    if not home.agent_exists(agent):
-        raise BadInput(f"unknown agent: {agent}")
-    return agent
-
-
 def quarantined(catalog: apsw.Connection, agent_id: str, path: str) -> Quarantined:
     """The live quarantined note at ``path`` (as ``quarantine list`` prints it), else BadInput."""
     parts = split_virtual_path(path)
-    store = find_store(catalog, agent_id, *QUARANTINE)
-    resource = find_resource(catalog, agent_id, store.store_id, "/".join(parts)) if store is not None else None
-    revision = active_revision(catalog, agent_id, resource.resource_id) if resource is not None else None
-    if store is None or resource is None or revision is None:
-        raise BadInput(_NOT_THERE)
+    note = stored_note(catalog, agent_id, *QUARANTINE, parts, "/".join(parts), _NOT_THERE)
     klass = one(catalog, "SELECT class FROM migration_items WHERE agent_id = ? AND revision_id = ?",
-                (agent_id, revision.revision_id))
-    return Quarantined(parts, store, resource.resource_id, revision, None if klass is None else str(klass[0]))
+                (agent_id, note.revision.revision_id))
+    return Quarantined(**{f.name: getattr(note, f.name) for f in fields(StoredNote)},
+                       migrated_class=None if klass is None else str(klass[0]))
 
 
 # -- release -------------------------------------------------------------------------------------------------
@@ -170,7 +151,7 @@ def _occupied(catalog: apsw.Connection, agent_id: str, to: _Destination, inner: 
 def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, to: str | None = None,
             as_path: str | None = None, yes: bool = False) -> Released:
     """Preview, or (``yes``) carry out, the release of the migrated note at ``path`` (module docstring)."""
-    agent = _agent(home, agent_id)
+    agent = known_agent(home, agent_id)
     catalog = home.catalog(agent)
     note = quarantined(catalog, agent, path)
     if note.migrated_class is None:
@@ -246,7 +227,7 @@ def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -
     """Preview, or (``yes``) carry out, the purge of ``entries``: note paths (with a ``/``) or file names."""
     if not entries or len(entries) > MAX_PATHS:
         raise BadInput(f"name 1 to {MAX_PATHS} quarantine entries to purge")
-    agent = _agent(home, agent_id)
+    agent = known_agent(home, agent_id)
     catalog = home.catalog(agent)
     notes: dict[str, Quarantined] = {}
     files: list[str] = []
@@ -264,25 +245,25 @@ def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -
             raise BadInput(_NOT_THERE)
     if not yes:
         return Purged(list(notes.values()), files, False, None)
-    forget_id = None
-    with broker_access(home, agent, Op.DELETE) as access:
-        if notes:
-            plan = Plan([Note(q.path, q.resource_id, q.store, "named",
-                              tuple(resource_revisions(catalog, agent, q.resource_id))) for q in notes.values()])
-            forget_id = forget_planned(access, plan, [], lambda: all(q.still(catalog, agent) for q in notes.values()),
-                                       operation=PURGE)
-        if files:
-            with immediate(catalog):  # the rows first: a crash before the unlink leaves a file to purge again
-                for name in files:
-                    event = access.event(PURGE, "allow", Reason.ALLOWED, revision_id=tampered_revision(name))
-                    settle(catalog, enqueue(catalog, agent, event), decision="allow", reason=Reason.ALLOWED)
-            drain_quietly(home.state(), catalog, agent)
-            qfd = open_dir(home.quarantine_dir(agent))
-            try:
-                for name in files:
-                    with contextlib.suppress(FileNotFoundError):  # gone meanwhile (a forget, doctor)
-                        os.unlink(name, dir_fd=qfd)
-                os.fsync(qfd)
-            finally:
-                os.close(qfd)
+    forget_id = forget_stored(home, agent, list(notes.values()), PURGE) if notes else None
+    if files:
+        _unlink_files(home, agent, files)
     return Purged(list(notes.values()), files, True, forget_id)
+
+
+def _unlink_files(home: Home, agent_id: str, files: list[str]) -> None:
+    """Audit rows first, then the unlinks: a crash between leaves a file to purge again, never a silent one."""
+    catalog = home.catalog(agent_id)
+    with broker_access(home, agent_id, Op.DELETE) as access, immediate(catalog):
+        for name in files:
+            event = access.event(PURGE, "allow", Reason.ALLOWED, revision_id=tampered_revision(name))
+            settle(catalog, enqueue(catalog, agent_id, event), decision="allow", reason=Reason.ALLOWED)
+    drain_quietly(home.state(), catalog, agent_id)
+    qfd = open_dir(home.quarantine_dir(agent_id))
+    try:
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile (a forget, doctor)
+                os.unlink(name, dir_fd=qfd)
+        os.fsync(qfd)
+    finally:
+        os.close(qfd)

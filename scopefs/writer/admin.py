@@ -1,0 +1,78 @@
+"""Notes an admin acts on from the host: found by store and path, forgotten without a view.
+
+Some decisions belong to nobody's session: the review of the quarantine,
+which no view mounts (``writer.quarantine_review``), and taking a note out
+of ``agent-shared/`` or a role's store, which every view shows read-only
+(``writer.unpublish``). Both name a note by its store and its path inside
+it, and both may forget it: every revision, its bytes, and a hold on
+whatever was derived from it, in one transaction through ``forget``'s own
+commit, as the broker (``writer.broker``) and audited under the admin's
+operation. No claim is rejected: the admin removes this copy, and does not
+say its facts must never be written again, which is a person's ``forget``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+
+from scopefs.catalog.errors import BadInput
+from scopefs.catalog.home import Home, validate_agent_name
+from scopefs.catalog.lineage import descendants, resource_revisions
+from scopefs.catalog.paths import Parts
+from scopefs.catalog.policy import Op
+from scopefs.catalog.stores import RevisionRow, StoreRow, active_revision, find_resource, find_store
+from scopefs.writer.broker import broker_access
+from scopefs.writer.forget import Note, Plan, forget_planned
+
+
+@dataclass(frozen=True)
+class StoredNote:
+    """One live note of a store, as the catalog has it now."""
+
+    parts: Parts  # its path inside the store
+    shown: str  # how the admin named it (for reports)
+    store: StoreRow
+    resource_id: str
+    revision: RevisionRow  # the active one
+
+    def still(self, catalog: apsw.Connection, agent_id: str) -> bool:
+        """Whether the note is still live with the same active revision (inside a transaction)."""
+        current = active_revision(catalog, agent_id, self.resource_id)
+        return current is not None and current.revision_id == self.revision.revision_id
+
+
+def known_agent(home: Home, agent_id: str) -> str:
+    agent = validate_agent_name(agent_id)
+    if not home.agent_exists(agent):
+        raise BadInput(f"unknown agent: {agent}")
+    return agent
+
+
+def stored_note(catalog: apsw.Connection, agent_id: str, scope_kind: str, audience_id: str, parts: Parts,
+                shown: str, missing: str) -> StoredNote:
+    """The live note at ``parts`` of the store (``scope_kind``, ``audience_id``); BadInput(``missing``) if none."""
+    store = find_store(catalog, agent_id, scope_kind, audience_id)
+    resource = find_resource(catalog, agent_id, store.store_id, "/".join(parts)) if store is not None else None
+    revision = active_revision(catalog, agent_id, resource.resource_id) if resource is not None else None
+    if store is None or resource is None or revision is None:
+        raise BadInput(missing)
+    return StoredNote(parts, shown, store, resource.resource_id, revision)
+
+
+def held_by(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]) -> int:
+    """How many revisions derived from ``notes`` a forget of them would hold (for the preview)."""
+    revisions = [r for note in notes for r in resource_revisions(catalog, agent_id, note.resource_id)]
+    return len(descendants(catalog, agent_id, revisions)) if revisions else 0
+
+
+def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str) -> str:
+    """Forget ``notes`` as the broker, audited as ``operation``; its forget id. Conflict if one changed since
+    it was found (nothing is forgotten then)."""
+    catalog = home.catalog(agent_id)
+    plan = Plan([Note(n.shown, n.resource_id, n.store, "named",
+                      tuple(resource_revisions(catalog, agent_id, n.resource_id))) for n in notes])
+    with broker_access(home, agent_id, Op.DELETE) as access:
+        return forget_planned(access, plan, [], lambda: all(n.still(catalog, agent_id) for n in notes),
+                              operation=operation)
