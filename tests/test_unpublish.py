@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.conftest import ALICE_FACT, Scenario, artifact_path, db_copy, diff_snapshots, snapshot
+from tests.conftest import ALICE_FACT, Scenario, artifact_path, db_copy, diff_snapshots, snapshot, sqlite_int
 from tests.crashkit import catalog_path
 from tests.test_sharing import SOURCE, _grant, _role
 
@@ -24,7 +24,7 @@ def _audit(s: Scenario, operation: str) -> list[tuple[Any, ...]]:
 
 def _count(s: Scenario, sql: str) -> int:
     with db_copy(catalog_path(s.cli.home)) as conn:
-        return int(conn.execute(sql).fetchall()[0][0])
+        return sqlite_int(conn.execute(sql).fetchall()[0][0])
 
 
 def test_an_admin_unpublishes_a_copy_and_what_was_derived_from_it_is_held(scenario: Scenario) -> None:
