@@ -33,6 +33,7 @@ from tests.conftest import (
     Cli,
     Scenario,
     artifact_path,
+    db_copy,
     run_readme_example,
     snapshot,
     sqlite_str,
@@ -107,6 +108,27 @@ def test_restored_home_is_doctor_clean_and_every_session_sees_the_same(scenario:
     assert {s: _view(restored, s) for s in sessions} == before
     assert before[scenario.alice_session]["tree"]["private/notes/allergy.md"] == ALICE_FACT.decode()
     assert not [p for p in (tmp_path).iterdir() if p.name.startswith(".restored.")]
+
+
+def _audited(home: Path, operation: str) -> list[tuple[Any, ...]]:
+    with db_copy(home / "state.sqlite") as conn:
+        return conn.execute("SELECT decision, reason, session_id, revision_id FROM audit WHERE operation = ?",
+                            (operation,)).fetchall()
+
+
+def test_a_backup_and_a_restore_are_each_audited_once(scenario: Scenario, tmp_path: Path) -> None:
+    """A backup is a whole copy of every note that a later forget cannot reach: the live home's audit says
+    when one was made; a restored home's audit says where its own life began. Ids and codes only."""
+    cli = scenario.cli
+    assert _audited(cli.home, "backup") == []
+    _backup(cli, tmp_path / "backup")
+    assert _audited(cli.home, "backup") == [("allow", "allowed", None, None)]
+    restored = _restore(cli, tmp_path / "backup", tmp_path / "restored")
+    assert _audited(restored.home, "restore") == [("allow", "allowed", None, None)]
+    assert _audited(restored.home, "backup") == []  # written after the state snapshot: not in the backup
+    assert _audited(cli.home, "restore") == []
+    assert cli("backup", str(tmp_path / "backup")).code == 2  # refused (not empty): nothing audited
+    assert len(_audited(cli.home, "backup")) == 1
 
 
 def test_restored_home_takes_new_writes(scenario: Scenario, tmp_path: Path) -> None:
@@ -213,6 +235,7 @@ def test_non_empty_destinations_are_refused_and_nothing_changes(scenario: Scenar
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dest.")] == []
     backup = tmp_path / "backup"
     _backup(cli, backup)
+    home_before = snapshot(cli.home)  # with the backup's own audit row
     result = cli("restore", str(backup), "--home", str(dest))
     assert result.code == 2 and "not empty" in result.err
     assert snapshot(dest) == dest_before

@@ -60,12 +60,14 @@ import apsw
 
 from scopefs.catalog import ids
 from scopefs.catalog.artifacts import check_locator, check_path_key, open_artifact_stat, open_store_dir
+from scopefs.catalog.audit import AuditEvent, record
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import STORAGE_FAILURES, one
 from scopefs.catalog.digests import HASH_CHUNK
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
 from scopefs.catalog.fsafe import fsync_dir
 from scopefs.catalog.home import HMAC_KEY_BYTES, Home, pool_cell, read_secret
+from scopefs.catalog.reasons import Reason
 from scopefs.catalog.schema import current_version
 from scopefs.writer.scrub import scrub, unscrubbed
 from scopefs.writer.steps import Step, checkpoint
@@ -583,6 +585,9 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
         for folder in {root, root / "agents", *(cell_dir(root, c).parent for c in cells),
                        *(cell_dir(root, c) for c in cells)}:
             fsync_dir(folder)
+        # A whole copy of every note now exists out of forget's reach: the home's audit says when. Written
+        # before the backup is put in place, so a backup the audit does not name never appears.
+        record(home.state(), AuditEvent("backup", "allow", Reason.ALLOWED))
         put_atomically(root, dest)
     say("done")
     return BackupReport(

@@ -46,10 +46,12 @@ from typing import Any
 
 import apsw
 
+from scopefs.catalog.audit import AuditEvent, record
 from scopefs.catalog.db import immediate, one, scalar
 from scopefs.catalog.errors import BadInput, IntegrityError, ScopefsError, StorageError
 from scopefs.catalog.fsafe import UnsafeEntry, fsync_dir, open_dir, open_dir_beneath, open_regular
 from scopefs.catalog.home import HMAC_KEY_BYTES, POOL_CELL_PREFIX, Home, validate_agent_name, validate_pool_name
+from scopefs.catalog.reasons import Reason
 from scopefs.catalog.schema import SchemaKind, ensure_schema, schema_text
 from scopefs.catalog.schema.agent import AGENT_SCHEMA
 from scopefs.catalog.schema.state import STATE_SCHEMA
@@ -331,6 +333,7 @@ def _settle(root: Path, cells: list[str]) -> int:
                                  " nothing was restored")
         if code:
             raise StorageError("the restored home does not pass doctor; nothing was restored")
+        record(home.state(), AuditEvent("restore", "allow", Reason.ALLOWED))  # where the new home's life began
         for cell in cells:
             home.catalog(cell).execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         home.state().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
