@@ -100,8 +100,8 @@ def second_group_session(scenario: Scenario) -> str:
                               "--conversation", scenario.conversation)["session_id"])
 
 
-def view_servers(where: Path) -> set[int]:
-    """Live ``scopefs.vfs.server`` processes serving ``where``."""
+def view_servers(where: Path, *, patched: bool = False) -> set[int]:
+    """Live ``scopefs.vfs.server`` processes serving ``where`` (``patched``: ``server_script``'s ``python -c``)."""
     wanted = os.path.realpath(where).encode()
     found = set()
     for entry in os.scandir("/proc"):
@@ -112,7 +112,8 @@ def view_servers(where: Path) -> set[int]:
             state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"scopefs.vfs.server" in argv and wanted in argv and state not in ("Z", "X"):
+        ours = argv[1:2] == [b"-c"] if patched else b"scopefs.vfs.server" in argv
+        if ours and wanted in argv and state not in ("Z", "X"):
             found.add(int(entry.name))
     return found
 

@@ -80,8 +80,10 @@ def cmd_audit_exposures(args: argparse.Namespace) -> int:
     from scopefs.catalog.exposures import exposures_of
     from scopefs.catalog.lineage import resource_revisions
     from scopefs.catalog.paths import split_virtual_path
+    from scopefs.catalog.readjournal import replay
 
     home = _home(args)
+    replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     agent = validate_agent_name(args.agent)
     if args.revision is not None:
         revisions = [args.revision]

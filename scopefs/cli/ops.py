@@ -44,11 +44,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 # -- audit --------------------------------------------------------------------
 
+def _audit_home(args: argparse.Namespace) -> Home:
+    """The home, with the reads of mounts that were killed before recording them recorded first
+    (``catalog.readjournal``): an answer about exposures is never short of them."""
+    from scopefs.catalog.readjournal import replay
+
+    home = _home(args)
+    replay(home)
+    return home
+
+
 def cmd_audit_query(args: argparse.Namespace) -> int:
     from scopefs.catalog.auditlog import Filters, parse_since, query
     from scopefs.catalog.clock import now_us
 
-    home = _home(args)
+    home = _audit_home(args)
     agent = validate_agent_name(args.agent) if args.agent is not None else None
     since = parse_since(args.since, now_us()) if args.since is not None else None
     rows = query(home, Filters(agent, since, args.op, args.decision, args.reason, args.session, args.limit))
@@ -62,7 +72,7 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
 def cmd_audit_impact(args: argparse.Namespace) -> int:
     from scopefs.catalog.auditlog import impact
 
-    home = _home(args)
+    home = _audit_home(args)
     agent = validate_agent_name(args.agent) if args.agent is not None else None
     found = impact(home, args.principal, agent)
     lines = []

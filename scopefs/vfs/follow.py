@@ -33,6 +33,7 @@ import trio
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import BUSY_TIMEOUT_MS, CATALOG_FAILURES, checkpoint
 from scopefs.catalog.index import index_again
+from scopefs.catalog.readjournal import RUN_ID as JOURNAL_RUN_ID
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.commits import Commits
@@ -221,6 +222,7 @@ class Follow:
         await self._round(functools.partial(self._commits.index, everything=True))
         await self._round(self._commits.write_back)
         self._reads.drop_readers()
+        self._reads.close_journal()  # after the last flush: what it could not record stays for ``replay``
         self._mount.artifacts.close()
 
     async def flush_audit(self, *, patient: bool = False, reads: bool = True) -> None:
@@ -260,22 +262,25 @@ class Follow:
                 functools.partial(backlog.keep, held), patient=patient)
         if not reads:
             return
-        batch, exposed = self._reads.take_exposures()
+        batch, exposed, journal_files = self._reads.take_exposures()
         if batch:
             access = self._mount.view.access
             await self._deliver("read audit batch", functools.partial(  # one commit: every other mount wakes once
                 catalog_ops.record_reads, self._mount.home, wait_ms=wait_ms,
-                session_id=access.session.session_id, agent_id=access.session.agent_id, run_id="mount",
+                session_id=access.session.session_id, agent_id=access.session.agent_id, run_id=JOURNAL_RUN_ID,
                 operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
-                audit=batch), functools.partial(self._reads.keep_exposures, batch, exposed), patient=patient)
+                audit=batch), functools.partial(self._reads.keep_exposures, batch, exposed), patient=patient,
+                then=functools.partial(self._reads.recorded, journal_files))
 
     async def _deliver(self, what: str, write: Callable[[], None], put_back: Callable[[], None], *,
-                       patient: bool) -> None:
-        """``write`` on the catalog thread; ``put_back`` what it took if the write may succeed at a later
-        flush: locked or failing storage (nothing was written), unless this is the last flush, or the
-        unmount's cancel (the last flush, which follows, writes it)."""
+                       patient: bool, then: Callable[[], None] | None = None) -> None:
+        """``write`` on the catalog thread, then ``then``; ``put_back`` what it took if the write may succeed
+        at a later flush: locked or failing storage (nothing was written), unless this is the last flush, or
+        the unmount's cancel (the last flush, which follows, writes it)."""
         try:
             await self._mount.catalog(write)
+            if then is not None:
+                then()
         except CATALOG_FAILURES as exc:
             if patient:  # the mount is going: there is no next tick
                 log.warning("%s not recorded (%s)", what, type(exc).__name__)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -38,6 +39,7 @@ from scopefs.catalog.audit import AuditEvent, record_quietly
 from scopefs.catalog.errors import IntegrityError
 from scopefs.catalog.exposures import Exposed
 from scopefs.catalog.policy import Op
+from scopefs.catalog.readjournal import ReadJournal
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs.content import Stamp, stamps_now
@@ -47,6 +49,7 @@ from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.queries import Queries
 
+log = logging.getLogger("scopefs.vfs")
 INLINE_BYTES = 1 << 20  # hash or load larger files on a thread, smaller ones inline
 KEEP_READERS = 512  # verified artifacts held open for inodes, least recently read dropped first
 RECHECK_S = 1.0  # how often the sweep over the artifacts behind the kernel's cached pages takes its next turn
@@ -81,6 +84,8 @@ class Reads:
         self._exposures: list[AuditEvent] = []
         self._exposed_rows: list[Exposed] = []
         self._exposed: set[str] = set()
+        self._journal: ReadJournal | None = None  # made at the first read (``catalog.readjournal``)
+        self._journal_failed = False
         self.exposed_count = 0  # revisions exposed since the mount started: whether reads keep coming
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
@@ -325,19 +330,51 @@ class Reads:
         if note.revision_id not in self._exposed:
             self._exposed.add(note.revision_id)
             self.exposed_count += 1
-            self._exposures.append(self._mount.event(Op.READ, "allow", Reason.ALLOWED, note))
-            self._exposed_rows.append(Exposed(note.revision_id, note.resource_id))
+            event = self._mount.event(Op.READ, "allow", Reason.ALLOWED, note)
+            exposed = Exposed(note.revision_id, note.resource_id)
+            self._exposures.append(event)
+            self._exposed_rows.append(exposed)
+            self._journal_append(event, exposed)
+
+    def _journal_append(self, event: AuditEvent, exposed: Exposed) -> None:
+        """On disk before the reply, so a killed mount loses no read's audit. A journal that cannot be
+        written (a full disk) leaves the batch in memory only, as before there was a journal: said once."""
+        if self._journal_failed:
+            return
+        try:
+            if self._journal is None:
+                self._journal = ReadJournal(self._mount.home)
+            self._journal.append(event, exposed)
+        except OSError as exc:
+            self._journal_failed = True
+            log.warning("the read journal cannot be written (%s): reads are recorded from memory only",
+                        type(exc).__name__)
 
     def oldest_exposure_us(self) -> int | None:
         """When the oldest read not yet recorded was made (µs), if any: put back ones included."""
         return self._exposures[0].at if self._exposures else None
 
-    def take_exposures(self) -> tuple[list[AuditEvent], list[Exposed]]:
-        """The exposures not yet recorded, as audit rows and as exposure rows; the caller records
-        them (``vfs.follow``), or gives them back (``keep_exposures``)."""
+    def take_exposures(self) -> tuple[list[AuditEvent], list[Exposed], list[str]]:
+        """The exposures not yet recorded, as audit rows and as exposure rows, and the journal files
+        holding them; the caller records them (``vfs.follow``) and says so (``recorded``), or gives them
+        back (``keep_exposures``)."""
         batch, self._exposures = self._exposures, []
         rows, self._exposed_rows = self._exposed_rows, []
-        return batch, rows
+        return batch, rows, self._journal.take() if self._journal is not None else []
+
+    def recorded(self, journal_files: list[str]) -> None:
+        """The batch those journal files hold is committed: they go."""
+        if self._journal is not None and journal_files:
+            try:
+                self._journal.done(journal_files)
+            except OSError as exc:  # left for ``replay``, which skips what is recorded
+                log.warning("a read journal file was not removed (%s)", type(exc).__name__)
+
+    def close_journal(self) -> None:
+        """The mount ends: the journal goes if everything was recorded, else stays for ``replay``."""
+        if self._journal is not None:
+            journal, self._journal = self._journal, None
+            journal.close()
 
     def keep_exposures(self, batch: list[AuditEvent], rows: list[Exposed]) -> None:
         """Put back what ``take_exposures`` gave and could not be recorded yet, ahead of what came since."""

@@ -35,6 +35,7 @@ from scopefs.catalog.access import authorize_session
 from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Op
+from scopefs.catalog.readjournal import replay
 from scopefs.catalog.visible import build
 from scopefs.vfs.abort import connection_of, ensure_control, requests_waiting
 from scopefs.vfs.fs import POLL_NS, ScopeFS
@@ -107,6 +108,7 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     authorize_session(home, session_id, Op.RETRIEVE)  # a revoked or unknown session is refused (audited)
     recover_home(home)  # saves a power loss took are rolled back before anything is served
     drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
+    replay(home)  # and of reads such a mount served (``catalog.readjournal``)
     latency = CpuLatency(bound_us, explicit=bool(setting))  # before the mount: it never fails one
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
