@@ -207,6 +207,7 @@ def sqlite_dump(db: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any
 
 _SKIP_SUFFIXES = ("-wal", "-shm")
 _SKIP_NAMES = frozenset({"writer.lock"})
+READ_JOURNALS = "read-journals"  # ``catalog.readjournal.FOLDER``: mounts' reads before their audit
 
 
 def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -217,15 +218,19 @@ def snapshot(home: Path, *, skip_tables: tuple[str, ...] = ()) -> dict[str, Any]
     bytes but not data. WAL/SHM files and the writer lock are left out;
     ``skip_tables`` leaves out tables a check expects to change (the audit).
     Skipping the audit skips the exposure records and the search timings
-    too: all record what was done (a read, a refusal, a search), none is
-    state a refusal may not change.
+    too, and a mount's read journal (``catalog.readjournal``, its reads on
+    their way to the exposures): all record what was done (a read, a
+    refusal, a search), none is state a refusal may not change.
     """
+    skipped_names = _SKIP_NAMES
     if "audit" in skip_tables:
         skip_tables = (*skip_tables, "exposures", "search_stats")
+        skipped_names = skipped_names | {READ_JOURNALS}
     out: dict[str, Any] = {}
     for dirpath, dirnames, filenames in os.walk(home):
+        dirnames[:] = [d for d in dirnames if not (Path(dirpath) == home and d in skipped_names)]
         for name in sorted(dirnames + filenames):
-            if name in _SKIP_NAMES or name.endswith(_SKIP_SUFFIXES):
+            if name in skipped_names or name.endswith(_SKIP_SUFFIXES):
                 continue
             path = Path(dirpath) / name
             rel = str(path.relative_to(home))

@@ -11,17 +11,22 @@ or foreign line is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import time
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from scopefs.catalog import readjournal
 from scopefs.catalog.audit import AuditEvent
 from scopefs.catalog.exposures import Exposed, record_batch
 from scopefs.catalog.home import Home
 from scopefs.catalog.readjournal import FOLDER, RUN_ID, ReadJournal, replay
-from tests.conftest import ALICE_FACT, Scenario, db_copy
+from tests.conftest import ALICE_FACT, READ_JOURNALS, Scenario, db_copy
 from tests.mountkit import patched_server, view_servers, wait_until
 
 NOTE = "private/notes/allergy.md"
@@ -52,23 +57,32 @@ def _revision(s: Scenario, session: str, path: str) -> str:
 
 
 def _journal_files(s: Scenario) -> list[str]:
+    assert FOLDER == READ_JOURNALS  # the snapshots of ``tests.conftest`` leave it out with the audit
     folder = s.cli.home / FOLDER
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
-def test_a_killed_mount_loses_no_read_audit(scenario: Scenario, tmp_path: Path) -> None:
-    s = scenario
+@contextlib.contextmanager
+def _read_unrecorded(s: Scenario, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A mount of Alice's session that cannot record its reads, after it served ``NOTE``: (mount point,
+    the note's revision). The read's line is in the journal by the time the read returned."""
     where = tmp_path / "mnt"
     where.mkdir()
     revision = _revision(s, s.alice_session, NOTE)
     with patched_server(s.cli.home, s.alice_session, where, NEVER_RECORDED):
         assert (where / NOTE).read_bytes() == ALICE_FACT
-        time.sleep(2.5)  # a quiet tick or two: the mount tried to record the read, and could not
-        assert _exposures(s, s.alice_session) == []
+        journals = [p for p in (s.cli.home / READ_JOURNALS).iterdir() if p.suffix == ".jsonl"]
+        assert [revision.encode() in p.read_bytes() for p in journals] == [True]
+        yield where, revision
+    assert _exposures(s, s.alice_session) == []  # nothing recorded it: the journal is all there is
+
+
+def test_a_killed_mount_loses_no_read_audit(scenario: Scenario, tmp_path: Path) -> None:
+    s = scenario
+    with _read_unrecorded(s, tmp_path) as (where, revision):
         [server] = view_servers(where, patched=True)
         os.kill(server, signal.SIGKILL)
         wait_until(lambda: not view_servers(where, patched=True))
-    assert any(name.endswith(".jsonl") for name in _journal_files(s))
     s.cli("audit", "--session", s.alice_session, check=True)  # replays before it answers
     assert _exposures(s, s.alice_session) == [(revision, RUN_ID)]
     assert _read_audit(s, s.alice_session) == [(revision, "allow")]
@@ -81,14 +95,9 @@ def test_a_live_mounts_journal_is_left_to_it(scenario: Scenario, tmp_path: Path)
     """While its server lives, nobody else records its reads (they would be recorded twice); once it ended
     without recording them (its last flush failed too), the next replay does."""
     s = scenario
-    where = tmp_path / "mnt"
-    where.mkdir()
-    revision = _revision(s, s.alice_session, NOTE)
-    with patched_server(s.cli.home, s.alice_session, where, NEVER_RECORDED):
-        assert (where / NOTE).read_bytes() == ALICE_FACT
+    with _read_unrecorded(s, tmp_path) as (_where, revision):
         s.cli("audit", check=True)
         assert _exposures(s, s.alice_session) == []
-        assert any(name.endswith(".jsonl") for name in _journal_files(s))
     s.cli("audit", "exposures", "--agent", s.agent, "--revision", revision, check=True)
     assert _exposures(s, s.alice_session) == [(revision, RUN_ID)]
     assert _journal_files(s) == []
@@ -100,8 +109,8 @@ def test_a_mount_that_records_its_reads_leaves_no_journal(scenario: Scenario, tm
     where.mkdir()
     with patched_server(s.cli.home, s.alice_session, where, ""):
         assert (where / NOTE).read_bytes() == ALICE_FACT
-        wait_until(lambda: len(_exposures(s, s.alice_session)) == 1, timeout=10)
-        assert not any(name.endswith(".jsonl") for name in _journal_files(s))  # its batch is committed
+        wait_until(lambda: len(_exposures(s, s.alice_session)) == 1  # its batch is committed, then its file goes
+                   and not any(name.endswith(".jsonl") for name in _journal_files(s)), timeout=10)
     assert _journal_files(s) == []  # and the lock goes with a clean end
     assert len(_exposures(s, s.alice_session)) == 1
 
@@ -125,6 +134,7 @@ def test_a_committed_batch_is_not_counted_twice_and_bad_lines_are_skipped(scenar
         with open(s.cli.home / FOLDER / files[0], "ab") as torn:
             torn.write(b'{"agent_id":"main","session_id":"' + session.encode() + b'","revision_id":"v_1"\n')
             torn.write(b'{"at": 1, "agent_id": "../x", "session_id": "s", "revision_id": "v", "resource_id": "r"}\n')
+            torn.write(b'{"at": 2, "pad": "' + b"x" * 5000 + b'"}\n')  # over MAX_LINE: skipped whole
             torn.write(b'{"agent_id": "main", "session_id": "s_' + b"9" * 26 + b'", "revision_id": "v_')
         journal.close()  # ended without saying the batch was recorded: the file stays, the lock is free
         assert replay(home) == 1
@@ -132,5 +142,73 @@ def test_a_committed_batch_is_not_counted_twice_and_bad_lines_are_skipped(scenar
         assert sorted(r[0] for r in _exposures(s, session)) == [r.revision_id for r in rows]
         assert sorted(r[0] for r in _read_audit(s, session)) == [r.revision_id for r in rows]
         assert _journal_files(s) == []
+    finally:
+        home.close()
+
+
+def _dead_journal(home: Home, session: str, agent: str, count: int) -> list[Exposed]:
+    """A journal of ``count`` reads whose mount ended without recording them (its lock is free)."""
+    journal = ReadJournal(home)
+    rows = [Exposed(f"v_{n:026d}", f"r_{n:026d}") for n in range(count)]
+    for row in rows:
+        journal.append(AuditEvent("read", "allow", "allowed", agent_id=agent, session_id=session,
+                                  subject_kind="user", revision_id=row.revision_id), row)
+    journal.given_up(journal.take())
+    journal.close()
+    return rows
+
+
+def test_two_replays_at_once_record_a_journal_once(scenario: Scenario) -> None:
+    """Two mounts starting together after a crash (or an audit beside a mount's start) both replay: one
+    records the journal, the other finds it taken or gone; neither fails."""
+    s = scenario
+    home = Home.open(s.cli.home)
+    try:
+        rows = _dead_journal(home, s.alice_session, s.agent, 200)
+    finally:
+        home.close()
+    counts: list[int] = []
+    errors: list[BaseException] = []
+
+    def one_replay() -> None:
+        other = Home.open(s.cli.home)
+        try:
+            counts.append(replay(other))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            other.close()
+
+    threads = [threading.Thread(target=one_replay) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sum(counts) == len(rows)
+    assert len(_exposures(s, s.alice_session)) == len(rows)
+    assert _journal_files(s) == []
+
+
+def test_a_given_up_batch_outlives_later_batches_and_long_journals_are_read_in_pieces(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = scenario
+    monkeypatch.setattr(readjournal, "REPLAY_BATCH", 7)
+    home = Home.open(s.cli.home)
+    try:
+        journal = ReadJournal(home)
+        event = AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
+                           subject_kind="user", revision_id="v_" + "1" * 26)
+        journal.append(event, Exposed("v_" + "1" * 26, "r_" + "1" * 26))
+        journal.given_up(journal.take())  # its batch dropped unrecorded (the mount's last flush failed)
+        for n in range(20):
+            journal.append(AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
+                                      revision_id=f"v_{n:026d}"), Exposed(f"v_{n:026d}", f"r_{n:026d}"))
+        journal.done(journal.take())  # a later batch, committed: only its own file goes
+        assert len([n for n in _journal_files(s) if n.endswith(".jsonl")]) == 1
+        journal.close()
+        assert replay(home) == 1
+        assert _exposures(s, s.alice_session) == [("v_" + "1" * 26, RUN_ID)]
+        rows = _dead_journal(home, s.alice_session, s.agent, 20)
+        assert replay(home) == len(rows)  # three pieces of at most seven lines
     finally:
         home.close()

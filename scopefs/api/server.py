@@ -32,6 +32,7 @@ from scopefs.api.service import Service
 from scopefs.api.workers import WorkerHomes, check_workers, default_workers
 from scopefs.catalog.errors import BadInput, Conflict
 from scopefs.catalog.home import Home
+from scopefs.catalog.readjournal import replay
 from scopefs.writer.recovery import drain_home, recover_home
 
 log = logging.getLogger("scopefs.api")
@@ -139,6 +140,7 @@ def serve(home: Home, socket_path: Path, *, allow_uids: Iterable[int] = (), http
     home.api_key()  # made (on first use) now, not by requests racing on several workers to make it
     recover_home(home)  # saves a power loss took are rolled back before any request
     drain_home(home)  # and the audit of saves whose mount died before its batch is delivered
+    replay(home)  # and of reads such a mount served (``catalog.readjournal``)
     sockets = [_unix_listener(socket_path)]
     if http is not None:
         host, port = loopback(http)

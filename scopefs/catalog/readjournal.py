@@ -18,6 +18,13 @@ records it into ``state.sqlite`` and removes it. A line whose exposure row
 is already there (its batch was committed, the removal did not happen) is
 skipped, so a replay never counts a read twice.
 
+A lock is named only once it is locked (made unnamed, locked, then
+linked), so a replay never finds a live mount's lock free; a replay
+finishes one journal under its lock, and a second replay that reaches the
+same files after they went skips them. A batch the mount gave up on (its
+last flush failed, or an unexpected error) keeps its files and its lock
+name for the replay after the mount ends.
+
 Layout: ``$SCOPEFS_HOME/read-journals/`` (0700) holds ``<token>.lock`` and
 ``<token>-<n>.jsonl`` (0600) per mount. A line holds ids and a time only:
 the session, its agent, subject kind and actor, the store, the revision,
@@ -46,9 +53,8 @@ from scopefs.catalog.home import Home
 log = logging.getLogger("scopefs.readjournal")
 FOLDER = "read-journals"
 RUN_ID = "mount"  # the exposures' run: a mount's reads have no gateway run
-MAX_LINE = 2048  # bytes of one journal line read back (ours are well under 1 KiB)
-MAX_FILE = 64 << 20  # bytes of one journal read back: a mount rotates every flush, so far fewer
-_TOKEN = re.compile(r"[a-z0-9]{1,64}")
+MAX_LINE = 2048  # bytes of one journal line read back (ours are well under 1 KiB); longer ones are skipped
+REPLAY_BATCH = 5000  # lines recorded per transaction: a long journal is read and recorded in bounded pieces
 _NAME = re.compile(r"([a-z0-9]{1,64})(?:-([0-9]{1,12})\.jsonl|\.lock)")
 _ID = re.compile(r"[A-Za-z0-9_:.-]{1,200}")
 _EVENT_FIELDS = ("agent_id", "session_id", "subject_kind", "actor_id", "store_id", "revision_id")
@@ -63,7 +69,8 @@ def _folder(home: Home) -> int:
 
 
 class ReadJournal:
-    """One live mount's journal: ``append`` as reads are served, ``take`` with each batch, ``done`` after it.
+    """One live mount's journal: ``append`` as reads are served, ``take`` with each batch, then ``done``
+    (committed) or ``given_up`` (dropped); ``close`` at the end.
 
     Used from the mount's trio thread only (reads and flushes run there), so
     it needs no lock of its own.
@@ -71,19 +78,31 @@ class ReadJournal:
 
     def __init__(self, home: Home) -> None:
         self._dir = _folder(home)
-        self.token = ids.random_token()
-        self._lock = os.open(f"{self.token}.lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                             dir_fd=self._dir)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # held for the life of the mount: nobody replays a live journal
+        try:
+            self.token = ids.random_token()
+            # Locked before it has a name: a replay can never take the lock of a mount that is starting.
+            self._lock = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=self._dir)
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX)  # held for the life of the mount
+                os.link(f"/proc/self/fd/{self._lock}", f"{self.token}.lock", dst_dir_fd=self._dir,
+                        follow_symlinks=True)
+            except BaseException:
+                os.close(self._lock)
+                raise
+        except BaseException:
+            os.close(self._dir)
+            raise
         self._number = 0
         self._current: int | None = None
         self._written: list[str] = []  # files with lines whose batch is not known to be committed
+        self._kept = False  # a batch was given up: its files wait for a replay after the mount
 
     def _name(self, number: int) -> str:
         return f"{self.token}-{number}.jsonl"
 
     def append(self, event: AuditEvent, exposed: Exposed) -> None:
-        """One first read, on disk before its READ replies (one ``write``, no sync)."""
+        """One first read, on disk before its READ replies (one ``write``, no sync). OSError if the line
+        is not all on disk (a full disk): the file is then closed, so the next line starts a new one."""
         if self._current is None:
             self._number += 1
             name = self._name(self._number)
@@ -92,14 +111,25 @@ class ReadJournal:
             self._written.append(name)
         line = {**{k: v for k, v in asdict(event).items() if k in _EVENT_FIELDS}, "at": event.at,
                 "resource_id": exposed.resource_id}
-        os.write(self._current, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        try:
+            written = os.write(self._current, data)
+        except OSError:
+            self._end_file()
+            raise
+        if written != len(data):  # a torn line: the replay skips it, and nothing is appended to it
+            self._end_file()
+            raise OSError(errno.ENOSPC, "the read journal's line was cut short")
+
+    def _end_file(self) -> None:
+        if self._current is not None:
+            os.close(self._current)
+            self._current = None
 
     def take(self) -> list[str]:
         """Every file written and not yet done: what the batch just taken from memory covers (with what an
         earlier batch put back). The next read starts a new file."""
-        if self._current is not None:
-            os.close(self._current)
-            self._current = None
+        self._end_file()
         return list(self._written)
 
     def done(self, names: list[str]) -> None:
@@ -109,31 +139,58 @@ class ReadJournal:
                 os.unlink(name, dir_fd=self._dir)
         self._written = [n for n in self._written if n not in names]
 
+    def given_up(self, names: list[str]) -> None:
+        """The batch covering ``names`` was dropped unrecorded: they stay for the replay after this mount,
+        and no later batch removes them."""
+        self._written = [n for n in self._written if n not in names]
+        self._kept = self._kept or bool(names)
+
     def close(self) -> None:
         """The mount ends. With nothing left unrecorded the lock goes too; otherwise the files stay for
         ``replay`` (which this unlock allows)."""
-        self.take()
-        if not self._written:
+        self._end_file()
+        if not self._written and not self._kept:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.token}.lock", dir_fd=self._dir)
         os.close(self._lock)
         os.close(self._dir)
 
 
-def _lines(data: bytes) -> Iterator[dict[str, Any]]:
-    for raw in data.split(b"\n"):
-        if not raw or len(raw) > MAX_LINE:
-            continue  # a torn last line, or not ours
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if (isinstance(line, dict) and isinstance(line.get("at"), int)
-                and all(isinstance(line.get(k), str) and _ID.fullmatch(line[k])
-                        for k in ("agent_id", "session_id", "revision_id", "resource_id"))
-                and all(line.get(k) is None or (isinstance(line[k], str) and _ID.fullmatch(line[k]))
-                        for k in ("subject_kind", "actor_id", "store_id"))):
-            yield line
+def _lines(dir_fd: int, name: str) -> Iterator[list[dict[str, Any]]]:
+    """The well-formed lines of one journal file, in pieces of ``REPLAY_BATCH``; nothing if it went."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return  # another replay finished it
+    with os.fdopen(fd, "rb") as stream:
+        piece: list[dict[str, Any]] = []
+        while raw := stream.readline(MAX_LINE + 1):
+            if not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # over MAX_LINE (not ours), or torn at the end
+                    raw = stream.readline(MAX_LINE + 1)
+                continue
+            line = _parsed(raw)
+            if line is not None:
+                piece.append(line)
+            if len(piece) >= REPLAY_BATCH:
+                yield piece
+                piece = []
+        if piece:
+            yield piece
+
+
+def _parsed(raw: bytes) -> dict[str, Any] | None:
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    if (isinstance(line, dict) and type(line.get("at")) is int
+            and all(isinstance(line.get(k), str) and _ID.fullmatch(line[k])
+                    for k in ("agent_id", "session_id", "revision_id", "resource_id"))
+            and all(line.get(k) is None or (isinstance(line[k], str) and _ID.fullmatch(line[k]))
+                    for k in ("subject_kind", "actor_id", "store_id"))):
+        return line
+    return None
 
 
 def _record(home: Home, lines: list[dict[str, Any]]) -> int:
@@ -154,14 +211,6 @@ def _record(home: Home, lines: list[dict[str, Any]]) -> int:
     return len(fresh)
 
 
-def _read_file(dir_fd: int, name: str) -> bytes:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        return os.read(fd, MAX_FILE)
-    finally:
-        os.close(fd)
-
-
 def replay(home: Home) -> int:
     """Record the journals of mounts no longer running, and remove them; how many reads were recorded."""
     try:
@@ -178,37 +227,38 @@ def replay(home: Home) -> int:
                 if match.group(2) is not None:
                     files.append((int(match.group(2)), name))
         for token, files in tokens.items():
-            recorded += _replay_one(home, dir_fd, token, sorted(files))
+            recorded += _replay_one(home, dir_fd, token, [name for _number, name in sorted(files)])
     finally:
         os.close(dir_fd)
     return recorded
 
 
-def _replay_one(home: Home, dir_fd: int, token: str, files: list[tuple[int, str]]) -> int:
-    """One mount's journal, if no live mount holds its lock."""
+def _replay_one(home: Home, dir_fd: int, token: str, files: list[str]) -> int:
+    """One mount's journal, if its lock is still there and nobody holds it."""
+    lock_name = f"{token}.lock"
     try:
-        lock = os.open(f"{token}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        lock = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
-        lock = None  # removed last by its mount or a replay: what is left was being removed
+        return 0  # a mount names its lock before any journal and removes it last: these are going now
     try:
-        if lock is not None:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return 0  # a live mount's
-                raise
-        lines = [line for _number, name in files for line in _lines(_read_file(dir_fd, name))]
-        recorded = _record(home, lines) if lines else 0
-        for _number, name in files:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # a live mount's (or another replay's)
+        try:
+            named = os.stat(lock_name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0  # another replay finished this journal while we waited for the name
+        if (named.st_dev, named.st_ino) != (os.fstat(lock).st_dev, os.fstat(lock).st_ino):
+            return 0
+        recorded = sum(_record(home, piece) for name in files for piece in _lines(dir_fd, name))
+        for name in files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dir_fd)
-        if lock is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{token}.lock", dir_fd=dir_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_name, dir_fd=dir_fd)
         if recorded:
             log.info("recorded %d read(s) a stopped mount had not recorded", recorded)
         return recorded
     finally:
-        if lock is not None:
-            os.close(lock)
+        os.close(lock)

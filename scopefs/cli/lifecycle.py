@@ -83,7 +83,6 @@ def cmd_audit_exposures(args: argparse.Namespace) -> int:
     from scopefs.catalog.readjournal import replay
 
     home = _home(args)
-    replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     agent = validate_agent_name(args.agent)
     if args.revision is not None:
         revisions = [args.revision]
@@ -95,6 +94,7 @@ def cmd_audit_exposures(args: argparse.Namespace) -> int:
         if access.session.agent_id != agent or target.resource is None:
             raise BadInput("no note at that path of that session's view (of this agent)")
         revisions = resource_revisions(home.catalog(access.agent_id), access.agent_id, target.resource.resource_id)
+    replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     rows = exposures_of(home.state(), agent, revisions)
     payload: dict[str, Any] = {"agent_id": agent, "revisions": revisions, "exposures": rows}
     emit(args.json, payload, [f"{r['revision_id']} seen by {r['session_id']} ({r['operation']}, run {r['run_id']})"

@@ -44,23 +44,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 # -- audit --------------------------------------------------------------------
 
-def _audit_home(args: argparse.Namespace) -> Home:
-    """The home, with the reads of mounts that were killed before recording them recorded first
-    (``catalog.readjournal``): an answer about exposures is never short of them."""
-    from scopefs.catalog.readjournal import replay
-
-    home = _home(args)
-    replay(home)
-    return home
-
-
 def cmd_audit_query(args: argparse.Namespace) -> int:
     from scopefs.catalog.auditlog import Filters, parse_since, query
     from scopefs.catalog.clock import now_us
+    from scopefs.catalog.readjournal import replay
 
-    home = _audit_home(args)
     agent = validate_agent_name(args.agent) if args.agent is not None else None
     since = parse_since(args.since, now_us()) if args.since is not None else None
+    home = _home(args)
+    replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     rows = query(home, Filters(agent, since, args.op, args.decision, args.reason, args.session, args.limit))
     lines = [f"{r['at_us']} {r['agent_id'] or '-'} {r['operation']} {r['decision']} {r['reason']}"
              f" session={r['session_id'] or '-'} subject={r['subject_kind'] or '-'} actor={r['actor_id'] or '-'}"
@@ -71,9 +63,13 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
 
 def cmd_audit_impact(args: argparse.Namespace) -> int:
     from scopefs.catalog.auditlog import impact
+    from scopefs.catalog.identity import get_principal
+    from scopefs.catalog.readjournal import replay
 
-    home = _audit_home(args)
     agent = validate_agent_name(args.agent) if args.agent is not None else None
+    home = _home(args)
+    get_principal(home.state(), args.principal)  # bad input records nothing, not even the replay below
+    replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     found = impact(home, args.principal, agent)
     lines = []
     for s in found["sessions"]:
@@ -97,8 +93,13 @@ def pruned_note(cutoff_us: int) -> str:
 
 def cmd_audit_prune(args: argparse.Namespace) -> int:
     from scopefs.catalog.auditlog import prune
+    from scopefs.catalog.durations import parse_duration_us
+    from scopefs.catalog.readjournal import replay
 
-    done = prune(_home(args), args.older_than, apply=args.yes)
+    parse_duration_us(args.older_than)  # bad input records nothing, not even the replay below
+    home = _home(args)
+    replay(home)  # a killed mount's reads are recorded before the old ones go, never after
+    done = prune(home, args.older_than, apply=args.yes)
     verb = "removed" if done["applied"] else "would remove (run again with --yes)"
     emit(args.json, done, [f"{verb}: {done['audit_rows']} audit row(s), {done['exposure_rows']} exposure row(s)"
                            f" older than {args.older_than}"])

@@ -270,28 +270,35 @@ class Follow:
                 session_id=access.session.session_id, agent_id=access.session.agent_id, run_id=JOURNAL_RUN_ID,
                 operation="read", exposed=exposed, at=[event.at for event in batch],  # each read's own time
                 audit=batch), functools.partial(self._reads.keep_exposures, batch, exposed), patient=patient,
-                then=functools.partial(self._reads.recorded, journal_files))
+                then=functools.partial(self._reads.recorded, journal_files),
+                dropped=functools.partial(self._reads.unrecorded, journal_files))
 
     async def _deliver(self, what: str, write: Callable[[], None], put_back: Callable[[], None], *,
-                       patient: bool, then: Callable[[], None] | None = None) -> None:
+                       patient: bool, then: Callable[[], None] | None = None,
+                       dropped: Callable[[], None] | None = None) -> None:
         """``write`` on the catalog thread, then ``then``; ``put_back`` what it took if the write may succeed
         at a later flush: locked or failing storage (nothing was written), unless this is the last flush, or
-        the unmount's cancel (the last flush, which follows, writes it)."""
+        the unmount's cancel (the last flush, which follows, writes it). ``dropped`` if it is given up."""
         try:
             await self._mount.catalog(write)
-            if then is not None:
-                then()
         except CATALOG_FAILURES as exc:
             if patient:  # the mount is going: there is no next tick
                 log.warning("%s not recorded (%s)", what, type(exc).__name__)
+                if dropped is not None:
+                    dropped()
             else:
                 put_back()
                 log.warning("%s not recorded yet (%s)", what, type(exc).__name__)
         except Exception as exc:  # noqa: BLE001
             log.warning("%s not recorded (%s)", what, type(exc).__name__)
+            if dropped is not None:
+                dropped()
         except BaseException:
             put_back()
             raise
+        else:
+            if then is not None:
+                then()
 
     async def checkpoint(self) -> None:
         """Copy the write-ahead logs of the databases this mount wrote to since the last tick into the

@@ -85,7 +85,7 @@ class Reads:
         self._exposed_rows: list[Exposed] = []
         self._exposed: set[str] = set()
         self._journal: ReadJournal | None = None  # made at the first read (``catalog.readjournal``)
-        self._journal_failed = False
+        self._journal_failing = False  # the last line could not be written (said once, tried again each read)
         self.exposed_count = 0  # revisions exposed since the mount started: whether reads keep coming
         self._readers: OrderedDict[int, Reader] = OrderedDict()  # inode -> its verified reader
         self._verifying: dict[int, trio.Event] = {}  # inode -> set once the verification under way ends
@@ -337,18 +337,20 @@ class Reads:
             self._journal_append(event, exposed)
 
     def _journal_append(self, event: AuditEvent, exposed: Exposed) -> None:
-        """On disk before the reply, so a killed mount loses no read's audit. A journal that cannot be
-        written (a full disk) leaves the batch in memory only, as before there was a journal: said once."""
-        if self._journal_failed:
-            return
+        """On disk before the reply, so a killed mount loses no read's audit. A line that cannot be
+        written (a full disk) leaves that read in the batch in memory only, as every read was before
+        there was a journal; the mount says so once, until a line is written again."""
         try:
             if self._journal is None:
                 self._journal = ReadJournal(self._mount.home)
             self._journal.append(event, exposed)
         except OSError as exc:
-            self._journal_failed = True
-            log.warning("the read journal cannot be written (%s): reads are recorded from memory only",
-                        type(exc).__name__)
+            if not self._journal_failing:
+                log.warning("the read journal cannot be written (%s): reads are held in memory only until"
+                            " it can", type(exc).__name__)
+            self._journal_failing = True
+        else:
+            self._journal_failing = False
 
     def oldest_exposure_us(self) -> int | None:
         """When the oldest read not yet recorded was made (µs), if any: put back ones included."""
@@ -369,6 +371,11 @@ class Reads:
                 self._journal.done(journal_files)
             except OSError as exc:  # left for ``replay``, which skips what is recorded
                 log.warning("a read journal file was not removed (%s)", type(exc).__name__)
+
+    def unrecorded(self, journal_files: list[str]) -> None:
+        """The batch those journal files hold was given up: they stay, for the replay after this mount."""
+        if self._journal is not None:
+            self._journal.given_up(journal_files)
 
     def close_journal(self) -> None:
         """The mount ends: the journal goes if everything was recorded, else stays for ``replay``."""

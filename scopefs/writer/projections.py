@@ -37,6 +37,7 @@ from scopefs.catalog.lineage import add_lineage, hold, inherited_validity
 from scopefs.catalog.policies import insert_entry, revoke_entry_in
 from scopefs.catalog.policy import AudienceKind, Decision, Effect, Op
 from scopefs.catalog.projections import PURPOSE_MAX, Projection, get_projection, projection_at, sessions_exposed
+from scopefs.catalog.readjournal import replay
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import Audience, audience_today, in_audience, parse_audience
 from scopefs.catalog.stores import find_resource, find_store
@@ -226,6 +227,7 @@ def revoke_projection(home: Home, projection_id: str) -> Revoked:
                                    agent_id=agent_id, revision_id=projection.copy_revision_id)
                 settle(catalog, enqueue(catalog, agent_id, event), decision="allow", reason=Reason.ALLOWED)
         drain_quietly(home.state(), catalog, agent_id)
+        replay(home)  # reads of the copy a killed mount served count too (``catalog.readjournal``)
         return Revoked(projection_id, revoked, sessions_exposed(home, projection.copy_revision_id),
                        pruned_before(home.state()))
     raise BadInput("unknown projection")
