@@ -47,6 +47,19 @@ def _audit(s: Scenario, operation: str) -> list[tuple[Any, ...]]:
                             (operation,)).fetchall()
 
 
+def _artifact(s: Scenario, revision_id: str) -> Path:
+    [(locator,)] = _catalog_rows(s, "SELECT locator FROM revisions WHERE revision_id = ?", revision_id)
+    [found] = list((s.cli.home / "agents" / s.agent / "memory-scopes").rglob(str(locator)))
+    return found
+
+
+def _store_of(s: Scenario, revision_id: str) -> tuple[Any, ...]:
+    [row] = _catalog_rows(s, "SELECT t.scope_kind, t.audience_id FROM revisions v JOIN resources r USING"
+                             " (resource_id) JOIN stores t ON t.store_id = r.store_id WHERE v.revision_id = ?",
+                          revision_id)
+    return row
+
+
 def _listed(s: Scenario) -> dict[str, Any]:
     found: dict[str, Any] = s.cli.j("quarantine", "list", "--agent", s.agent)
     return found
@@ -69,16 +82,20 @@ def test_a_migrated_note_is_released_to_its_owner_once(scenario: Scenario, migra
     assert preview.json()["released"] is False and preview.json()["as"] == "legacy/kept.md"
     assert diff_snapshots(before, snapshot(s.cli.home)) == []  # a preview writes nothing, not even an audit row
 
+    quarantined_bytes = _artifact(s, note["revision_id"])
     done = s.cli("--json", *args, "--yes")
     assert done.code == 0, done.err
     assert done.json()["released"] is True
     read = s.cli("read", s.alice_session, "private/legacy/kept.md", check=True).out
     assert hashlib.sha256(read).hexdigest() == sha256 and len(read) == note["size"]
-    for session in (s.bob_session, s.group_session):
-        assert s.cli("read", session, "private/legacy/kept.md").code == 3
-    [(origin,)] = _catalog_rows(s, "SELECT trust_origin FROM revisions WHERE revision_id = ?",
-                                done.json()["new_revision_id"])
+    copy = done.json()["new_revision_id"]
+    assert _store_of(s, copy) == ("user", s.alice)  # her private store, which no one else's view holds
+    [(origin,)] = _catalog_rows(s, "SELECT trust_origin FROM revisions WHERE revision_id = ?", copy)
     assert origin == "migration"
+    # A move: the quarantined text left with it, so her forget of the copy is the end of it.
+    assert not quarantined_bytes.exists()
+    assert _catalog_rows(s, "SELECT count(*) FROM forgotten_revisions WHERE revision_id = ?",
+                         note["revision_id"]) == [(1,)]
     # Released once: the quarantine no longer holds it, and a second release finds nothing.
     assert note["path"] not in [m["path"] for m in _listed(s)["migrated"]]
     again = s.cli(*args, "--yes")
@@ -92,22 +109,33 @@ def test_a_release_to_agent_shared_reaches_everyone_read_only(scenario: Scenario
                                                               migrated: list[dict[str, Any]]) -> None:
     s = scenario
     note = migrated[1]
-    s.cli.j("quarantine", "release", "--agent", s.agent, note["path"], "--to", "agent-shared", "--as",
-            "legacy/reference.md", "--yes")
+    done = s.cli.j("quarantine", "release", "--agent", s.agent, note["path"], "--to", "agent-shared", "--as",
+                   "legacy/reference.md", "--yes")
+    assert _store_of(s, done["new_revision_id"])[0] == "agent-shared"
     for session in (s.alice_session, s.bob_session, s.group_session):
         assert len(s.cli("read", session, "agent-shared/legacy/reference.md", check=True).out) == note["size"]
     assert s.cli("write", s.bob_session, "agent-shared/legacy/reference.md", stdin=b"mine now\n").code == 3
+
+
+def test_a_release_to_a_role_reaches_its_members_only(scenario: Scenario, migrated: list[dict[str, Any]]) -> None:
+    s = scenario
+    role = s.cli.j("role", "add", "finance")["role_id"]
+    s.cli.j("member", "add", "role:finance", s.bob)
+    done = s.cli.j("quarantine", "release", "--agent", s.agent, migrated[0]["path"], "--to", "role:finance",
+                   "--as", "legacy/ledger.md", "--yes")
+    assert _store_of(s, done["new_revision_id"]) == ("role", role)
+    assert len(s.cli("read", s.bob_session, "roles/finance/legacy/ledger.md", check=True).out) == migrated[0]["size"]
+    assert s.cli("read", s.alice_session, "roles/finance/legacy/ledger.md").code == 3
 
 
 def test_a_group_transcript_is_released_to_its_conversation_only(scenario: Scenario,
                                                                   migrated: list[dict[str, Any]]) -> None:
     s = scenario
     [note] = [m for m in migrated if m["path"].endswith("/s-group.jsonl")]
-    s.cli.j("quarantine", "release", "--agent", s.agent, note["path"], "--to", f"conversation:{s.conversation}",
-            "--as", "legacy/team.jsonl", "--yes")
+    done = s.cli.j("quarantine", "release", "--agent", s.agent, note["path"], "--to",
+                   f"conversation:{s.conversation}", "--as", "legacy/team.jsonl", "--yes")
+    assert _store_of(s, done["new_revision_id"]) == ("channel", s.conversation)
     assert s.cli("read", s.group_session, "channel/legacy/team.jsonl", check=True).out == GROUP_TRANSCRIPT
-    for session in (s.alice_session, s.bob_session):
-        assert s.cli("read", session, "channel/legacy/team.jsonl").code == 3
 
 
 def test_a_release_never_overwrites_and_bad_input_changes_nothing(scenario: Scenario,
@@ -118,6 +146,8 @@ def test_a_release_never_overwrites_and_bad_input_changes_nothing(scenario: Scen
     base = ("quarantine", "release", "--agent", s.agent, path, "--yes")
     refused = {
         "occupied": (*base, "--owner", s.alice, "--as", "legacy/taken.md"),
+        "a folder there": (*base, "--owner", s.alice, "--as", "legacy"),
+        "below a note": (*base, "--owner", s.alice, "--as", "legacy/taken.md/under.md"),
         "no destination": base,
         "two destinations": (*base, "--owner", s.alice, "--to", "agent-shared"),
         "unknown principal": (*base, "--owner", "p_" + "0" * 26),
@@ -150,9 +180,14 @@ def test_a_mixed_audience_derivation_is_never_released_but_can_be_purged(scenari
     for destination in (("--owner", s.alice), ("--to", "agent-shared")):
         result = s.cli("quarantine", "release", "--agent", s.agent, path, *destination, "--yes")
         assert result.code == 2 and "only a note the migration quarantined" in result.err
+    [(revision_id,)] = _catalog_rows(s, "SELECT v.revision_id FROM revisions v JOIN resources r USING"
+                                        " (resource_id) WHERE r.path = ?", path)
+    summary = _artifact(s, str(revision_id))
     s.cli.j("quarantine", "purge", "--agent", s.agent, path, "--yes")
     assert _catalog_rows(s, "SELECT count(*) FROM resources r JOIN stores t USING (store_id)"
                             " WHERE t.scope_kind = 'quarantine' AND r.state = 'live'") == [(0,)]
+    assert not summary.exists()
+    assert [row[:2] for row in _audit(s, "quarantine-purge")] == [("allow", None)]
 
 
 def test_purge_forgets_a_quarantined_note_with_its_bytes_and_keeps_its_claims(

@@ -101,6 +101,18 @@ def active_revision(conn: apsw.Connection, agent_id: str, resource_id: str) -> R
     return None if row is None else _revision(row)
 
 
+def active_at(conn: apsw.Connection, agent_id: str, scope_kind: str, audience_id: str,
+              path: str) -> tuple[StoreRow, ResourceRow, RevisionRow] | None:
+    """The live note at ``path`` of the store (``scope_kind``, ``audience_id``) with its active revision;
+    None if there is no such store, note, or active revision (only a write a crash left pending)."""
+    store = find_store(conn, agent_id, scope_kind, audience_id)
+    resource = find_resource(conn, agent_id, store.store_id, path) if store is not None else None
+    revision = active_revision(conn, agent_id, resource.resource_id) if resource is not None else None
+    if store is None or resource is None or revision is None:
+        return None
+    return store, resource, revision
+
+
 def _revision(row: tuple[Any, ...]) -> RevisionRow:
     return RevisionRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]), row[8])
 

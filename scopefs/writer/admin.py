@@ -22,7 +22,7 @@ from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.lineage import descendants, resource_revisions
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.policy import Op
-from scopefs.catalog.stores import RevisionRow, StoreRow, active_revision, find_resource, find_store
+from scopefs.catalog.stores import RevisionRow, StoreRow, active_at, active_revision
 from scopefs.writer.broker import broker_access
 from scopefs.writer.forget import Note, Plan, forget_planned
 
@@ -53,11 +53,10 @@ def known_agent(home: Home, agent_id: str) -> str:
 def stored_note(catalog: apsw.Connection, agent_id: str, scope_kind: str, audience_id: str, parts: Parts,
                 shown: str, missing: str) -> StoredNote:
     """The live note at ``parts`` of the store (``scope_kind``, ``audience_id``); BadInput(``missing``) if none."""
-    store = find_store(catalog, agent_id, scope_kind, audience_id)
-    resource = find_resource(catalog, agent_id, store.store_id, "/".join(parts)) if store is not None else None
-    revision = active_revision(catalog, agent_id, resource.resource_id) if resource is not None else None
-    if store is None or resource is None or revision is None:
+    found = active_at(catalog, agent_id, scope_kind, audience_id, "/".join(parts))
+    if found is None:
         raise BadInput(missing)
+    store, resource, revision = found
     return StoredNote(parts, shown, store, resource.resource_id, revision)
 
 
@@ -67,12 +66,17 @@ def held_by(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]) ->
     return len(descendants(catalog, agent_id, revisions)) if revisions else 0
 
 
+def forget_plan(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]) -> Plan:
+    """``forget``'s plan for ``notes``: each whole, with every revision it has."""
+    return Plan([Note(n.shown, n.resource_id, n.store, "named",
+                      tuple(resource_revisions(catalog, agent_id, n.resource_id))) for n in notes])
+
+
 def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str) -> str:
     """Forget ``notes`` as the broker, audited as ``operation``; its forget id. Conflict if one changed since
     it was found (nothing is forgotten then)."""
     catalog = home.catalog(agent_id)
-    plan = Plan([Note(n.shown, n.resource_id, n.store, "named",
-                      tuple(resource_revisions(catalog, agent_id, n.resource_id))) for n in notes])
+    plan = forget_plan(catalog, agent_id, notes)
     with broker_access(home, agent_id, Op.DELETE) as access:
         return forget_planned(access, plan, [], lambda: all(n.still(catalog, agent_id) for n in notes),
                               operation=operation)

@@ -67,6 +67,7 @@ from scopefs.catalog.digests import HASH_CHUNK
 from scopefs.catalog.errors import BadInput, IntegrityError, StorageError
 from scopefs.catalog.fsafe import fsync_dir
 from scopefs.catalog.home import HMAC_KEY_BYTES, Home, pool_cell, read_secret
+from scopefs.catalog.readjournal import replay
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.schema import current_version
 from scopefs.writer.scrub import scrub, unscrubbed
@@ -558,6 +559,11 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
     if not Path(os.path.realpath(dest)).is_relative_to(migrations):  # where ``writer.migrate`` backs up first
         check_apart(dest, home.root, "backup destination", "the home")
     home.state()  # the home opens (and its schema is current) before anything is made
+    replay(home)  # the reads a killed mount served are in the state copy too (``catalog.readjournal``)
+    # A whole copy of every note, out of forget's reach, is about to exist: the home's audit says when. Written
+    # before the first snapshot (which then holds it too), never between the last look for forgets and the
+    # rename that puts the backup in place; a run that fails after it leaves a row for a backup not made.
+    record(home.state(), AuditEvent("backup", "allow", Reason.ALLOWED))
     with work_folder(dest, "backup", say) as root:
         (root / "agents").mkdir(mode=0o700)
         copier = _Copier(home, root)
@@ -585,9 +591,6 @@ def backup_home(home: Home, dest: Path, *, progress: Progress | None = None) -> 
         for folder in {root, root / "agents", *(cell_dir(root, c).parent for c in cells),
                        *(cell_dir(root, c) for c in cells)}:
             fsync_dir(folder)
-        # A whole copy of every note now exists out of forget's reach: the home's audit says when. Written
-        # before the backup is put in place, so a backup the audit does not name never appears.
-        record(home.state(), AuditEvent("backup", "allow", Reason.ALLOWED))
         put_atomically(root, dest)
     say("done")
     return BackupReport(

@@ -128,13 +128,18 @@ def forget_planned(access: Access, plan: Plan, keys: list[str], unchanged: Calla
         with immediate(catalog):
             if not unchanged():
                 raise Conflict("the notes changed while the forget was prepared; nothing was forgotten, try again")
-            _apply(access, catalog, forget_id, plan, keys, operation)
+            forget_rows(access, catalog, forget_id, plan, keys, operation)
             checkpoint(Step.FORGETTING)
     checkpoint(Step.FORGOTTEN)
     drain_quietly(home.state(), catalog, agent)
-    _unlink_artifacts(home, agent, catalog, plan)
-    scrub(catalog, agent)
+    forget_files(home, agent, catalog, plan)
     return forget_id
+
+
+def forget_files(home: Home, agent_id: str, catalog: apsw.Connection, plan: Plan) -> None:
+    """After the commit of ``forget_rows``: the bytes leave the disk and the catalog's files."""
+    _unlink_artifacts(home, agent_id, catalog, plan)
+    scrub(catalog, agent_id)
 
 
 def _deletable(access: Access, target: Target) -> bool:
@@ -293,11 +298,14 @@ def _claim_keys(home: Home, access: Access, catalog: apsw.Connection, plan: Plan
     return list(keys), unreadable
 
 
-def _apply(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan, keys: list[str],
-           operation: str) -> None:
+def forget_rows(access: Access, catalog: apsw.Connection, forget_id: str, plan: Plan, keys: list[str],
+                operation: str, *, revision_id: str | None = None) -> None:
+    """Inside the caller's transaction (under the writer lock): ``plan`` forgotten in the catalog, its
+    claims ``keys`` rejected, audited as ``operation`` (naming ``revision_id``, if given). Then, after the
+    commit, ``forget_files``; a crash between leaves files no revision serves (``doctor --fix``)."""
     now = now_us()
     agent = access.agent_id
-    event_id = enqueue(catalog, agent, access.event(operation, "allow", Reason.ALLOWED))
+    event_id = enqueue(catalog, agent, access.event(operation, "allow", Reason.ALLOWED, revision_id=revision_id))
     catalog.execute("INSERT INTO forgets (forget_id, agent_id, session_id, actor_id, notes, claims, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)", (forget_id, agent, access.session.session_id, access.actor_id,
                                                       len(plan.notes), len(keys), now))

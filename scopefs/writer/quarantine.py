@@ -116,22 +116,30 @@ def quarantine_listing(home: Home, agent_id: str) -> dict[str, list[dict[str, An
                 for path, revision_id, size, at, klass in home.catalog(agent_id).execute(_MIGRATED, (agent_id,))]
     tampered: list[dict[str, Any]] = []
     files: list[dict[str, Any]] = []
+    for name, size in folder_entries(home, agent_id).items():
+        entry: dict[str, Any] = {"name": name, "size": size}
+        revision_id = tampered_revision(name)
+        if revision_id is not None:
+            tampered.append({**entry, "revision_id": revision_id})
+        else:
+            files.append(entry)
+    return {"migrated": migrated, "tampered": tampered, "files": files}
+
+
+def folder_entries(home: Home, agent_id: str) -> dict[str, int | None]:
+    """What the quarantine folder holds, by name: a regular file's size, None for anything else."""
     try:
         qfd = open_dir(home.quarantine_dir(agent_id))
     except FileNotFoundError:
-        return {"migrated": migrated, "tampered": tampered, "files": files}
+        return {}
+    found: dict[str, int | None] = {}
     try:
         for name in sorted(os.listdir(qfd)):
             try:
                 st = os.stat(name, dir_fd=qfd, follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed meanwhile (a forget, doctor)
-            entry: dict[str, Any] = {"name": name, "size": st.st_size if stat.S_ISREG(st.st_mode) else None}
-            revision_id = tampered_revision(name)
-            if revision_id is not None:
-                tampered.append({**entry, "revision_id": revision_id})
-            else:
-                files.append(entry)
+            found[name] = st.st_size if stat.S_ISREG(st.st_mode) else None
     finally:
         os.close(qfd)
-    return {"migrated": migrated, "tampered": tampered, "files": files}
+    return found

@@ -13,12 +13,16 @@ decisions a review makes on it.
   assignment the migration could not prove, which the seed lets an admin
   confirm), into a conversation's channel store (a group's transcript,
   confirmed as that group's), or into agent-shared or a role's store (an
-  admin's explicit mark). The copy keeps trust origin ``migration``. In the same
-  transaction the quarantined note is tombstoned and an audit row names
-  it, so a note is released once. A note already at the destination is
-  never overwritten. A derivation filed for mixing audiences is not
-  released: widening it is what the quarantine prevents, and only the
-  session that made it can split it.
+  admin's explicit mark). The copy keeps trust origin ``migration``. A
+  release is a move: in the same transaction the quarantined note is
+  forgotten (every revision; its bytes leave the disk after the commit, as
+  ``forget``'s do) and an audit row names it, so a note is released once
+  and its text is nowhere but in the copy, which its new owner can forget.
+  A note already at the destination is never overwritten, and the
+  destination's audience (the binding, the role, the conversation) is
+  decided again inside both commits. A derivation filed for mixing
+  audiences is not released: widening it is what the quarantine
+  prevents, and only the session that made it can split it.
 * ``purge``: a quarantined note is forgotten, with every revision and its
   bytes, as ``forget`` does, but without rejecting its claims, since the
   text was ambiguous rather than wrong. A tampered copy or a stray file is
@@ -33,12 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from dataclasses import dataclass, fields
 from typing import Any
 
 import apsw
 
+from scopefs.catalog import ids
 from scopefs.catalog.artifacts import read_verified
 from scopefs.catalog.audit import drain_quietly, enqueue, settle
 from scopefs.catalog.db import immediate, one
@@ -46,17 +50,16 @@ from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.fsafe import open_dir
 from scopefs.catalog.home import Home
 from scopefs.catalog.identity import get_principal, has_live_binding
-from scopefs.catalog.paths import Parts, check_parts, split_virtual_path
+from scopefs.catalog.paths import Parts, split_virtual_path
 from scopefs.catalog.policy import ALLOW, Decision, Op
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.sharing import parse_audience
-from scopefs.catalog.stores import active_revision, find_resource, find_store
-from scopefs.writer.admin import StoredNote, forget_stored, known_agent, stored_note
+from scopefs.catalog.stores import active_at, find_store, path_conflict
+from scopefs.writer.admin import StoredNote, forget_plan, forget_stored, known_agent, stored_note
 from scopefs.writer.broker import broker_access
 from scopefs.writer.derive import QUARANTINE
-from scopefs.writer.forget import MAX_PATHS
-from scopefs.writer.quarantine import tampered_revision
-from scopefs.writer.tombstone import tombstone_rows
+from scopefs.writer.forget import MAX_PATHS, forget_files, forget_rows
+from scopefs.writer.quarantine import folder_entries, tampered_revision
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
 RELEASE = "quarantine-release"
@@ -115,6 +118,7 @@ class _Destination:
     audience_id: str
     spelled: str  # how the preview names it: private:<principal>, agent-shared, role:<name>, conversation:<id>
     owner: str | None  # the person whose live binding the copy needs, for a private store
+    to: str | None  # the --to spelling, decided again inside both commits (a role retired, say)
 
 
 def _destination(home: Home, agent_id: str, owner: str | None, to: str | None) -> _Destination:
@@ -125,13 +129,24 @@ def _destination(home: Home, agent_id: str, owner: str | None, to: str | None) -
         principal = get_principal(home.state(), owner)  # BadInput if unknown
         if principal.kind != "human" or principal.state != "active" or not has_live_binding(home.state(), owner):
             raise BadInput("--owner must be an active human principal with a live channel binding")
-        return _Destination("user", owner, f"private:{owner}", owner)
+        return _Destination("user", owner, f"private:{owner}", owner, None)
     assert to is not None
     audience = parse_audience(home.state(), agent_id, to)
     if audience.kind == "conversation":  # a group's transcript, confirmed to be that group's: its channel store
-        return _Destination("channel", audience.principal_id, audience.spelled, None)
+        return _Destination("channel", audience.principal_id, audience.spelled, None, to)
     scope_kind, audience_id = audience.published_store()
-    return _Destination(scope_kind, audience_id, audience.spelled, None)
+    return _Destination(scope_kind, audience_id, audience.spelled, None, to)
+
+
+def _still_there(home: Home, agent_id: str, destination: _Destination) -> bool:
+    """Whether the destination's audience still stands: the person's binding, the role, the conversation."""
+    if destination.owner is not None:
+        return has_live_binding(home.state(), destination.owner)
+    assert destination.to is not None
+    try:
+        return _destination(home, agent_id, None, destination.to) == destination
+    except BadInput:
+        return False
 
 
 def _default_inner(note: Quarantined) -> Parts:
@@ -142,10 +157,14 @@ def _default_inner(note: Quarantined) -> Parts:
     return parts
 
 
-def _occupied(catalog: apsw.Connection, agent_id: str, to: _Destination, inner: Parts) -> bool:
+def _taken(catalog: apsw.Connection, agent_id: str, to: _Destination, inner: Parts) -> str | None:
+    """Why the copy cannot land at ``inner``: a note there (never overwritten), or a folder or note in the way."""
+    path = "/".join(inner)
+    if active_at(catalog, agent_id, to.scope_kind, to.audience_id, path) is not None:
+        return "a note is at that destination already and is never overwritten; name another with --as"
     store = find_store(catalog, agent_id, to.scope_kind, to.audience_id)
-    resource = find_resource(catalog, agent_id, store.store_id, "/".join(inner)) if store is not None else None
-    return resource is not None and active_revision(catalog, agent_id, resource.resource_id) is not None
+    why = path_conflict(catalog, agent_id, store.store_id, path) if store is not None else None
+    return None if why is None else f"invalid --as path: {why}"
 
 
 def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, to: str | None = None,
@@ -158,38 +177,38 @@ def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, t
         raise BadInput("only a note the migration quarantined can be released; a derivation filed for mixing"
                        " audiences stays until the session that made it splits it, or it is purged")
     destination = _destination(home, agent, owner, to)
-    inner = check_parts(split_virtual_path(as_path)) if as_path is not None else _default_inner(note)
-    if _occupied(catalog, agent, destination, inner):
-        raise BadInput("a note is at that destination already and is never overwritten; name another with --as")
+    inner = split_virtual_path(as_path) if as_path is not None else _default_inner(note)
+    why = _taken(catalog, agent, destination, inner)
+    if why is not None:
+        raise BadInput(why)
     preview = {"agent_id": agent, "path": note.path, "revision_id": note.revision.revision_id,
                "class": note.migrated_class, "size": note.revision.size, "to": destination.spelled,
                "as": "/".join(inner)}
     if not yes:
         return Released(preview, None)
     data = read_verified(home, agent, note.store, note.revision)  # a tampered note is never released (exit 4)
+    plan = forget_plan(catalog, agent, [note])  # a move: the quarantined text leaves with the release
 
     def authority(conn: apsw.Connection, _activating: bool) -> Decision:
-        if not note.still(conn, agent) or _occupied(conn, agent, destination, inner):
+        if not note.still(conn, agent) or _taken(conn, agent, destination, inner) is not None:
             return Decision(False, Reason.REVISION_STALE)
-        if destination.owner is not None and not has_live_binding(home.state(), destination.owner):
-            return Decision(False, Reason.IDENTITY_REVOKED)
+        if not _still_there(home, agent, destination):
+            return Decision(False, Reason.IDENTITY_REVOKED if destination.owner else Reason.MEMBERSHIP_STALE)
         return ALLOW
 
     with broker_access(home, agent, Op.IMPORT) as access:
         def record(conn: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
-            tombstone_rows(conn, note.resource_id, note.revision.revision_id)
-            event = access.event(RELEASE, "allow", Reason.ALLOWED, store_id=note.store.store_id,
-                                 revision_id=note.revision.revision_id)
-            settle(conn, enqueue(conn, agent, event), decision="allow", reason=Reason.ALLOWED)
+            forget_rows(access, conn, ids.random_token(), plan, [], RELEASE, revision_id=note.revision.revision_id)
 
         try:
             result = write_copy(access, destination.scope_kind, destination.audience_id, inner, data,
                                 Provenance(Op.IMPORT, TRUST_ORIGIN, authority, record))
         except Denied:
-            if note.still(catalog, agent) and not _occupied(catalog, agent, destination, inner):
-                raise  # the person's binding went: the refusal as it is (exit 3)
+            if note.still(catalog, agent) and _taken(catalog, agent, destination, inner) is None:
+                raise  # the audience went: the refusal as it is (exit 3)
             raise Conflict("the quarantined note or the destination changed meanwhile; nothing was released") from None
     drain_quietly(home.state(), catalog, agent)
+    forget_files(home, agent, catalog, plan)
     return Released(preview, result)
 
 
@@ -206,23 +225,6 @@ def _file_name(entry: str) -> str:
     return entry
 
 
-def _quarantine_files(home: Home, agent_id: str) -> set[str]:
-    """The names in the quarantine folder that are not folders (``doctor --fix`` moves files there)."""
-    try:
-        qfd = open_dir(home.quarantine_dir(agent_id))
-    except FileNotFoundError:
-        return set()
-    try:
-        names = set()
-        for name in os.listdir(qfd):
-            with contextlib.suppress(FileNotFoundError):
-                if not stat.S_ISDIR(os.stat(name, dir_fd=qfd, follow_symlinks=False).st_mode):
-                    names.add(name)
-        return names
-    finally:
-        os.close(qfd)
-
-
 def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -> Purged:
     """Preview, or (``yes``) carry out, the purge of ``entries``: note paths (with a ``/``) or file names."""
     if not entries or len(entries) > MAX_PATHS:
@@ -231,18 +233,19 @@ def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -
     catalog = home.catalog(agent)
     notes: dict[str, Quarantined] = {}
     files: list[str] = []
-    present = _quarantine_files(home, agent)
+    present = folder_entries(home, agent)
     for entry in entries:
         if not isinstance(entry, str):
             raise BadInput(_NOT_THERE)
         if "/" in entry:
             note = quarantined(catalog, agent, entry)
             notes.setdefault(note.resource_id, note)
-        elif _file_name(entry) in present:
-            if entry not in files:
-                files.append(entry)
-        else:
+        elif _file_name(entry) not in present:
             raise BadInput(_NOT_THERE)
+        elif present[entry] is None:
+            raise BadInput("that quarantine entry is not a regular file; an operator removes it by hand")
+        elif entry not in files:
+            files.append(entry)
     if not yes:
         return Purged(list(notes.values()), files, False, None)
     forget_id = forget_stored(home, agent, list(notes.values()), PURGE) if notes else None
