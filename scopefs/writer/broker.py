@@ -13,17 +13,28 @@ run's own authority (``Provenance.authority``), inside both commits.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
+import apsw
+
 from scopefs.catalog.access import Access, current_access
+from scopefs.catalog.errors import ScopefsError
 from scopefs.catalog.home import Home
 from scopefs.catalog.policy import Op
 from scopefs.catalog.sessions import SharedMain, close_session, open_session
 
+log = logging.getLogger("scopefs.broker")
+
 
 @contextlib.contextmanager
 def broker_access(home: Home, agent_id: str, operation: Op) -> Iterator[Access]:
-    """A fresh broker session's access for the block; the session is closed after it, whatever happens."""
+    """A fresh broker session's access for the block; the session is closed after it, whatever happens.
+
+    A close that fails (the state database locked past its timeout) is logged, never raised: it must not
+    hide the block's own error, nor turn work the block committed into a failure the caller would retry.
+    The session left open is the broker's own, whose view holds nothing but ``agent-shared/``.
+    """
     session = open_session(home, agent_id, SharedMain())
     try:
         access, problem = current_access(home, session.session_id)
@@ -31,4 +42,7 @@ def broker_access(home: Home, agent_id: str, operation: Op) -> Iterator[Access]:
             raise access.refuse(operation, problem)
         yield access
     finally:
-        close_session(home, session.session_id)
+        try:
+            close_session(home, session.session_id)
+        except (ScopefsError, apsw.Error, OSError) as exc:
+            log.warning("the broker's session of this run stays open (%s)", type(exc).__name__)
