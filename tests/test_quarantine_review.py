@@ -17,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from scopefs.catalog.errors import Denied
+from scopefs.catalog.home import Home
+from scopefs.catalog.identity import revoke_binding
+from scopefs.writer.quarantine_review import release
+from scopefs.writer.steps import Step, set_hook
 from tests.conftest import Scenario, artifact_path, db_copy, diff_snapshots, snapshot
 from tests.crashkit import catalog_path
 from tests.migratekit import CANARIES, GROUP_TRANSCRIPT, build_layout
@@ -251,3 +256,32 @@ def test_a_quarantined_note_that_no_longer_verifies_is_never_released(scenario: 
     assert s.cli("read", s.alice_session, "private/legacy/kept.md").code == 3
     assert note["path"] in [m["path"] for m in _listed(s)["migrated"]]
     assert _audit(s, "quarantine-release") == []
+
+
+def test_a_binding_revoked_during_the_release_refuses_it_and_keeps_the_note(
+        scenario: Scenario, migrated: list[dict[str, Any]]) -> None:
+    """The preview found Alice reachable; her binding goes before the copy commits. The commit decides
+    again and refuses (``identity-revoked``, exit 3 on the command line): no copy, and the quarantined
+    note stays, bytes and all."""
+    s = scenario
+    note = migrated[0]
+    home = Home.open(s.cli.home)
+    revoked: list[Step] = []
+
+    def revoke_meanwhile(at: Step) -> None:
+        if at is Step.STAGED and not revoked:
+            revoked.append(at)
+            revoke_binding(home.state(), s.alice_binding)
+
+    set_hook(revoke_meanwhile)
+    try:
+        with pytest.raises(Denied):
+            release(home, s.agent, note["path"], owner=s.alice, as_path="legacy/kept.md", yes=True)
+    finally:
+        set_hook(None)
+        home.close()
+    assert revoked == [Step.STAGED]
+    assert note["path"] in [m["path"] for m in _listed(s)["migrated"]]
+    assert _artifact(s, note["revision_id"]).exists()
+    assert _audit(s, "quarantine-release") == []
+    assert _catalog_rows(s, "SELECT count(*) FROM resources WHERE path = 'legacy/kept.md'") == [(0,)]

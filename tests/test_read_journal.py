@@ -25,7 +25,7 @@ from scopefs.catalog import readjournal
 from scopefs.catalog.audit import AuditEvent
 from scopefs.catalog.exposures import Exposed, record_batch
 from scopefs.catalog.home import Home
-from scopefs.catalog.readjournal import FOLDER, RUN_ID, ReadJournal, replay
+from scopefs.catalog.readjournal import FOLDER, REPLAYING, RUN_ID, ReadJournal, replay
 from tests.conftest import ALICE_FACT, READ_JOURNALS, Scenario, db_copy
 from tests.mountkit import patched_server, view_servers, wait_until
 
@@ -59,7 +59,7 @@ def _revision(s: Scenario, session: str, path: str) -> str:
 def _journal_files(s: Scenario) -> list[str]:
     assert FOLDER == READ_JOURNALS  # the snapshots of ``tests.conftest`` leave it out with the audit
     folder = s.cli.home / FOLDER
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    return sorted(p.name for p in folder.iterdir() if p.name != REPLAYING) if folder.exists() else []
 
 
 @contextlib.contextmanager
@@ -170,9 +170,12 @@ def test_two_replays_at_once_record_a_journal_once(scenario: Scenario) -> None:
     counts: list[int] = []
     errors: list[BaseException] = []
 
+    together = threading.Barrier(4)
+
     def one_replay() -> None:
         other = Home.open(s.cli.home)
         try:
+            together.wait(timeout=30)
             counts.append(replay(other))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -193,6 +196,14 @@ def test_a_given_up_batch_outlives_later_batches_and_long_journals_are_read_in_p
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     s = scenario
     monkeypatch.setattr(readjournal, "REPLAY_BATCH", 7)
+    pieces: list[int] = []
+    record = readjournal._record
+
+    def counted(home: Home, lines: list[dict[str, Any]]) -> int:
+        pieces.append(len(lines))
+        return record(home, lines)
+
+    monkeypatch.setattr(readjournal, "_record", counted)
     home = Home.open(s.cli.home)
     try:
         journal = ReadJournal(home)
@@ -209,6 +220,42 @@ def test_a_given_up_batch_outlives_later_batches_and_long_journals_are_read_in_p
         assert replay(home) == 1
         assert _exposures(s, s.alice_session) == [("v_" + "1" * 26, RUN_ID)]
         rows = _dead_journal(home, s.alice_session, s.agent, 20)
-        assert replay(home) == len(rows)  # three pieces of at most seven lines
+        pieces.clear()
+        assert replay(home) == len(rows)
+        assert pieces == [7, 7, 6]
+    finally:
+        home.close()
+
+
+def test_a_file_written_after_the_first_look_is_replayed_with_its_journal(scenario: Scenario) -> None:
+    """A mount may write another file between a replay's listing and its death: the replay lists the
+    token's files again once it holds the dead mount's lock, so none is left behind without its lock."""
+    s = scenario
+    home = Home.open(s.cli.home)
+    try:
+        rows = _dead_journal(home, s.alice_session, s.agent, 3)
+        dir_fd = os.open(s.cli.home / FOLDER, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            [token] = [name.removesuffix(".lock") for name in os.listdir(dir_fd) if name.endswith(".lock")]
+            assert readjournal._replay_one(home, dir_fd, token) == len(rows)
+        finally:
+            os.close(dir_fd)
+        assert _journal_files(s) == []
+    finally:
+        home.close()
+
+
+def test_a_line_of_nested_brackets_or_an_impossible_time_is_skipped(scenario: Scenario) -> None:
+    s = scenario
+    home = Home.open(s.cli.home)
+    try:
+        rows = _dead_journal(home, s.alice_session, s.agent, 1)
+        [name] = [n for n in _journal_files(s) if n.endswith(".jsonl")]
+        with open(s.cli.home / FOLDER / name, "ab") as journal:
+            journal.write(b"[" * 1500 + b"\n")
+            journal.write(b'{"at": ' + str(10**30).encode() + b', "agent_id": "main", "session_id": "s_'
+                          + b"1" * 26 + b'", "revision_id": "v_' + b"2" * 26 + b'", "resource_id": "r_'
+                          + b"2" * 26 + b'"}\n')
+        assert replay(home) == len(rows)
     finally:
         home.close()

@@ -19,9 +19,9 @@ is already there (its batch was committed, the removal did not happen) is
 skipped, so a replay never counts a read twice.
 
 A lock is named only once it is locked (made unnamed, locked, then
-linked), so a replay never finds a live mount's lock free; a replay
-finishes one journal under its lock, and a second replay that reaches the
-same files after they went skips them. A batch the mount gave up on (its
+linked), so a replay never finds a live mount's lock free. A replay takes
+a dead mount's lock, lists its files again (final now), records and
+removes them, the lock last; replays wait for each other. A batch the mount gave up on (its
 last flush failed, or an unexpected error) keeps its files and its lock
 name for the replay after the mount ends.
 
@@ -55,6 +55,8 @@ FOLDER = "read-journals"
 RUN_ID = "mount"  # the exposures' run: a mount's reads have no gateway run
 MAX_LINE = 2048  # bytes of one journal line read back (ours are well under 1 KiB); longer ones are skipped
 REPLAY_BATCH = 5000  # lines recorded per transaction: a long journal is read and recorded in bounded pieces
+REPLAYING = ".replaying"  # the replays' own lock (a name no journal or mount lock can have)
+MAX_AT = 1 << 62  # µs: a time a line may hold (SQLite's integers are 64-bit)
 _NAME = re.compile(r"([a-z0-9]{1,64})(?:-([0-9]{1,12})\.jsonl|\.lock)")
 _ID = re.compile(r"[A-Za-z0-9_:.-]{1,200}")
 _EVENT_FIELDS = ("agent_id", "session_id", "subject_kind", "actor_id", "store_id", "revision_id")
@@ -102,7 +104,8 @@ class ReadJournal:
 
     def append(self, event: AuditEvent, exposed: Exposed) -> None:
         """One first read, on disk before its READ replies (one ``write``, no sync). OSError if the line
-        is not all on disk (a full disk): the file is then closed, so the next line starts a new one."""
+        is not all on disk (a full disk): a write that failed wrote nothing, and the next line goes to the
+        same file; a short one closes the file, so nothing is appended to the torn line."""
         if self._current is None:
             self._number += 1
             name = self._name(self._number)
@@ -112,11 +115,7 @@ class ReadJournal:
         line = {**{k: v for k, v in asdict(event).items() if k in _EVENT_FIELDS}, "at": event.at,
                 "resource_id": exposed.resource_id}
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
-        try:
-            written = os.write(self._current, data)
-        except OSError:
-            self._end_file()
-            raise
+        written = os.write(self._current, data)  # an error wrote nothing: the file stays the one to append to
         if written != len(data):  # a torn line: the replay skips it, and nothing is appended to it
             self._end_file()
             raise OSError(errno.ENOSPC, "the read journal's line was cut short")
@@ -137,12 +136,14 @@ class ReadJournal:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=self._dir)
-        self._written = [n for n in self._written if n not in names]
+        gone = set(names)
+        self._written = [n for n in self._written if n not in gone]
 
     def given_up(self, names: list[str]) -> None:
         """The batch covering ``names`` was dropped unrecorded: they stay for the replay after this mount,
         and no later batch removes them."""
-        self._written = [n for n in self._written if n not in names]
+        gone = set(names)
+        self._written = [n for n in self._written if n not in gone]
         self._kept = self._kept or bool(names)
 
     def close(self) -> None:
@@ -182,9 +183,9 @@ def _lines(dir_fd: int, name: str) -> Iterator[list[dict[str, Any]]]:
 def _parsed(raw: bytes) -> dict[str, Any] | None:
     try:
         line = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line of nested brackets is not ours either
         return None
-    if (isinstance(line, dict) and type(line.get("at")) is int
+    if (isinstance(line, dict) and type(line.get("at")) is int and 0 <= line["at"] < MAX_AT
             and all(isinstance(line.get(k), str) and _ID.fullmatch(line[k])
                     for k in ("agent_id", "session_id", "revision_id", "resource_id"))
             and all(line.get(k) is None or (isinstance(line[k], str) and _ID.fullmatch(line[k]))
@@ -211,29 +212,42 @@ def _record(home: Home, lines: list[dict[str, Any]]) -> int:
     return len(fresh)
 
 
+def _journals(dir_fd: int) -> dict[str, list[str]]:
+    """Token -> its journal files, in the order they were written (a token with only its lock: [])."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for name in os.listdir(dir_fd):
+        match = _NAME.fullmatch(name)
+        if match is not None:
+            files = found.setdefault(match.group(1), [])
+            if match.group(2) is not None:
+                files.append((int(match.group(2)), name))
+    return {token: [name for _number, name in sorted(files)] for token, files in found.items()}
+
+
 def replay(home: Home) -> int:
-    """Record the journals of mounts no longer running, and remove them; how many reads were recorded."""
+    """Record the journals of mounts no longer running, and remove them; how many reads were recorded.
+
+    Replays wait for each other (``REPLAYING``, which no mount takes), so one that returns has recorded
+    every journal of a mount that had ended when it began: an audit answer is never short of them
+    because another replay was still at work.
+    """
     try:
         dir_fd = open_dir(home.root / FOLDER)
     except FileNotFoundError:
         return 0
-    recorded = 0
     try:
-        tokens: dict[str, list[tuple[int, str]]] = {}
-        for name in os.listdir(dir_fd):
-            match = _NAME.fullmatch(name)
-            if match is not None:
-                files = tokens.setdefault(match.group(1), [])
-                if match.group(2) is not None:
-                    files.append((int(match.group(2)), name))
-        for token, files in tokens.items():
-            recorded += _replay_one(home, dir_fd, token, [name for _number, name in sorted(files)])
+        one_at_a_time = os.open(REPLAYING, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                dir_fd=dir_fd)
+        try:
+            fcntl.flock(one_at_a_time, fcntl.LOCK_EX)
+            return sum(_replay_one(home, dir_fd, token) for token in _journals(dir_fd))
+        finally:
+            os.close(one_at_a_time)
     finally:
         os.close(dir_fd)
-    return recorded
 
 
-def _replay_one(home: Home, dir_fd: int, token: str, files: list[str]) -> int:
+def _replay_one(home: Home, dir_fd: int, token: str) -> int:
     """One mount's journal, if its lock is still there and nobody holds it."""
     lock_name = f"{token}.lock"
     try:
@@ -244,13 +258,16 @@ def _replay_one(home: Home, dir_fd: int, token: str, files: list[str]) -> int:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return 0  # a live mount's (or another replay's)
+            return 0  # a live mount's
         try:
             named = os.stat(lock_name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            return 0  # another replay finished this journal while we waited for the name
+            return 0  # finished while we opened it
         if (named.st_dev, named.st_ino) != (os.fstat(lock).st_dev, os.fstat(lock).st_ino):
             return 0
+        # Listed again under the lock: the mount is gone, so this list is final (a file it wrote after the
+        # first look is here too, and never left without its lock).
+        files = _journals(dir_fd).get(token, [])
         recorded = sum(_record(home, piece) for name in files for piece in _lines(dir_fd, name))
         for name in files:
             with contextlib.suppress(FileNotFoundError):

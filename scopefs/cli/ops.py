@@ -69,6 +69,8 @@ def cmd_audit_impact(args: argparse.Namespace) -> int:
     agent = validate_agent_name(args.agent) if args.agent is not None else None
     home = _home(args)
     get_principal(home.state(), args.principal)  # bad input records nothing, not even the replay below
+    if agent is not None and not home.agent_exists(agent):
+        raise BadInput(f"unknown agent: {agent}")
     replay(home)  # reads a killed mount served and had not recorded yet (``catalog.readjournal``)
     found = impact(home, args.principal, agent)
     lines = []
@@ -98,7 +100,8 @@ def cmd_audit_prune(args: argparse.Namespace) -> int:
 
     parse_duration_us(args.older_than)  # bad input records nothing, not even the replay below
     home = _home(args)
-    replay(home)  # a killed mount's reads are recorded before the old ones go, never after
+    if args.yes:  # a preview changes nothing; a prune records a killed mount's reads before old ones go
+        replay(home)
     done = prune(home, args.older_than, apply=args.yes)
     verb = "removed" if done["applied"] else "would remove (run again with --yes)"
     emit(args.json, done, [f"{verb}: {done['audit_rows']} audit row(s), {done['exposure_rows']} exposure row(s)"

@@ -216,6 +216,7 @@ def revoke_projection(home: Home, projection_id: str) -> Revoked:
         catalog = home.catalog(agent_id)
         if get_projection(catalog, agent_id, projection_id) is None:
             continue
+        replay(home)  # reads of the copy a killed mount served count too (``catalog.readjournal``)
         with lock.shared(home.lock_path(agent_id)), immediate(catalog):
             projection = get_projection(catalog, agent_id, projection_id)
             assert projection is not None
@@ -227,7 +228,6 @@ def revoke_projection(home: Home, projection_id: str) -> Revoked:
                                    agent_id=agent_id, revision_id=projection.copy_revision_id)
                 settle(catalog, enqueue(catalog, agent_id, event), decision="allow", reason=Reason.ALLOWED)
         drain_quietly(home.state(), catalog, agent_id)
-        replay(home)  # reads of the copy a killed mount served count too (``catalog.readjournal``)
         return Revoked(projection_id, revoked, sessions_exposed(home, projection.copy_revision_id),
                        pruned_before(home.state()))
     raise BadInput("unknown projection")
