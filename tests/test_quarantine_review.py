@@ -179,9 +179,9 @@ def test_a_mixed_audience_derivation_is_never_released_but_can_be_purged(scenari
     made = _derive(s, s.alice_session, "private/summaries/both.md", SOURCE, f"{s.bob_session}:{SOURCE}",
                    content=b"Both of them avoid nuts of some kind at lunch\n")
     assert made.code == 3 and "mixed-audience" in made.err
-    [(path,)] = _catalog_rows(s, "SELECT r.path FROM resources r JOIN stores t USING (store_id)"
-                                 " WHERE t.scope_kind = 'quarantine' AND r.state = 'live'")
-    assert str(path).startswith("derived/")
+    listed = _listed(s)
+    assert listed["migrated"] == [] and [d["path"][:8] for d in listed["derived"]] == ["derived/"]
+    path = listed["derived"][0]["path"]
     for destination in (("--owner", s.alice), ("--to", "agent-shared")):
         result = s.cli("quarantine", "release", "--agent", s.agent, path, *destination, "--yes")
         assert result.code == 2 and "only a note the migration quarantined" in result.err

@@ -274,12 +274,14 @@ def cmd_quarantine_list(args: argparse.Namespace) -> int:
     if not home.agent_exists(agent):
         raise BadInput(f"unknown agent: {agent}")
     found = quarantine_listing(home, agent)
-    lines = [f"migrated {m['path']} ({m['class'] or '-'}, {m['size']} bytes, revision {m['revision_id']})"
+    lines = [f"migrated {m['path']} ({m['class']}, {m['size']} bytes, revision {m['revision_id']})"
              for m in found["migrated"]]
+    lines += [f"derived {d['path']} ({d['size']} bytes, revision {d['revision_id']})" for d in found["derived"]]
     lines += [f"tampered {t['name']} ({t['size']} bytes)" for t in found["tampered"]]
     lines += [f"file {f['name']} ({'-' if f['size'] is None else f['size']} bytes)" for f in found["files"]]
     lines.append(f"{len(found['migrated'])} migrated note(s), {len(found['tampered'])} tampered copy(ies),"
-                 f" {len(found['files'])} other file(s); no session's view shows any of them")
+                 f" {len(found['files'])} other file(s), {len(found['derived'])} mixed-audience derivation(s);"
+                 " no session's view shows any of them")
     emit(args.json, {"agent_id": agent, **found}, lines)
     return 0
 
@@ -321,7 +323,8 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     quarantine = sub.add_parser("quarantine", help="what an agent's quarantine holds").add_subparsers(
         dest="verb", required=True, parser_class=parser_class)
     p = command("list", cmd_quarantine_list, "list what an agent's quarantine holds (names, sizes, ids; no content):"
-                " notes migrate could not give a person, tampered copies and orphans doctor --fix moved aside",
+                " notes migrate could not give a person, mixed-audience derivations, tampered copies and orphans"
+                " doctor --fix moved aside",
                 quarantine)
     p.add_argument("--agent", required=True)
     p = command("release", cmd_quarantine_release, "copy a note the migration quarantined into a person's private"

@@ -89,7 +89,7 @@ def remove_tampered(home: Home, agent_id: str, revision_ids: list[str]) -> int:
     return removed
 
 
-_MIGRATED = (
+_NOTES = (
     "SELECT res.path, v.revision_id, v.size, v.activated_at, m.class FROM resources res"
     " JOIN stores s ON s.store_id = res.store_id"
     " JOIN revisions v ON v.resource_id = res.resource_id AND v.state = 'active'"
@@ -101,19 +101,25 @@ _MIGRATED = (
 def quarantine_listing(home: Home, agent_id: str) -> dict[str, list[dict[str, Any]]]:
     """Everything ``agent_id``'s quarantine holds, for an operator to review (``scopefs quarantine list``).
 
-    Three kinds, none of which any session's view shows:
+    Four kinds, none of which any session's view shows:
 
     * ``migrated``: notes ``scopefs migrate`` could not give a person (the quarantine store: its path
       under ``migration/``, the migration's class, the active revision and its size);
+    * ``derived``: derivations filed there for mixing audiences (``derived/``; never released);
     * ``tampered``: artifacts ``doctor --fix`` found changed and moved aside (``tampered-<revision>``);
     * ``files``: anything else ``doctor --fix`` moved out of the artifact area (orphans).
 
     Names, sizes and ids only: no byte of content is read. Postbox deposits wait in their owner's
     own quarantine store and are reviewed with ``scopefs postbox``.
     """
-    migrated = [{"path": str(path), "revision_id": str(revision_id), "size": int(size),
-                 "migrated_at_us": None if at is None else int(at), "class": None if klass is None else str(klass)}
-                for path, revision_id, size, at, klass in home.catalog(agent_id).execute(_MIGRATED, (agent_id,))]
+    migrated: list[dict[str, Any]] = []
+    derived: list[dict[str, Any]] = []
+    for path, revision_id, size, at, klass in home.catalog(agent_id).execute(_NOTES, (agent_id,)):
+        note = {"path": str(path), "revision_id": str(revision_id), "size": int(size)}
+        if klass is None:  # no migration item: a derivation filed for mixing audiences (``writer.derive``)
+            derived.append({**note, "filed_at_us": None if at is None else int(at)})
+        else:
+            migrated.append({**note, "migrated_at_us": None if at is None else int(at), "class": str(klass)})
     tampered: list[dict[str, Any]] = []
     files: list[dict[str, Any]] = []
     for name, size in folder_entries(home, agent_id).items():
@@ -123,7 +129,7 @@ def quarantine_listing(home: Home, agent_id: str) -> dict[str, list[dict[str, An
             tampered.append({**entry, "revision_id": revision_id})
         else:
             files.append(entry)
-    return {"migrated": migrated, "tampered": tampered, "files": files}
+    return {"migrated": migrated, "derived": derived, "tampered": tampered, "files": files}
 
 
 def folder_entries(home: Home, agent_id: str) -> dict[str, int | None]:
