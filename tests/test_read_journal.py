@@ -115,35 +115,41 @@ def test_a_mount_that_records_its_reads_leaves_no_journal(scenario: Scenario, tm
     assert len(_exposures(s, s.alice_session)) == 1
 
 
-def test_a_committed_batch_is_not_counted_twice_and_bad_lines_are_skipped(scenario: Scenario) -> None:
+def test_a_committed_batch_is_not_counted_twice_and_bad_lines_are_skipped(scenario: Scenario, home: Home) -> None:
     """The mount committed the batch and died before removing its file: the replay skips those lines. A
     line torn by the kill, or one that is not ours, is skipped too; the rest is recorded."""
     s = scenario
-    home = Home.open(s.cli.home)
+    journal = ReadJournal(home)
+    session, agent = s.alice_session, s.agent
+    events = [AuditEvent("read", "allow", "allowed", agent_id=agent, session_id=session,
+                         subject_kind="user", revision_id=f"v_{n:026d}") for n in range(3)]
+    rows = [Exposed(e.revision_id or "", f"r_{n:026d}") for n, e in enumerate(events)]
+    for event, row in zip(events, rows, strict=True):
+        journal.append(event, row)
+    files = journal.take()
+    record_batch(home.state(), session_id=session, agent_id=agent, run_id=RUN_ID, operation="read",
+                 exposed=rows[:2], at=[e.at for e in events[:2]], audit=events[:2])  # two were committed
+    with open(s.cli.home / FOLDER / files[0], "ab") as torn:
+        torn.write(b'{"agent_id":"main","session_id":"' + session.encode() + b'","revision_id":"v_1"\n')
+        torn.write(b'{"at": 1, "agent_id": "../x", "session_id": "s", "revision_id": "v", "resource_id": "r"}\n')
+        torn.write(b'{"at": 2, "pad": "' + b"x" * 5000 + b'"}\n')  # over MAX_LINE: skipped whole
+        torn.write(b'{"agent_id": "main", "session_id": "s_' + b"9" * 26 + b'", "revision_id": "v_')
+    journal.close()  # ended without saying the batch was recorded: the file stays, the lock is free
+    assert replay(home) == 1
+    assert replay(home) == 0
+    assert sorted(r[0] for r in _exposures(s, session)) == [r.revision_id for r in rows]
+    assert sorted(r[0] for r in _read_audit(s, session)) == [r.revision_id for r in rows]
+    assert _journal_files(s) == []
+
+
+@pytest.fixture
+def home(scenario: Scenario) -> Iterator[Home]:
+    """The scenario's home, opened in this process (for the journal's own functions)."""
+    opened = Home.open(scenario.cli.home)
     try:
-        journal = ReadJournal(home)
-        session, agent = s.alice_session, s.agent
-        events = [AuditEvent("read", "allow", "allowed", agent_id=agent, session_id=session,
-                             subject_kind="user", revision_id=f"v_{n:026d}") for n in range(3)]
-        rows = [Exposed(e.revision_id or "", f"r_{n:026d}") for n, e in enumerate(events)]
-        for event, row in zip(events, rows, strict=True):
-            journal.append(event, row)
-        files = journal.take()
-        record_batch(home.state(), session_id=session, agent_id=agent, run_id=RUN_ID, operation="read",
-                     exposed=rows[:2], at=[e.at for e in events[:2]], audit=events[:2])  # two were committed
-        with open(s.cli.home / FOLDER / files[0], "ab") as torn:
-            torn.write(b'{"agent_id":"main","session_id":"' + session.encode() + b'","revision_id":"v_1"\n')
-            torn.write(b'{"at": 1, "agent_id": "../x", "session_id": "s", "revision_id": "v", "resource_id": "r"}\n')
-            torn.write(b'{"at": 2, "pad": "' + b"x" * 5000 + b'"}\n')  # over MAX_LINE: skipped whole
-            torn.write(b'{"agent_id": "main", "session_id": "s_' + b"9" * 26 + b'", "revision_id": "v_')
-        journal.close()  # ended without saying the batch was recorded: the file stays, the lock is free
-        assert replay(home) == 1
-        assert replay(home) == 0
-        assert sorted(r[0] for r in _exposures(s, session)) == [r.revision_id for r in rows]
-        assert sorted(r[0] for r in _read_audit(s, session)) == [r.revision_id for r in rows]
-        assert _journal_files(s) == []
+        yield opened
     finally:
-        home.close()
+        opened.close()
 
 
 def _dead_journal(home: Home, session: str, agent: str, count: int) -> list[Exposed]:
@@ -158,15 +164,11 @@ def _dead_journal(home: Home, session: str, agent: str, count: int) -> list[Expo
     return rows
 
 
-def test_two_replays_at_once_record_a_journal_once(scenario: Scenario) -> None:
+def test_two_replays_at_once_record_a_journal_once(scenario: Scenario, home: Home) -> None:
     """Two mounts starting together after a crash (or an audit beside a mount's start) both replay: one
     records the journal, the other finds it taken or gone; neither fails."""
     s = scenario
-    home = Home.open(s.cli.home)
-    try:
-        rows = _dead_journal(home, s.alice_session, s.agent, 200)
-    finally:
-        home.close()
+    rows = _dead_journal(home, s.alice_session, s.agent, 200)
     counts: list[int] = []
     errors: list[BaseException] = []
 
@@ -193,69 +195,57 @@ def test_two_replays_at_once_record_a_journal_once(scenario: Scenario) -> None:
 
 
 def test_a_given_up_batch_outlives_later_batches_and_long_journals_are_read_in_pieces(
-        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, home: Home) -> None:
     s = scenario
     monkeypatch.setattr(readjournal, "REPLAY_BATCH", 7)
     pieces: list[int] = []
     record = readjournal._record
 
-    def counted(home: Home, lines: list[dict[str, Any]]) -> int:
+    def counted(into: Home, lines: list[dict[str, Any]]) -> int:
         pieces.append(len(lines))
-        return record(home, lines)
+        return record(into, lines)
 
     monkeypatch.setattr(readjournal, "_record", counted)
-    home = Home.open(s.cli.home)
-    try:
-        journal = ReadJournal(home)
-        event = AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
-                           subject_kind="user", revision_id="v_" + "1" * 26)
-        journal.append(event, Exposed("v_" + "1" * 26, "r_" + "1" * 26))
-        journal.given_up(journal.take())  # its batch dropped unrecorded (the mount's last flush failed)
-        for n in range(20):
-            journal.append(AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
-                                      revision_id=f"v_{n:026d}"), Exposed(f"v_{n:026d}", f"r_{n:026d}"))
-        journal.done(journal.take())  # a later batch, committed: only its own file goes
-        assert len([n for n in _journal_files(s) if n.endswith(".jsonl")]) == 1
-        journal.close()
-        assert replay(home) == 1
-        assert _exposures(s, s.alice_session) == [("v_" + "1" * 26, RUN_ID)]
-        rows = _dead_journal(home, s.alice_session, s.agent, 20)
-        pieces.clear()
-        assert replay(home) == len(rows)
-        assert pieces == [7, 7, 6]
-    finally:
-        home.close()
+    journal = ReadJournal(home)
+    event = AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
+                       subject_kind="user", revision_id="v_" + "1" * 26)
+    journal.append(event, Exposed("v_" + "1" * 26, "r_" + "1" * 26))
+    journal.given_up(journal.take())  # its batch dropped unrecorded (the mount's last flush failed)
+    for n in range(20):
+        journal.append(AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.alice_session,
+                                  revision_id=f"v_{n:026d}"), Exposed(f"v_{n:026d}", f"r_{n:026d}"))
+    journal.done(journal.take())  # a later batch, committed: only its own file goes
+    assert len([n for n in _journal_files(s) if n.endswith(".jsonl")]) == 1
+    journal.close()
+    assert replay(home) == 1
+    assert _exposures(s, s.alice_session) == [("v_" + "1" * 26, RUN_ID)]
+    rows = _dead_journal(home, s.alice_session, s.agent, 20)
+    pieces.clear()
+    assert replay(home) == len(rows)
+    assert pieces == [7, 7, 6]
 
 
-def test_a_file_written_after_the_first_look_is_replayed_with_its_journal(scenario: Scenario) -> None:
+def test_a_file_written_after_the_first_look_is_replayed_with_its_journal(scenario: Scenario, home: Home) -> None:
     """A mount may write another file between a replay's listing and its death: the replay lists the
     token's files again once it holds the dead mount's lock, so none is left behind without its lock."""
     s = scenario
-    home = Home.open(s.cli.home)
+    rows = _dead_journal(home, s.alice_session, s.agent, 3)
+    dir_fd = os.open(s.cli.home / FOLDER, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        rows = _dead_journal(home, s.alice_session, s.agent, 3)
-        dir_fd = os.open(s.cli.home / FOLDER, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            [token] = [name.removesuffix(".lock") for name in os.listdir(dir_fd) if name.endswith(".lock")]
-            assert readjournal._replay_one(home, dir_fd, token) == len(rows)
-        finally:
-            os.close(dir_fd)
-        assert _journal_files(s) == []
+        [token] = [name.removesuffix(".lock") for name in os.listdir(dir_fd) if name.endswith(".lock")]
+        assert readjournal._replay_one(home, dir_fd, token) == len(rows)
     finally:
-        home.close()
+        os.close(dir_fd)
+    assert _journal_files(s) == []
 
 
-def test_a_line_of_nested_brackets_or_an_impossible_time_is_skipped(scenario: Scenario) -> None:
+def test_a_line_of_nested_brackets_or_an_impossible_time_is_skipped(scenario: Scenario, home: Home) -> None:
     s = scenario
-    home = Home.open(s.cli.home)
-    try:
-        rows = _dead_journal(home, s.alice_session, s.agent, 1)
-        [name] = [n for n in _journal_files(s) if n.endswith(".jsonl")]
-        with open(s.cli.home / FOLDER / name, "ab") as journal:
-            journal.write(b"[" * 1500 + b"\n")
-            journal.write(b'{"at": ' + str(10**30).encode() + b', "agent_id": "main", "session_id": "s_'
-                          + b"1" * 26 + b'", "revision_id": "v_' + b"2" * 26 + b'", "resource_id": "r_'
-                          + b"2" * 26 + b'"}\n')
-        assert replay(home) == len(rows)
-    finally:
-        home.close()
+    rows = _dead_journal(home, s.alice_session, s.agent, 1)
+    [name] = [n for n in _journal_files(s) if n.endswith(".jsonl")]
+    with open(s.cli.home / FOLDER / name, "ab") as journal:
+        journal.write(b"[" * 1500 + b"\n")
+        journal.write(b'{"at": ' + str(10**30).encode() + b', "agent_id": "main", "session_id": "s_'
+                      + b"1" * 26 + b'", "revision_id": "v_' + b"2" * 26 + b'", "resource_id": "r_'
+                      + b"2" * 26 + b'"}\n')
+    assert replay(home) == len(rows)
