@@ -249,3 +249,20 @@ def test_a_line_of_nested_brackets_or_an_impossible_time_is_skipped(scenario: Sc
                       + b"1" * 26 + b'", "revision_id": "v_' + b"2" * 26 + b'", "resource_id": "r_'
                       + b"2" * 26 + b'"}\n')
     assert replay(home) == len(rows)
+
+
+def test_doctor_names_what_stopped_mounts_left_and_fix_records_it(scenario: Scenario, home: Home) -> None:
+    s = scenario
+    live = ReadJournal(home)  # this process's, and alive: never counted, never taken
+    live.append(AuditEvent("read", "allow", "allowed", agent_id=s.agent, session_id=s.bob_session,
+                           revision_id="v_" + "7" * 26), Exposed("v_" + "7" * 26, "r_" + "7" * 26))
+    rows = _dead_journal(home, s.alice_session, s.agent, 4)
+    found = s.cli("--json", "doctor")
+    assert found.code == 0, found.err  # a notice: nothing is wrong with any artifact
+    assert found.json()["read_journals"] == {"waiting": 1, "recorded": None}
+    assert _exposures(s, s.alice_session) == []  # looking changes nothing
+    fixed = s.cli.j("doctor", "--fix")
+    assert fixed["read_journals"] == {"waiting": 1, "recorded": len(rows)}
+    assert s.cli.j("doctor")["read_journals"] == {"waiting": 0, "recorded": None}
+    assert _exposures(s, s.bob_session) == []  # the live journal stays its mount's
+    live.close()

@@ -247,6 +247,38 @@ def replay(home: Home) -> int:
         os.close(dir_fd)
 
 
+def waiting(home: Home) -> int:
+    """How many journal files of mounts no longer running wait for a replay (``scopefs doctor``); changes
+    nothing. A live mount's files, and a lock with no file, are not counted."""
+    try:
+        dir_fd = open_dir(home.root / FOLDER)
+    except FileNotFoundError:
+        return 0
+    try:
+        count = 0
+        for token, files in _journals(dir_fd).items():
+            if files and _free(dir_fd, f"{token}.lock"):
+                count += len(files)
+        return count
+    finally:
+        os.close(dir_fd)
+
+
+def _free(dir_fd: int, lock_name: str) -> bool:
+    """Whether nobody holds the lock (its mount ended); the look takes and drops it at once."""
+    try:
+        lock = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(lock)
+    return True
+
+
 def _replay_one(home: Home, dir_fd: int, token: str) -> int:
     """One mount's journal, if its lock is still there and nobody holds it."""
     lock_name = f"{token}.lock"

@@ -442,10 +442,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     code = doctor_exit_code(findings)
     lines = [f"{f.agent_id}: {f.kind}" + (f" {f.ref}" if f.ref else "") + (f": {f.action}" if f.action else "")
              + (f" ({f.hint})" if f.hint else "") for f in findings] or ["ok: the artifact area matches the catalog"]
+    journals = _read_journals(home, fix=args.fix)
+    if journals["waiting"]:
+        lines.append(f"read journals of stopped mounts: {journals['waiting']} file(s), "
+                     + (f"{journals['recorded']} read(s) recorded" if args.fix else
+                        "not yet in the audit (doctor --fix, the next mount or any audit command records them)"))
     emit(args.json, {"findings": [{"kind": f.kind, "agent_id": f.agent_id, "ref_id": f.ref, "action": f.action,
                                    "notice": f.notice, "integrity": f.integrity, "hint": f.hint} for f in findings],
-                     "exit_code": code}, lines)
+                     "read_journals": journals, "exit_code": code}, lines)
     return code
+
+
+def _read_journals(home: Home, *, fix: bool) -> dict[str, int | None]:
+    """What killed mounts left in their read journals (``catalog.readjournal``): a notice, not a finding of
+    an agent (a journal is the home's), recorded by ``--fix``."""
+    from scopefs.catalog.readjournal import replay, waiting
+
+    left = waiting(home)
+    return {"waiting": left, "recorded": replay(home) if fix and left else None}
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
