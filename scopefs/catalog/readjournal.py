@@ -47,7 +47,7 @@ from typing import Any
 from scopefs.catalog import ids
 from scopefs.catalog.audit import AuditEvent
 from scopefs.catalog.exposures import Exposed, record_batch
-from scopefs.catalog.fsafe import open_dir
+from scopefs.catalog.fsafe import lock_held, open_dir
 from scopefs.catalog.home import Home
 
 log = logging.getLogger("scopefs.readjournal")
@@ -265,18 +265,12 @@ def waiting(home: Home) -> int:
 
 
 def _free(dir_fd: int, lock_name: str) -> bool:
-    """Whether nobody holds the lock (its mount ended); the look takes and drops it at once."""
+    """Whether the lock is there and nobody holds it (its mount ended)."""
     try:
-        lock = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        os.stat(lock_name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(lock)
-    return True
+    return not lock_held(lock_name, dir_fd=dir_fd)
 
 
 def _replay_one(home: Home, dir_fd: int, token: str) -> int:
