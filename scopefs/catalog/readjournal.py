@@ -41,7 +41,6 @@ import logging
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import asdict
 from typing import Any
 
 from scopefs.catalog import ids
@@ -112,8 +111,7 @@ class ReadJournal:
             self._current = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
                                     0o600, dir_fd=self._dir)
             self._written.append(name)
-        line = {**{k: v for k, v in asdict(event).items() if k in _EVENT_FIELDS}, "at": event.at,
-                "resource_id": exposed.resource_id}
+        line = {**{k: getattr(event, k) for k in _EVENT_FIELDS}, "at": event.at, "resource_id": exposed.resource_id}
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
         written = os.write(self._current, data)  # an error wrote nothing: the file stays the one to append to
         if written != len(data):  # a torn line: the replay skips it, and nothing is appended to it

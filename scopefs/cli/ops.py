@@ -307,7 +307,7 @@ def cmd_quarantine_purge(args: argparse.Namespace) -> int:
 
     done = purge(_home(args), args.agent, args.entries, yes=args.yes)
     verb = "purged" if done.applied else "would purge"
-    lines = [f"{verb} note {q.path} (every revision)" for q in done.notes]
+    lines = [f"{verb} note {q.shown} (every revision)" for q in done.notes]
     lines += [f"{verb} file {name}" for name in done.files]
     if not done.applied:
         lines.append("preview only: nothing was removed; add --yes to do it")

@@ -99,8 +99,7 @@ class Report:
 def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = False,
            actor_id: str | None = None) -> Report:
     """Preview (``dry_run``) or forget the notes at ``paths`` and what was derived from them."""
-    if not paths or len(paths) > MAX_PATHS:
-        raise BadInput(f"name 1 to {MAX_PATHS} notes to forget")
+    check_count(paths, "notes to forget")
     named = [check_parts(split_virtual_path(p)) for p in paths]
     access = authorize_session(home, session_id, Op.DELETE, actor_id=actor_id)
     catalog = home.catalog(access.agent_id)
@@ -110,6 +109,12 @@ def forget(home: Home, session_id: str, paths: list[str], *, dry_run: bool = Fal
         return Report(dry_run, None, plan, len(keys), unreadable)
     forget_id = forget_planned(access, plan, keys, lambda: _plan(access, catalog, named).key() == plan.key())
     return Report(False, forget_id, plan, len(keys), unreadable)
+
+
+def check_count(named: list[str], what: str) -> None:
+    """BadInput unless 1 to ``MAX_PATHS`` were named: one bound for every command that names notes to remove."""
+    if not named or len(named) > MAX_PATHS:
+        raise BadInput(f"name 1 to {MAX_PATHS} {what}")
 
 
 def forget_planned(access: Access, plan: Plan, keys: list[str], unchanged: Callable[[], bool], *,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -58,7 +58,7 @@ from scopefs.catalog.stores import active_at, find_store, path_conflict
 from scopefs.writer.admin import StoredNote, forget_plan, forget_stored, known_agent, stored_note
 from scopefs.writer.broker import broker_access
 from scopefs.writer.derive import QUARANTINE
-from scopefs.writer.forget import MAX_PATHS, forget_files, forget_rows
+from scopefs.writer.forget import check_count, forget_files, forget_rows
 from scopefs.writer.quarantine import folder_entries, tampered_revision
 from scopefs.writer.transaction import Provenance, WriteResult, write_copy
 
@@ -70,17 +70,6 @@ _NOT_THERE = "no such note in the quarantine (scopefs quarantine list shows what
 
 
 @dataclass(frozen=True)
-class Quarantined(StoredNote):
-    """A live note of the quarantine store."""
-
-    migrated_class: str | None = None  # None: not a migration's item (a derivation filed for mixing audiences)
-
-    @property
-    def path(self) -> str:
-        return "/".join(self.parts)
-
-
-@dataclass(frozen=True)
 class Released:
     preview: dict[str, Any]
     result: WriteResult | None  # None: only previewed
@@ -88,26 +77,30 @@ class Released:
 
 @dataclass(frozen=True)
 class Purged:
-    notes: list[Quarantined]
+    notes: list[StoredNote]
     files: list[str]  # names in the quarantine folder
     applied: bool
     forget_id: str | None
 
     def as_dict(self, agent_id: str) -> dict[str, Any]:
         return {"agent_id": agent_id, "applied": self.applied, "forget_id": self.forget_id,
-                "notes": [{"path": q.path, "resource_id": q.resource_id, "revision_id": q.revision.revision_id}
+                "notes": [{"path": q.shown, "resource_id": q.resource_id, "revision_id": q.revision.revision_id}
                           for q in self.notes],
                 "files": [{"name": name, "revision_id": tampered_revision(name)} for name in self.files]}
 
 
-def quarantined(catalog: apsw.Connection, agent_id: str, path: str) -> Quarantined:
+def quarantined(catalog: apsw.Connection, agent_id: str, path: str) -> StoredNote:
     """The live quarantined note at ``path`` (as ``quarantine list`` prints it), else BadInput."""
     parts = split_virtual_path(path)
-    note = stored_note(catalog, agent_id, *QUARANTINE, parts, "/".join(parts), _NOT_THERE)
-    klass = one(catalog, "SELECT class FROM migration_items WHERE agent_id = ? AND revision_id = ?",
-                (agent_id, note.revision.revision_id))
-    return Quarantined(**{f.name: getattr(note, f.name) for f in fields(StoredNote)},
-                       migrated_class=None if klass is None else str(klass[0]))
+    return stored_note(catalog, agent_id, *QUARANTINE, parts, "/".join(parts), _NOT_THERE)
+
+
+def _migration_class(catalog: apsw.Connection, agent_id: str, revision_id: str) -> str | None:
+    """The migration's class of the item this revision is; None for anything else (a derivation filed for
+    mixing audiences)."""
+    row = one(catalog, "SELECT class FROM migration_items WHERE agent_id = ? AND revision_id = ?",
+              (agent_id, revision_id))
+    return None if row is None else str(row[0])
 
 
 # -- release -------------------------------------------------------------------------------------------------
@@ -149,7 +142,7 @@ def _still_there(home: Home, agent_id: str, destination: _Destination) -> bool:
         return False
 
 
-def _default_inner(note: Quarantined) -> Parts:
+def _default_inner(note: StoredNote) -> Parts:
     """Where a released note goes unless ``--as`` says: its source path, without ``migration/<area>/``."""
     parts = note.parts
     if len(parts) > 2 and parts[0] == MIGRATION_ROOT:
@@ -173,7 +166,8 @@ def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, t
     agent = known_agent(home, agent_id)
     catalog = home.catalog(agent)
     note = quarantined(catalog, agent, path)
-    if note.migrated_class is None:
+    klass = _migration_class(catalog, agent, note.revision.revision_id)
+    if klass is None:
         raise BadInput("only a note the migration quarantined can be released; a derivation filed for mixing"
                        " audiences stays until the session that made it splits it, or it is purged")
     destination = _destination(home, agent, owner, to)
@@ -181,8 +175,8 @@ def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, t
     why = _taken(catalog, agent, destination, inner)
     if why is not None:
         raise BadInput(why)
-    preview = {"agent_id": agent, "path": note.path, "revision_id": note.revision.revision_id,
-               "class": note.migrated_class, "size": note.revision.size, "to": destination.spelled,
+    preview = {"agent_id": agent, "path": note.shown, "revision_id": note.revision.revision_id,
+               "class": klass, "size": note.revision.size, "to": destination.spelled,
                "as": "/".join(inner)}
     if not yes:
         return Released(preview, None)
@@ -227,11 +221,10 @@ def _file_name(entry: str) -> str:
 
 def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -> Purged:
     """Preview, or (``yes``) carry out, the purge of ``entries``: note paths (with a ``/``) or file names."""
-    if not entries or len(entries) > MAX_PATHS:
-        raise BadInput(f"name 1 to {MAX_PATHS} quarantine entries to purge")
+    check_count(entries, "quarantine entries to purge")
     agent = known_agent(home, agent_id)
     catalog = home.catalog(agent)
-    notes: dict[str, Quarantined] = {}
+    notes: dict[str, StoredNote] = {}
     files: list[str] = []
     present = folder_entries(home, agent)
     for entry in entries:

@@ -26,7 +26,7 @@ from scopefs.catalog.paths import split_virtual_path
 from scopefs.catalog.sharing import AGENT_SHARED, parse_audience
 from scopefs.catalog.view import AGENT_SHARED_AUDIENCE
 from scopefs.writer.admin import StoredNote, forget_stored, held_by, known_agent, stored_note
-from scopefs.writer.forget import MAX_PATHS
+from scopefs.writer.forget import check_count
 
 OPERATION = "unpublish"
 ROLES = "roles"
@@ -59,8 +59,7 @@ def _published_note(home: Home, agent_id: str, path: str) -> StoredNote:
 
 def unpublish(home: Home, agent_id: str, paths: list[str], *, yes: bool = False) -> Unpublished:
     """Preview, or (``yes``) forget, the notes at ``paths`` of agent-shared and role stores."""
-    if not paths or len(paths) > MAX_PATHS:
-        raise BadInput(f"name 1 to {MAX_PATHS} notes to unpublish")
+    check_count(paths, "notes to unpublish")
     agent = known_agent(home, agent_id)
     found: dict[str, StoredNote] = {}
     for path in paths:
