@@ -40,7 +40,7 @@ EXTRAS := test,embeddings,lint,coverage
 
 # pyfuse3 is the pinned upstream release with vendor/pyfuse3's patch applied,
 # built from source (vendor/pyfuse3/README.md); installed before the project so
-# that pip keeps it (3.5.0+inode.5 satisfies the lock's pyfuse3==3.5.0).
+# that pip keeps it (3.5.0+inode.6 satisfies the lock's pyfuse3==3.5.0).
 PYFUSE3_BUILD := build/pyfuse3
 PYFUSE3_INPUTS := $(wildcard vendor/pyfuse3/*)
 
@@ -50,8 +50,8 @@ $(STAMP): pyproject.toml requirements.lock $(PYFUSE3_INPUTS) | deps
 	vendor/pyfuse3/build.sh $(BIN)/pip $(PYFUSE3_BUILD)
 	$(BIN)/pip install -q --no-deps --force-reinstall $(PYFUSE3_BUILD)/wheel-*/pyfuse3-*.whl
 	$(BIN)/pip install -q -c requirements.lock -e '.[$(EXTRAS)]'
-	$(BIN)/python -c 'import pyfuse3, sys; sys.exit(pyfuse3.__version__ != "3.5.0+inode.5")' || \
-	  { echo "the installed pyfuse3 is not vendor/pyfuse3's patched build (3.5.0+inode.5)" >&2; exit 1; }
+	$(BIN)/python -c 'import pyfuse3, sys; sys.exit(pyfuse3.__version__ != "3.5.0+inode.6")' || \
+	  { echo "the installed pyfuse3 is not vendor/pyfuse3's patched build (3.5.0+inode.6)" >&2; exit 1; }
 	touch $@
 
 venv: $(STAMP)

@@ -6,7 +6,8 @@ from memory, answers ``open`` and ``opendir`` with ENOSYS, wants only
 line per request it receives to LOG (``opcode fh inode [detail]``), so a
 test can see exactly what the kernel sent, and a line ``wait N`` each time
 the session loop tells it that it goes back to waiting, N being the
-requests it received so far (``main(on_wait=)``).
+requests it received so far (``main(on_wait=)``). An optional third
+argument is the loop's poll budget in nanoseconds (``main(poll_ns=)``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class ForkFS(pyfuse3.Operations):
         self.note("release", fh, inode)
 
     async def fsync(self, fh: int, datasync: bool, inode: int = 0) -> None:
+        await trio.lowlevel.checkpoint()  # lets other tasks run, as awaiting a lock or a thread does
         self.note("fsync", fh, inode)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken, inode: int = 0,
@@ -107,10 +109,11 @@ class ForkFS(pyfuse3.Operations):
 
 def main() -> None:
     mountpoint, log_path = sys.argv[1], sys.argv[2]
+    poll_ns = int(sys.argv[3]) if len(sys.argv) > 3 else 100_000
     fs = ForkFS(log_path)
     pyfuse3.init(fs, mountpoint, {"fsname=forkfs", "default_permissions"})
     try:
-        trio.run(lambda: pyfuse3.main(poll_ns=100_000, on_wait=lambda received: fs.note("wait", received)))
+        trio.run(lambda: pyfuse3.main(poll_ns=poll_ns, on_wait=lambda received: fs.note("wait", received)))
     finally:
         pyfuse3.close()
 

@@ -32,11 +32,12 @@ class Mounted:
 
 
 @pytest.fixture
-def mounted(tmp_path: Path) -> Iterator[Mounted]:
+def mounted(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mounted]:
     root, log = tmp_path / "mnt", tmp_path / "requests.log"
     root.mkdir()
     log.touch()
-    proc = subprocess.Popen([sys.executable, str(SERVER), str(root), str(log)])
+    poll_ns = getattr(request, "param", 100_000)
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(root), str(log), str(poll_ns)])
     try:
         deadline = time.monotonic() + 10
         while not os.path.ismount(root):
@@ -53,7 +54,7 @@ def test_the_patched_build_is_installed() -> None:
     assert pyfuse3.Operations.inode_requests is False  # opt-in: stock behaviour unless a file system asks
     assert pyfuse3.Operations.enable_atomic_o_trunc is True
     assert pyfuse3.Operations.flush_wanted is None
-    assert pyfuse3.__version__ == "3.5.0+inode.5"
+    assert pyfuse3.__version__ == "3.5.0+inode.6"
 
 
 def test_importing_the_patched_build_leaves_importlib_metadata_unloaded() -> None:
@@ -115,6 +116,28 @@ def test_fsync_comes_by_inode(mounted: Mounted) -> None:
         os.close(fd)
     assert ["fsync", "0", "2"] in mounted.requests("fsync")
     assert a.read_bytes().startswith(b"ALPHA\nalpha")
+
+
+LONG_POLL_S = 5
+
+
+@pytest.mark.parametrize("mounted", [LONG_POLL_S * 1_000_000_000], indirect=True)
+def test_a_handler_that_awaits_is_not_held_by_the_poll(mounted: Mounted) -> None:
+    # The loop polls for the next request with the event loop held (in C), so while a handler is
+    # under way (here fsync, which lets other tasks run once) another task must not poll: the
+    # handler could not resume until the poll ran out. With a budget of 5 s, each fsync below would
+    # take 5 s; it must come back long before, and each close answered in C still comes through the poll.
+    a = mounted.root / "a.txt"
+    a.read_bytes()
+    fd = os.open(a, os.O_WRONLY)
+    try:
+        for _ in range(3):
+            began = time.monotonic()
+            os.fsync(fd)
+            assert time.monotonic() - began < LONG_POLL_S / 2, "the handler waited for the poll to run out"
+    finally:
+        os.close(fd)
+    assert len(mounted.requests("fsync")) == 3
 
 
 def test_closes_of_unwanted_inodes_are_answered_without_python(mounted: Mounted) -> None:
