@@ -1,4 +1,4 @@
-"""Which page cache a file lives in: the boot and the mount of its filesystem.
+"""Names for what a boot ends: the page cache a file lives in, and one run of a process.
 
 A revision committed without a disk sync (DESIGN.md §6, a close through a
 mount) is safe for as long as the kernel's page cache that holds its bytes
@@ -9,6 +9,10 @@ the revisions of a page cache that is gone: the boot (``boot_id`` changes
 at every boot) or the mount of the home's filesystem (its unique mount id,
 never reused within a boot, changes when the filesystem is unmounted and
 mounted again, as after the power-loss tests' cut).
+
+A run of a process is named the same way (``run_mark``), so that what a
+command left behind when it was killed can be told from what a command
+still running holds (the broker's sessions, ``catalog.broker_sessions``).
 """
 
 from __future__ import annotations
@@ -55,3 +59,35 @@ def _mount_id(path: Path) -> str:
 def page_cache_of(path: Path) -> str:
     """A name for the page cache that holds files under ``path`` now: equal while it lives."""
     return f"{_boot_id()}/{_mount_id(path)}"
+
+
+def run_mark(pid: int | None = None) -> str:
+    """A name for one run of a process (this one by default): its boot, pid and start time.
+
+    A pid alone is reused; with the boot and the start time (clock ticks
+    after boot, ``/proc/PID/stat``) it names one process for good, so a
+    record that a run left can tell whether that run is still going.
+    """
+    pid = os.getpid() if pid is None else pid
+    return f"{_boot_id()}/{pid}/{_started(pid)}"
+
+
+def running(mark: str) -> bool:
+    """Whether the run ``run_mark`` named is still going (on this machine, in this boot)."""
+    boot, _, rest = mark.partition("/")
+    pid, _, started = rest.partition("/")
+    if boot != _boot_id() or not pid.isdigit() or not started:
+        return False
+    return _started(int(pid)) == started
+
+
+def _started(pid: int) -> str:
+    """The process's start time after boot, in clock ticks ('' if there is no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()[:4096]
+    except OSError:
+        return ""
+    # The command name (field 2) is in parentheses and may hold anything: the fields after it
+    # start after its last ')'. The start time is field 22, the 20th after it.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[19].decode("ascii", "replace") if len(fields) > 19 else ""

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from scopefs.catalog import ids
 from scopefs.catalog.access import current_access
+from scopefs.catalog.broker_sessions import broker_only
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.delegation import MAX_DEPTH, Delegation, depth_of, parse_caps, record_delegation
@@ -38,6 +39,8 @@ def open_child(home: Home, agent_id: str, parent_session_id: str,
         raise BadInput("unknown session for this agent")
     if parent.human:
         raise BadInput("a browse session (a human at the console) delegates nothing")
+    if parent.broker:
+        raise broker_only()
     if depth_of(catalog, agent_id, parent.session_id) + 1 > MAX_DEPTH:
         raise BadInput(f"a delegation chain is at most {MAX_DEPTH} sessions deep")
     access, problem = current_access(home, parent.session_id)

@@ -19,12 +19,13 @@ nothing: a child of it would carry evidence no row vouches for.
 from __future__ import annotations
 
 from scopefs.catalog import ids
+from scopefs.catalog.broker_sessions import broker_only
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, validate_agent_name
 from scopefs.catalog.identity import get_principal
-from scopefs.catalog.sessions import SessionRecord
+from scopefs.catalog.sessions import SessionRecord, index_session, insert_session
 from scopefs.catalog.subject import Subject, SubjectKind
 
 TRUST_ORIGIN = "human"
@@ -46,20 +47,15 @@ def open_human_session(home: Home, agent_id: str, principal_id: str, unix_uid: i
         raise BadInput("a human session is served to one unprivileged local user")
     session_id, evidence_id = ids.new_id("session"), ids.new_id("human_evidence")
     now = now_us()
+    record = SessionRecord(session_id, agent_id, Subject(SubjectKind.USER, principal_id), evidence_id, now, None,
+                           human=True)
     with immediate(catalog):
-        catalog.execute(
-            "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
-            " binding_id, created_at) VALUES (?, ?, 'user', ?, NULL, ?, ?)",
-            (session_id, agent_id, principal_id, evidence_id, now))
+        insert_session(catalog, record)
         catalog.execute(
             "INSERT INTO human_sessions (session_id, agent_id, principal_id, evidence_id, unix_uid, opened_at)"
             " VALUES (?, ?, ?, ?, ?, ?)", (session_id, agent_id, principal_id, evidence_id, unix_uid, now))
-    # Indexed after the catalog commits, as ``open_session`` does: the index never names a missing session.
-    with immediate(home.state()):
-        home.state().execute("INSERT OR IGNORE INTO session_index (session_id, agent_id) VALUES (?, ?)",
-                             (session_id, agent_id))
-    return SessionRecord(session_id, agent_id, Subject(SubjectKind.USER, principal_id), evidence_id, now, None,
-                         human=True)
+    index_session(home, record)
+    return record
 
 
 def served_uid(home: Home, session: SessionRecord) -> int | None:
@@ -72,7 +68,8 @@ def served_uid(home: Home, session: SessionRecord) -> int | None:
 
 
 def check_served(home: Home, session_id: str, uid: int | None) -> None:
-    """BadInput if ``session_id`` is a human session and ``uid`` is not the one user it is for.
+    """BadInput if ``session_id`` is a human session and ``uid`` is not the one user it is for, or if it is
+    a broker session (``catalog.broker_sessions``), which is never served.
 
     ``uid`` None: a mount or sandbox that is not served to one user (a plain
     ``scopefs mount``, ``scopefs run``): never for a human session. A
@@ -81,17 +78,22 @@ def check_served(home: Home, session_id: str, uid: int | None) -> None:
     from scopefs.catalog.sessions import load_session
 
     session = load_session(home, session_id)
+    if session.broker:
+        raise broker_only()
     if session.human and (uid is None or served_uid(home, session) != uid):
         raise BadInput("a browse session is served only to its own local user (scopefs browse)")
 
 
-def refuse_browse_session(home: Home, session_id: str) -> None:
-    """BadInput if ``session_id`` is a browse session: its changes are the person's, made through its mount.
+def refuse_command_line_changes(home: Home, session_id: str) -> None:
+    """BadInput if ``session_id`` may not make changes from the command line.
 
-    A command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
+    A browse session's changes are the person's, made through its mount: a
+    command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
     ...) with it would be the operator's act recorded as the principal's,
-    with the origin ``human``. An unknown session is left to the command,
-    which refuses it as it always has.
+    with the origin ``human``. A broker session (``catalog.broker_sessions``)
+    is one command's run's own: an act through it would be recorded as that
+    run's. An unknown session is left to the command, which refuses it as it
+    always has.
     """
     from scopefs.catalog.sessions import load_session
 
@@ -99,5 +101,7 @@ def refuse_browse_session(home: Home, session_id: str) -> None:
         session = load_session(home, session_id)
     except BadInput:
         return
+    if session.broker:
+        raise broker_only()
     if session.human:
         raise BadInput("a browse session writes only through its mount")

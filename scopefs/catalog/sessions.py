@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import apsw
+
 from scopefs.catalog import ids
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate, one
@@ -40,6 +42,8 @@ class SessionRecord:
     # Opened for a human at the console (``scopefs browse``, ``catalog.human``): its ``binding_id`` is the
     # evidence id of its ``human_sessions`` row, not a chat binding. Write-once, like the subject.
     human: bool = False
+    # Opened by an operator's command for its own run (``catalog.broker_sessions``): never served.
+    broker: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,23 +133,34 @@ def open_session(home: Home, agent_id: str, opening: Opening, *, session_key: st
                     catalog.execute("UPDATE session_keys SET unbound_at = ? WHERE key_binding_id = ?",
                                     (now, bound[0]))
         if reuse is None:
-            catalog.execute(
-                "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
-                " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (session_id, agent_id, subject.kind.value, subject.principal_id,
-                 subject.reason.value if subject.reason else None, binding_id, now),
-            )
+            insert_session(catalog, SessionRecord(session_id, agent_id, subject, binding_id, now, None))
             if mac is not None:
                 catalog.execute("INSERT INTO session_keys (key_binding_id, agent_id, key_mac, session_id, bound_at)"
                                 " VALUES (?, ?, ?, ?, ?)", (ids.random_token(), agent_id, mac, session_id, now))
     record = reuse or SessionRecord(session_id, agent_id, subject, binding_id, now, None)
-    # Indexed after the catalog commits, so the index never names a session that does not exist. A reused
-    # session is indexed again (no-op if it is): a crash (or a concurrent open) between the two commits
-    # must not leave its key bound to a session that cannot be loaded.
+    # A reused session is indexed again (no-op if it is): a crash (or a concurrent open) between the two
+    # commits must not leave its key bound to a session that cannot be loaded.
+    index_session(home, record)
+    return record
+
+
+def insert_session(catalog: apsw.Connection, record: SessionRecord) -> None:
+    """The session's row, write-once from here on; the caller's transaction also writes what marks it."""
+    subject = record.subject
+    catalog.execute(
+        "INSERT INTO sessions (session_id, agent_id, subject_kind, subject_principal_id, subject_reason,"
+        " binding_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (record.session_id, record.agent_id, subject.kind.value, subject.principal_id,
+         subject.reason.value if subject.reason else None, record.binding_id, record.created_at),
+    )
+
+
+def index_session(home: Home, record: SessionRecord) -> None:
+    """Name the session's agent in the home's index, after the catalog committed its row: the index
+    never names a session that does not exist."""
     with immediate(home.state()):
         home.state().execute("INSERT OR IGNORE INTO session_index (session_id, agent_id) VALUES (?, ?)",
-                             (record.session_id, agent_id))
-    return record
+                             (record.session_id, record.agent_id))
 
 
 def close_session(home: Home, session_id: str) -> bool:
@@ -179,8 +194,9 @@ def load_session(home: Home, session_id: str) -> SessionRecord:
     rec = one(
         home.catalog(agent_id),
         "SELECT s.subject_kind, s.subject_principal_id, s.subject_reason, s.binding_id, s.created_at, s.closed_at,"
-        " h.evidence_id FROM sessions s LEFT JOIN human_sessions h"
+        " h.evidence_id, b.session_id FROM sessions s LEFT JOIN human_sessions h"
         " ON h.session_id = s.session_id AND h.agent_id = s.agent_id AND h.principal_id = s.subject_principal_id"
+        " LEFT JOIN broker_sessions b ON b.session_id = s.session_id AND b.agent_id = s.agent_id"
         " WHERE s.session_id = ? AND s.agent_id = ?",
         (session_id, agent_id),
     )
@@ -189,4 +205,4 @@ def load_session(home: Home, session_id: str) -> SessionRecord:
     kind = SubjectKind(rec[0])
     subject = Subject(kind, rec[1], AmbiguousReason(rec[2]) if rec[2] else None)
     human = rec[6] is not None and rec[6] == rec[3] and kind is SubjectKind.USER
-    return SessionRecord(session_id, agent_id, subject, rec[3], rec[4], rec[5], human)
+    return SessionRecord(session_id, agent_id, subject, rec[3], rec[4], rec[5], human, broker=rec[7] is not None)

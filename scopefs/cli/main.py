@@ -856,9 +856,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
         if getattr(args, "changes_as_session", False):  # the one place every such command passes
-            from scopefs.catalog.human import refuse_browse_session
+            from scopefs.catalog.human import refuse_command_line_changes
 
-            refuse_browse_session(_home(args), args.session)
+            refuse_command_line_changes(_home(args), args.session)
         code: int = args.func(args)
         return code
     except Denied as exc:

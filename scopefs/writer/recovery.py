@@ -57,7 +57,7 @@ from typing import cast
 
 import apsw
 
-from scopefs.catalog import ids
+from scopefs.catalog import broker_sessions, ids
 from scopefs.catalog.artifacts import (
     check_locator,
     open_artifact,
@@ -73,6 +73,7 @@ from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
+from scopefs.catalog.sessions import close_session
 from scopefs.writer import lock, placing, unsynced
 from scopefs.writer.commit import roll_back
 from scopefs.writer.quarantine import remove_tampered, tampered_copies, tampered_name
@@ -109,6 +110,9 @@ HINTS = {
     "lost-revision": "a note saved without a sync before a power loss did not reach the disk; "
                      "'scopefs doctor --fix' (or the next write, mount or read) returns it to the revision "
                      "before it",
+    "broker-session": "an operator's command (migrate, quarantine release or purge, unpublish) was stopped before "
+                      "it closed its own session (ref_id): nothing can use that session, and 'scopefs doctor "
+                      "--fix' closes it",
     "unfinished-close": "a save through a mount stopped between placing its file and committing it (its mount "
                         "died): it was never acknowledged and no one can read the file; 'scopefs doctor --fix' "
                         "(or the next write) removes it",
@@ -506,7 +510,14 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
     if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'done' LIMIT 1", (agent_id,)):
         findings.append(Finding("finished-intents", agent_id, None,
                                 _sweep_finished_intents(catalog, agent_id) if fix else None, notice=True))
+    findings += [Finding("broker-session", agent_id, session_id, _close_broker_session(home, session_id) if fix
+                         else None, notice=True) for session_id in broker_sessions.stale(home, agent_id)]
     return findings
+
+
+def _close_broker_session(home: Home, session_id: str) -> str:
+    """Close a broker session whose run was killed before it could (``catalog.broker_sessions``)."""
+    return "closed" if close_session(home, session_id) else "closed already"
 
 
 def _sweep_finished_intents(catalog: apsw.Connection, agent_id: str) -> str:
