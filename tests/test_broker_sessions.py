@@ -1,9 +1,10 @@
 """The broker's own sessions (``catalog.broker_sessions``): marked, never served, closed when their run is gone.
 
 Real homes, the installed ``scopefs`` and real processes: an admin command's
-session is traced to the operator's uid, a session whose run was SIGKILLed
-before it could close it is refused by every mount, write and delegation,
-and ``doctor --fix`` closes it while leaving a live run's session alone.
+session is traced to the command and the operator's uid, a session whose run
+was SIGKILLed before it could close it is refused by every mount, read,
+write and delegation, and ``doctor --fix`` closes it while leaving a live
+run's session alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys, time
 from pathlib import Path
 from scopefs.catalog.broker_sessions import open_broker_session
 from scopefs.catalog.home import Home
-session = open_broker_session(Home.open(Path(sys.argv[1])), sys.argv[2], "import")
+session = open_broker_session(Home.open(Path(sys.argv[1])), sys.argv[2], "migrate")
 print(session.session_id, flush=True)
 time.sleep(600)
 """
@@ -81,15 +82,20 @@ def test_an_admin_command_acts_through_its_own_session_traced_to_the_operator(sc
     assert len(sessions) == 1
     (session_id,) = sessions
     with db_copy(catalog_path(s.cli.home)) as conn:
-        row = conn.execute("SELECT b.operation, b.unix_uid, b.run_mark, s.subject_kind, s.subject_reason,"
+        row = conn.execute("SELECT b.command, b.unix_uid, b.run_mark, s.subject_kind, s.subject_reason,"
                            " s.closed_at FROM broker_sessions b JOIN sessions s USING (session_id)"
                            " WHERE session_id = ?", (session_id,)).fetchall()
     assert len(row) == 1
-    operation, uid, mark, kind, reason, closed_at = row[0]
-    assert (operation, sqlite_int(uid), kind, reason) == ("delete", os.getuid(), "ambiguous", "shared-main")
+    command, uid, mark, kind, reason, closed_at = row[0]
+    assert (command, sqlite_int(uid), kind, reason) == ("unpublish", os.getuid(), "ambiguous", "shared-main")
     assert closed_at is not None  # closed when the run ended
     assert sqlite_str(mark).count("/") == 2  # boot/pid/start: which run, never a provider id
     assert _doctor(s) == []  # a run that ended closed its session: nothing to report
+    rows = s.cli.j("audit", "--session", session_id)  # the admin may still ask what it did
+    assert {r["operation"] for r in rows["rows"]} >= {"unpublish"}
+    (listed,) = s.cli.j("session", "brokers", "--agent", s.agent)["sessions"]  # and which command and uid it was
+    assert (listed["session_id"], listed["command"], listed["unix_uid"], listed["running"]) == (
+        session_id, "unpublish", os.getuid(), False)
 
 
 def test_a_killed_run_leaves_a_session_nothing_can_use_and_doctor_closes_it(
@@ -108,6 +114,12 @@ def test_a_killed_run_leaves_a_session_nothing_can_use_and_doctor_closes_it(
                 s.cli("write", session_id, "agent-shared/x.md", stdin=b"x\n"),
                 s.cli("write", session_id, "private/x.md", stdin=b"x\n"),
                 s.cli("session", "open", "--agent", s.agent, "--child-of", session_id, "--cap", "agent-shared/**"),
+                s.cli("ls", session_id, "agent-shared"),
+                s.cli("read", session_id, "agent-shared/x.md"),
+                s.cli("search", session_id, "menu"),
+                s.cli("session", "close", session_id),  # doctor --fix closes it once its run is gone
+                s.cli("derive", s.alice_session, "--from", f"{session_id}:agent-shared/x.md", "--to",
+                      "private/d.md", stdin=b"d\n"),
             ]
             for result in refusals:
                 assert result.code == 2, result.err
@@ -126,6 +138,9 @@ def test_a_killed_run_leaves_a_session_nothing_can_use_and_doctor_closes_it(
     assert _closed(s, killed.session_id)
     assert not _closed(s, live.session_id)  # its run is still going: its session stays its own
     assert _doctor(s) == []
+    listed = {b["session_id"]: b for b in s.cli.j("session", "brokers", "--agent", s.agent)["sessions"]}
+    assert listed[live.session_id]["running"] and listed[live.session_id]["closed_at"] is None
+    assert not listed[killed.session_id]["running"] and listed[killed.session_id]["closed_at"] is not None
     live.kill()
     assert [f["ref_id"] for f in _doctor(s)] == [live.session_id]
 
@@ -137,14 +152,19 @@ def test_the_catalog_marks_only_a_new_open_shared_main_session_and_never_unmarks
     runs.append(run)
     conn = apsw.Connection(str(catalog_path(s.cli.home)))
     try:
-        insert = ("INSERT INTO broker_sessions (session_id, agent_id, operation, unix_uid, run_mark, opened_at)"
-                  " VALUES (?, ?, 'import', 0, 'b/1/1', 1)")
+        insert = ("INSERT INTO broker_sessions (session_id, agent_id, command, unix_uid, run_mark, opened_at)"
+                  " SELECT session_id, agent_id, 'migrate', 0, 'b/1/1', created_at FROM sessions WHERE session_id = ?")
         for session_id in (s.alice_session, s.group_session, run.session_id):  # a user's, a group's, marked already
             with pytest.raises(apsw.ConstraintError):
-                conn.execute(insert, (session_id, s.agent))
+                conn.execute(insert, (session_id,))
         with pytest.raises(apsw.ConstraintError):
             conn.execute("UPDATE broker_sessions SET unix_uid = 12345 WHERE session_id = ?", (run.session_id,))
         with pytest.raises(apsw.ConstraintError):
             conn.execute("DELETE FROM broker_sessions WHERE session_id = ?", (run.session_id,))
+        conn.execute("INSERT INTO sessions (session_id, agent_id, subject_kind, subject_reason, created_at)"
+                     " VALUES ('s_old', ?, 'ambiguous', 'shared-main', 5)", (s.agent,))
+        with pytest.raises(apsw.ConstraintError):  # an older shared-main session cannot be marked after the fact
+            conn.execute(insert.replace("created_at FROM", "created_at + 1 FROM"), ("s_old",))
+        conn.execute(insert, ("s_old",))  # with the time it was opened at, the same insert is accepted
     finally:
         conn.close()

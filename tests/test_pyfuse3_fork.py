@@ -124,9 +124,9 @@ LONG_POLL_S = 5
 @pytest.mark.parametrize("mounted", [LONG_POLL_S * 1_000_000_000], indirect=True)
 def test_a_handler_that_awaits_is_not_held_by_the_poll(mounted: Mounted) -> None:
     # The loop polls for the next request with the event loop held (in C), so while a handler is
-    # under way (here fsync, which lets other tasks run once) another task must not poll: the
-    # handler could not resume until the poll ran out. With a budget of 5 s, each fsync below would
-    # take 5 s; it must come back long before, and each close answered in C still comes through the poll.
+    # under way (here fsync, which waits for a worker thread) another task must not poll: the thread's
+    # result could not reach the handler until the poll ran out. With a budget of 5 s, each fsync
+    # below would take 5 s; it must come back long before.
     a = mounted.root / "a.txt"
     a.read_bytes()
     fd = os.open(a, os.O_WRONLY)

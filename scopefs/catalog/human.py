@@ -84,16 +84,13 @@ def check_served(home: Home, session_id: str, uid: int | None) -> None:
         raise BadInput("a browse session is served only to its own local user (scopefs browse)")
 
 
-def refuse_command_line_changes(home: Home, session_id: str) -> None:
-    """BadInput if ``session_id`` may not make changes from the command line.
+def refuse_browse_session(home: Home, session_id: str) -> None:
+    """BadInput if ``session_id`` is a browse session: its changes are the person's, made through its mount.
 
-    A browse session's changes are the person's, made through its mount: a
-    command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
+    A command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
     ...) with it would be the operator's act recorded as the principal's,
-    with the origin ``human``. A broker session (``catalog.broker_sessions``)
-    is one command's run's own: an act through it would be recorded as that
-    run's. An unknown session is left to the command, which refuses it as it
-    always has.
+    with the origin ``human``. An unknown session is left to the command,
+    which refuses it as it always has.
     """
     from scopefs.catalog.sessions import load_session
 
@@ -101,7 +98,5 @@ def refuse_command_line_changes(home: Home, session_id: str) -> None:
         session = load_session(home, session_id)
     except BadInput:
         return
-    if session.broker:
-        raise broker_only()
     if session.human:
         raise BadInput("a browse session writes only through its mount")

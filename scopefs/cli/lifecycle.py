@@ -111,7 +111,7 @@ def _audit_query(args: argparse.Namespace) -> int:
 
 def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentParser]) -> None:
     p = command("derive", cmd_derive, "write stdin as a note derived from others, never wider than its sources")
-    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
+    p.set_defaults(changes_as_session=True)  # refused for a browse or broker session (cli.main)
     p.add_argument("session")
     p.add_argument("--from", dest="sources", action="append", required=True, metavar="[SESSION:]PATH",
                    help="a source note (repeat); SESSION: reads it through another session's view")
@@ -120,7 +120,7 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
     p.add_argument("--actor", metavar="PRINCIPAL")
 
     p = command("forget", cmd_forget, "forget notes, what was derived from them, and their claims")
-    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
+    p.set_defaults(changes_as_session=True)  # refused for a browse or broker session (cli.main)
     p.add_argument("session")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--dry-run", action="store_true", help="report what would be forgotten; change nothing")
@@ -130,7 +130,7 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
         dest="verb", required=True, parser_class=parser_class)
     p = command("release", cmd_lineage_release, "approve a held derived note as independent (a new revision)",
                 lineage)
-    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
+    p.set_defaults(changes_as_session=True)  # refused for a browse or broker session (cli.main)
     p.add_argument("session")
     p.add_argument("path")
     p.add_argument("--actor", metavar="PRINCIPAL")

@@ -9,6 +9,7 @@ decides nothing itself.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -190,6 +191,17 @@ def cmd_session_close(args: argparse.Namespace) -> int:
     closed = close_session(_home(args), args.session)
     emit(args.json, {"session_id": args.session, "closed": closed},
          [f"closed {args.session}" if closed else f"{args.session} was already closed"])
+    return 0
+
+
+def cmd_session_brokers(args: argparse.Namespace) -> int:
+    from scopefs.catalog.broker_sessions import listing
+
+    found = listing(_home(args), args.agent)
+    emit(args.json, {"sessions": [dataclasses.asdict(b) for b in found]},
+         [f"{b.session_id} {b.command} uid {b.unix_uid}" + ("" if b.login_uid is None else f" login {b.login_uid}")
+          + (" running" if b.running else " open, its run gone (doctor --fix)" if b.closed_at is None else "")
+          for b in found] or ["no broker sessions"])
     return 0
 
 
@@ -428,6 +440,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
                                  for e in entries]},
          [e.name + "/" if e.is_dir else e.name for e in entries])
     return 0
+
+
+def _sessions_named(args: argparse.Namespace) -> list[str]:
+    """The sessions a command acts through or reads: its SESSION, ``--child-of``, and ``derive --from
+    SESSION:PATH``. None for ``audit``, whose ``--session`` only picks rows."""
+    from scopefs.writer.derive import parse_source
+
+    if getattr(args, "session_is_a_filter", False):
+        return []
+    named = [value for value in (getattr(args, "session", None), getattr(args, "child_of", None))
+             if isinstance(value, str)]
+    own = named[0] if named else ""
+    named += [parse_source(own, text)[0] for text in getattr(args, "sources", None) or () if isinstance(text, str)]
+    return [session_id for session_id in dict.fromkeys(named) if session_id]
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -718,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("close", cmd_session_close, "end a session for good: every later operation and mount is refused",
                 session)
     p.add_argument("session")
+    p = command("brokers", cmd_session_brokers, "the sessions admin commands opened for their runs: which command,"
+                " which uid (the run behind the audit rows naming them)", session)
+    p.add_argument("--agent", required=True)
     p = command("up", cmd_session_up, "keep the session's sandbox mount up so that each run reuses it", session)
     p.add_argument("session")
     p = command("down", cmd_session_down, "stop the session's kept sandbox mount", session)
@@ -855,10 +884,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
-        if getattr(args, "changes_as_session", False):  # the one place every such command passes
-            from scopefs.catalog.human import refuse_command_line_changes
+        named = _sessions_named(args)
+        if named:  # a broker session is its own command's run's alone: every other command refuses it
+            from scopefs.catalog.broker_sessions import refuse
 
-            refuse_command_line_changes(_home(args), args.session)
+            refuse(_home(args), named)
+        if getattr(args, "changes_as_session", False):  # the one place every such command passes
+            from scopefs.catalog.human import refuse_browse_session
+
+            refuse_browse_session(_home(args), args.session)
         code: int = args.func(args)
         return code
     except Denied as exc:

@@ -112,7 +112,7 @@ def cmd_audit_prune(args: argparse.Namespace) -> int:
 def register_audit(audit: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser],
                    command: Command) -> Any:
     """The ``audit`` query's filters on ``audit`` itself, and its subcommands' parser (returned)."""
-    audit.set_defaults(func=cmd_audit_query)
+    audit.set_defaults(func=cmd_audit_query, session_is_a_filter=True)  # a broker session's rows may be asked
     audit.add_argument("--agent")
     audit.add_argument("--since", metavar="DURATION|DATE", help="e.g. 7d, or 2026-01-31 (UTC)")
     audit.add_argument("--op", metavar="OP", help="an operation, e.g. read, search, append")

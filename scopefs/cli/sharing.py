@@ -150,7 +150,7 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
 
     p = command("publish", cmd_publish, "copy one of the subject's own notes into agent-shared/ or a role store"
                                         " (a preview unless --yes)")
-    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
+    p.set_defaults(changes_as_session=True)  # refused for a browse or broker session (cli.main)
     p.add_argument("session")
     p.add_argument("path", help="a note of the session's own store, e.g. private/notes/x.md")
     p.add_argument("--to", required=True, metavar="agent-shared|role:ROLE")
@@ -166,7 +166,7 @@ def register(sub: Any, command: Command, parser_class: type[argparse.ArgumentPar
 
     p = command("project", cmd_project, "a reviewed copy of one private note for one audience"
                                         " (a preview unless --yes)")
-    p.set_defaults(changes_as_session=True)  # refused for a browse session (cli.main)
+    p.set_defaults(changes_as_session=True)  # refused for a browse or broker session (cli.main)
     p.add_argument("session")
     p.add_argument("path", help="a note of the session's private/, e.g. private/notes/x.md")
     p.add_argument("--to", required=True, metavar="conversation:CONV|role:ROLE|agent-shared")

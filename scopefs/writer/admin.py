@@ -77,6 +77,6 @@ def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation:
     it was found (nothing is forgotten then)."""
     catalog = home.catalog(agent_id)
     plan = forget_plan(catalog, agent_id, notes)
-    with broker_access(home, agent_id, Op.DELETE) as access:
+    with broker_access(home, agent_id, Op.DELETE, operation) as access:
         return forget_planned(access, plan, [], lambda: all(n.still(catalog, agent_id) for n in notes),
                               operation=operation)

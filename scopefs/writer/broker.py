@@ -31,14 +31,15 @@ log = logging.getLogger("scopefs.broker")
 
 
 @contextlib.contextmanager
-def broker_access(home: Home, agent_id: str, operation: Op) -> Iterator[Access]:
-    """A fresh broker session's access for the block; the session is closed after it, whatever happens.
+def broker_access(home: Home, agent_id: str, operation: Op, command: str) -> Iterator[Access]:
+    """A fresh broker session's access for the block, marked as ``command``'s run (``migrate``,
+    ``quarantine-release``, ...); the session is closed after it, whatever happens.
 
     A close that fails (the state database locked past its timeout) is logged, never raised: it must not
     hide the block's own error, nor turn work the block committed into a failure the caller would retry.
     The session left open is the broker's own: nothing can use it, and ``doctor --fix`` closes it.
     """
-    session = open_broker_session(home, agent_id, operation.value)
+    session = open_broker_session(home, agent_id, command)
     try:
         access, problem = current_access(home, session.session_id)
         if problem is not None:

@@ -492,7 +492,7 @@ def apply(home: Home, plan: Plan, confirm: str | None, progress: Progress | None
     checkpoint(Step.MIGRATION_BACKED_UP)
     todo = [i for i in plan.items if i.action in COPIED]
     diverted: dict[str, Item] = {}  # item key -> the item sent to quarantine instead (its destination was taken)
-    with broker_access(home, agent, Op.IMPORT) as access:
+    with broker_access(home, agent, Op.IMPORT, "migrate") as access:
         for n, item in enumerate(todo, 1):
             if item.key not in status:
                 status[item.key] = _copy(home, plan, access, item, diverted)

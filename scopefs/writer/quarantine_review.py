@@ -190,7 +190,7 @@ def release(home: Home, agent_id: str, path: str, *, owner: str | None = None, t
             return Decision(False, Reason.IDENTITY_REVOKED if destination.owner else Reason.MEMBERSHIP_STALE)
         return ALLOW
 
-    with broker_access(home, agent, Op.IMPORT) as access:
+    with broker_access(home, agent, Op.IMPORT, RELEASE) as access:
         def record(conn: apsw.Connection, _resource_id: str, _revision_id: str) -> None:
             forget_rows(access, conn, ids.random_token(), plan, [], RELEASE, revision_id=note.revision.revision_id)
 
@@ -250,7 +250,7 @@ def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -
 def _unlink_files(home: Home, agent_id: str, files: list[str]) -> None:
     """Audit rows first, then the unlinks: a crash between leaves a file to purge again, never a silent one."""
     catalog = home.catalog(agent_id)
-    with broker_access(home, agent_id, Op.DELETE) as access, immediate(catalog):
+    with broker_access(home, agent_id, Op.DELETE, PURGE) as access, immediate(catalog):
         for name in files:
             event = access.event(PURGE, "allow", Reason.ALLOWED, revision_id=tampered_revision(name))
             settle(catalog, enqueue(catalog, agent_id, event), decision="allow", reason=Reason.ALLOWED)

@@ -73,7 +73,6 @@ from scopefs.catalog.fsafe import lock_held, open_dir, renameat2_noreplace
 from scopefs.catalog.home import Home
 from scopefs.catalog.index import catch_up, reindex, stale_count
 from scopefs.catalog.reasons import Reason
-from scopefs.catalog.sessions import close_session
 from scopefs.writer import lock, placing, unsynced
 from scopefs.writer.commit import roll_back
 from scopefs.writer.quarantine import remove_tampered, tampered_copies, tampered_name
@@ -510,14 +509,15 @@ def _inspect(home: Home, agent_id: str, *, fix: bool) -> list[Finding]:
     if one(catalog, "SELECT 1 FROM write_intents WHERE agent_id = ? AND state = 'done' LIMIT 1", (agent_id,)):
         findings.append(Finding("finished-intents", agent_id, None,
                                 _sweep_finished_intents(catalog, agent_id) if fix else None, notice=True))
-    findings += [Finding("broker-session", agent_id, session_id, _close_broker_session(home, session_id) if fix
-                         else None, notice=True) for session_id in broker_sessions.stale(home, agent_id)]
+    findings += [Finding("broker-session", agent_id, session_id,
+                         _close_broker_session(home, agent_id, session_id) if fix else None, notice=True)
+                 for session_id in broker_sessions.stale(home, agent_id)]
     return findings
 
 
-def _close_broker_session(home: Home, session_id: str) -> str:
+def _close_broker_session(home: Home, agent_id: str, session_id: str) -> str:
     """Close a broker session whose run was killed before it could (``catalog.broker_sessions``)."""
-    return "closed" if close_session(home, session_id) else "closed already"
+    return "closed" if broker_sessions.close_stale(home, agent_id, session_id) else "closed already"
 
 
 def _sweep_finished_intents(catalog: apsw.Connection, agent_id: str) -> str:

@@ -800,24 +800,27 @@ BEGIN SELECT RAISE(ABORT, 'a migration item is never deleted'); END;
 # V11: the broker's own sessions. An operator's command on the host (a
 # migration, a quarantine review, an unpublish) writes through a shared-main
 # session it opens for the run and closes after it (``writer.broker``). This
-# row marks such a session from its first commit: no mount, sandbox or
-# command-line write may use it, the audit rows it names can be traced to the
-# operator's local uid and the operation, and ``doctor`` closes one whose run
-# is gone (``run_mark``: the boot, pid and start time of the process that
-# opened it). Written once with its session, never edited or deleted.
+# row marks such a session from its first commit: no mount, sandbox or other
+# command may use it, the audit rows it names can be traced to the command
+# and the operator's local uid (and login uid, which ``sudo`` keeps), and
+# ``doctor`` closes one whose run is gone (``run_mark``: the boot, pid and
+# start time of the process that opened it). Written once with its session,
+# in the same transaction, never edited or deleted.
 V11 = """
 CREATE TABLE broker_sessions (
     session_id TEXT PRIMARY KEY REFERENCES sessions (session_id),
     agent_id   TEXT NOT NULL REFERENCES agent_cell (agent_id),
-    operation  TEXT NOT NULL,
+    command    TEXT NOT NULL,
     unix_uid   INTEGER NOT NULL CHECK (unix_uid >= 0),
+    login_uid  INTEGER CHECK (login_uid >= 0),
     run_mark   TEXT NOT NULL,
     opened_at  INTEGER NOT NULL
 ) STRICT;
 CREATE TRIGGER broker_sessions_checked BEFORE INSERT ON broker_sessions
 WHEN EXISTS (SELECT 1 FROM broker_sessions WHERE session_id = NEW.session_id)
   OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = NEW.session_id AND s.agent_id = NEW.agent_id
-                   AND s.subject_kind = 'ambiguous' AND s.subject_reason = 'shared-main' AND s.closed_at IS NULL)
+                   AND s.subject_kind = 'ambiguous' AND s.subject_reason = 'shared-main' AND s.closed_at IS NULL
+                   AND s.created_at = NEW.opened_at)
   OR EXISTS (SELECT 1 FROM session_keys k WHERE k.session_id = NEW.session_id)
   OR EXISTS (SELECT 1 FROM session_delegations d WHERE d.session_id = NEW.session_id)
 BEGIN SELECT RAISE(ABORT, 'a broker session is written once, for a new open shared-main session'); END;
