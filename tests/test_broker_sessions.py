@@ -88,6 +88,10 @@ def test_an_admin_command_acts_through_its_own_session_traced_to_the_operator(sc
     assert len(row) == 1
     command, uid, mark, kind, reason, closed_at = row[0]
     assert (command, sqlite_int(uid), kind, reason) == ("unpublish", os.getuid(), "ambiguous", "shared-main")
+    with open("/proc/self/loginuid") as own:  # the login uid sudo keeps, or none (4294967295)
+        login = int(own.read())
+    assert s.cli.j("session", "brokers", "--agent", s.agent)["sessions"][0]["login_uid"] == (
+        None if login == 2**32 - 1 else login)
     assert closed_at is not None  # closed when the run ended
     assert sqlite_str(mark).count("/") == 2  # boot/pid/start: which run, never a provider id
     assert _doctor(s) == []  # a run that ended closed its session: nothing to report
@@ -143,6 +147,22 @@ def test_a_killed_run_leaves_a_session_nothing_can_use_and_doctor_closes_it(
     assert not listed[killed.session_id]["running"] and listed[killed.session_id]["closed_at"] is not None
     live.kill()
     assert [f["ref_id"] for f in _doctor(s)] == [live.session_id]
+
+
+def test_doctor_closes_a_session_whose_run_died_before_indexing_it(scenario: Scenario) -> None:
+    # The run commits its session and the broker row, then dies before the home's index names the session:
+    # a session load_session cannot find, which doctor --fix must still close (by the catalog alone).
+    code = ("import os, sys\nfrom pathlib import Path\nfrom scopefs.catalog import broker_sessions\n"
+            "from scopefs.catalog.home import Home\n"
+            "broker_sessions.index_session = lambda home, record: os._exit(0)\n"
+            "broker_sessions.open_broker_session(Home.open(Path(sys.argv[1])), sys.argv[2], 'unpublish')\n")
+    subprocess.run([sys.executable, "-c", code, str(scenario.cli.home), scenario.agent], check=True, timeout=60)
+    with db_copy(catalog_path(scenario.cli.home)) as conn:
+        (session_id,) = [sqlite_str(row[0]) for row in conn.execute("SELECT session_id FROM broker_sessions")]
+    assert scenario.cli("session", "close", session_id).code == 2  # unknown to the index: refused as any
+    assert [(f["ref_id"], f["action"]) for f in _doctor(scenario, "--fix")] == [(session_id, "closed")]
+    assert _closed(scenario, session_id)
+    assert _doctor(scenario) == []
 
 
 def test_the_catalog_marks_only_a_new_open_shared_main_session_and_never_unmarks_it(

@@ -445,14 +445,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _sessions_named(args: argparse.Namespace) -> list[str]:
     """The sessions a command acts through or reads: its SESSION, ``--child-of``, and ``derive --from
     SESSION:PATH``. None for ``audit``, whose ``--session`` only picks rows."""
-    from scopefs.writer.derive import parse_source
-
     if getattr(args, "session_is_a_filter", False):
         return []
     named = [value for value in (getattr(args, "session", None), getattr(args, "child_of", None))
              if isinstance(value, str)]
-    own = named[0] if named else ""
-    named += [parse_source(own, text)[0] for text in getattr(args, "sources", None) or () if isinstance(text, str)]
+    sources = [text for text in getattr(args, "sources", None) or () if isinstance(text, str)]
+    if sources:
+        from scopefs.writer.derive import parse_source
+
+        own = named[0] if named else ""
+        named += [parse_source(own, text)[0] for text in sources]
     return [session_id for session_id in dict.fromkeys(named) if session_id]
 
 
