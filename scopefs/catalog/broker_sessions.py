@@ -9,7 +9,7 @@ run ends. The ``broker_sessions`` row (schema V11), written in the same
 transaction as the session, marks it for good:
 
 * no mount, sandbox, delegation or other command may use it
-  (``catalog.human.check_served``, ``refuse``), so a run killed before its
+  (``catalog.human.check_served``, ``check_command_line``), so a run killed before its
   close leaves nothing anyone can work through;
 * it records the command, the local uid that ran it (and the login uid,
   which ``sudo`` keeps) and the run (``catalog.boot.run_mark``), so the audit
@@ -21,7 +21,6 @@ transaction as the session, marks it for good:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scopefs.catalog import ids
@@ -30,7 +29,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.db import immediate
 from scopefs.catalog.errors import BadInput
 from scopefs.catalog.home import Home, validate_agent_name
-from scopefs.catalog.sessions import SessionRecord, index_session, insert_session, load_session
+from scopefs.catalog.sessions import SessionRecord, index_session, insert_session
 from scopefs.catalog.subject import AmbiguousReason, Subject, SubjectKind
 
 
@@ -58,18 +57,6 @@ def _login_uid() -> int | None:
     except (OSError, UnicodeDecodeError):
         return None
     return int(text) if text.isdigit() and int(text) < 2**32 - 1 else None  # 4294967295: not set
-
-
-def refuse(home: Home, session_ids: Iterable[str]) -> None:
-    """``broker_only()`` if one of ``session_ids`` is a broker session; an unknown or malformed id is left to
-    the command, which refuses it as it always has."""
-    for session_id in session_ids:
-        try:
-            session = load_session(home, session_id)
-        except BadInput:
-            continue
-        if session.broker:
-            raise broker_only()
 
 
 def close_stale(home: Home, agent_id: str, session_id: str) -> bool:

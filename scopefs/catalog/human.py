@@ -18,6 +18,8 @@ nothing: a child of it would carry evidence no row vouches for.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from scopefs.catalog import ids
 from scopefs.catalog.broker_sessions import broker_only
 from scopefs.catalog.clock import now_us
@@ -84,19 +86,25 @@ def check_served(home: Home, session_id: str, uid: int | None) -> None:
         raise BadInput("a browse session is served only to its own local user (scopefs browse)")
 
 
-def refuse_browse_session(home: Home, session_id: str) -> None:
-    """BadInput if ``session_id`` is a browse session: its changes are the person's, made through its mount.
+def check_command_line(home: Home, named: Iterable[str], *, changing: str | None) -> None:
+    """BadInput if a command may not act through the sessions it names: any broker session
+    (``catalog.broker_sessions``: its own command's run's alone), or ``changing``, the session a
+    command changes things as, when it is a browse session.
 
-    A command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
+    A browse session's changes are the person's, made through its mount: a
+    command-line ``write`` (or ``rm``, ``derive``, ``forget``, ``publish``,
     ...) with it would be the operator's act recorded as the principal's,
     with the origin ``human``. An unknown session is left to the command,
     which refuses it as it always has.
     """
     from scopefs.catalog.sessions import load_session
 
-    try:
-        session = load_session(home, session_id)
-    except BadInput:
-        return
-    if session.human:
-        raise BadInput("a browse session writes only through its mount")
+    for session_id in dict.fromkeys([*named, *([changing] if changing else [])]):
+        try:
+            session = load_session(home, session_id)
+        except BadInput:
+            continue
+        if session.broker:
+            raise broker_only()
+        if session.human and session_id == changing:
+            raise BadInput("a browse session writes only through its mount")

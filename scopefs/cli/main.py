@@ -887,14 +887,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(raw)
         as_json = bool(getattr(args, "json", as_json))
         named = _sessions_named(args)
-        if named:  # a broker session is its own command's run's alone: every other command refuses it
-            from scopefs.catalog.broker_sessions import refuse
+        changing = args.session if getattr(args, "changes_as_session", False) else None
+        if named or changing:  # the one place every command naming a session passes
+            from scopefs.catalog.human import check_command_line
 
-            refuse(_home(args), named)
-        if getattr(args, "changes_as_session", False):  # the one place every such command passes
-            from scopefs.catalog.human import refuse_browse_session
-
-            refuse_browse_session(_home(args), args.session)
+            check_command_line(_home(args), named, changing=changing)
         code: int = args.func(args)
         return code
     except Denied as exc:
