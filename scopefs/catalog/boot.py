@@ -73,21 +73,35 @@ def run_mark(pid: int | None = None) -> str:
 
 
 def running(mark: str) -> bool:
-    """Whether the run ``run_mark`` named is still going (on this machine, in this boot)."""
+    """Whether the run ``run_mark`` named is still going (on this machine, in this boot).
+
+    A run that has exited but is not reaped yet (a zombie) is gone: it can
+    hold nothing and do nothing more, and its parent may never reap it.
+    """
     boot, _, rest = mark.partition("/")
     pid, _, started = rest.partition("/")
     if boot != _boot_id() or not pid.isdigit() or not started:
         return False
-    return _started(int(pid)) == started
+    fields = _stat_fields(int(pid))
+    return len(fields) > 19 and fields[19] == started and fields[0] not in _ENDED
+
+
+_ENDED = ("Z", "X", "x")  # /proc/PID/stat states of a process that has exited: zombie, dead
 
 
 def _started(pid: int) -> str:
     """The process's start time after boot, in clock ticks ('' if there is no such process)."""
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: the state first, the start time 20th
+    ([] if there is no such process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()[:4096]
     except OSError:
-        return ""
+        return []
     # The command name (field 2) is in parentheses and may hold anything: the fields after it
-    # start after its last ')'. The start time is field 22, the 20th after it.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[19].decode("ascii", "replace") if len(fields) > 19 else ""
+    # start after its last ')'.
+    return stat[stat.rfind(b")") + 2:].decode("ascii", "replace").split()
