@@ -32,6 +32,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from fuse_bench import BIG, CMD_ENV, COLD, HOLD_S, TREE, WARM, WORKLOADS, drop_caches, scopefs_exe  # noqa: E402
+from fuse_bench import BIG, CMD_ENV, COLD, HOLD_S, TREE, WARM, WORKLOADS, Expect, drop_caches, scopefs_exe  # noqa: E402
 
 SYSTEMS = ("native", "plain", "sandbox")
 
@@ -52,10 +53,16 @@ def rotated(round_no: int) -> list[str]:
 
 def expected(work: Path) -> dict[str, str]:
     """What each workload prints on the tree ``fuse_bench.py`` built (grep's and rg's matching lines,
-    find's files); the others print nothing."""
+    find's files); ``ls -lR`` and ``cat`` print nothing (``Shell.verify`` checks what they read)."""
     manifest = json.loads((work / "manifest.json").read_text())
     matches, notes = str(manifest["matches"]), str(manifest["params"]["notes"])
     return {"grep -r": matches, "rg": matches, "find": notes, "ls -lR": "", "cat big": ""}
+
+
+def expectation(work: Path) -> Expect:
+    manifest = json.loads((work / "manifest.json").read_text())
+    notes = manifest["params"]["notes"]
+    return Expect(manifest["matches"], notes, manifest["big_sha256"], notes)
 
 
 def commands(root: str, workloads: tuple[str, ...]) -> dict[str, str]:
@@ -68,22 +75,28 @@ class Shell:
 
     The same loop times every system: on the host for native disk and the
     plain mount, inside ``scopefs run`` for ``/memory``. So each figure
-    carries the same overhead (a ``sh -c`` and a ``date``), the sandbox's
-    start is not counted, and the systems can take turns command by command
-    while one sandbox (and its mount) stays up.
+    carries the same overhead (a ``sh -c`` and a ``date``) and the same
+    locale (the sandbox starts with its own environment: the loop sets
+    ``LC_ALL=C`` as ``fuse_bench.py`` does), the sandbox's start is not
+    counted, and the systems can take turns command by command while one
+    sandbox (and its mount) stays up. A command's output is joined on one
+    line (``$out`` unquoted on purpose). What the shell and the sandbox
+    print on stderr goes to a file, read if they fail: a pipe nobody reads
+    would fill and stop them.
     """
 
-    LOOP = ('while IFS= read -r cmd; do s=$(date +%s%N); if out=$(sh -c "$cmd"); then e=$(date +%s%N); '
-            'echo $((e - s)) $out; else echo failed; fi; done')
+    LOOP = ('export LC_ALL=C; while IFS= read -r cmd; do s=$(date +%s%N); if out=$(sh -c "$cmd"); '
+            'then e=$(date +%s%N); echo $((e - s)) $out; else echo failed; fi; done')
 
     def __init__(self, home: Path | None = None, session: str | None = None) -> None:
         argv = ["sh", "-c", self.LOOP]
+        self._errors = tempfile.TemporaryFile(mode="w+")
         if home is not None and session is not None:
             self._proc = sandboxed_argv(home, session, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE)
+                                        stderr=self._errors)
         else:
             self._proc = subprocess.Popen(argv, text=True, env=CMD_ENV, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE)
+                                          stdout=subprocess.PIPE, stderr=self._errors)
 
     def timed(self, cmd: str, want: str | None = None) -> float:
         """``cmd``'s time; it must print ``want``, if given (a view that shows less is no figure)."""
@@ -99,17 +112,32 @@ class Shell:
             raise RuntimeError(f"{cmd!r} printed {out!r}, expected {want}")
         return int(ns) / 1e9
 
+    def verify(self, root: str, expect: Expect) -> None:
+        """Untimed: the view at ``root`` lists every note and holds the big file, byte for byte
+        (``fuse_bench.py``'s checks; the timed ``ls -lR`` and ``cat`` print nothing to check)."""
+        self.timed(f"ls -lR {root}/{TREE} | grep -c '^-'", str(expect.ls_files))
+        self.timed(f"sha256sum {root}/{BIG} | cut -c1-64", expect.big_sha256)
+
     def close(self) -> None:
         """End the loop (and the sandbox); its error if it did not end well."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
-        finished(self._proc, "")
+        code = self._proc.wait()
+        self._errors.seek(0)
+        errors = self._errors.read()
+        self._errors.close()
+        if code != 0:
+            raise RuntimeError(f"{self._proc.args!r} failed ({code}): {errors[-2000:]}")
 
     def __enter__(self) -> Shell:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        try:
+            self.close()
+        except RuntimeError:
+            if kind is None:  # the error that ended the block, if any, is the one to see
+                raise
 
 
 @contextlib.contextmanager
@@ -136,20 +164,14 @@ def sandboxed_argv(home: Path, session: str, argv: list[str], **popen: object) -
                             text=True, env={**CMD_ENV, "SCOPEFS_HOME": str(home)}, **popen)  # type: ignore[call-overload]
 
 
-def finished(proc: subprocess.Popen[str], stdout: str) -> str:
-    """``stdout`` once ``proc`` exited 0; its error otherwise."""
-    stderr = proc.stderr.read() if proc.stderr is not None else ""
-    if proc.wait() != 0:
-        raise RuntimeError(f"{proc.args!r} failed ({proc.returncode}): {stderr[-2000:]}")
-    return stdout
-
-
 def cold(home: Path, session: str, work: Path, point: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
     """Each cold workload on each system, ``rounds`` times, the systems taking turns; every FUSE figure on
-    a fresh mount (a sandbox of its own), the page cache dropped right before the command."""
+    a fresh mount (a sandbox of its own), the page cache dropped right before the command, the mount's
+    view checked after it (untimed)."""
     samples: dict[str, dict[str, list[float]]] = {s: {w: [] for w in COLD} for s in SYSTEMS}
-    want = expected(work)
+    want, expect = expected(work), expectation(work)
     with Shell() as host:
+        host.verify(str(work / "native"), expect)
         for r in range(rounds):
             for workload in COLD:
                 for system in rotated(r):
@@ -160,11 +182,13 @@ def cold(home: Path, session: str, work: Path, point: Path, rounds: int) -> dict
                         with plain_mount(home, session, point):
                             drop_caches()
                             seconds = host.timed(commands(str(point), COLD)[workload], want[workload])
+                            host.verify(str(point), expect)
                     else:
                         with Shell(home, session) as sandbox:
                             sandbox.timed("true")  # the sandbox is up
                             drop_caches()
                             seconds = sandbox.timed(commands("/memory", COLD)[workload], want[workload])
+                            sandbox.verify("/memory", expect)
                     samples[system][workload].append(seconds)
             print(f"cold round {r + 1}/{rounds}: " + ", ".join(
                 f"{w} " + "/".join(f"{samples[s][w][-1]:.2f}" for s in SYSTEMS) for w in COLD), file=sys.stderr)
@@ -176,9 +200,11 @@ def warm(home: Path, session: str, work: Path, point: Path, rounds: int) -> dict
     by command, both mounts up throughout (an idle mount that only reads follows no commits)."""
     samples: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WARM} for s in SYSTEMS}
     roots = {"native": str(work / "native"), "plain": str(point), "sandbox": "/memory"}
-    want = expected(work)
+    want, expect = expected(work), expectation(work)
     with plain_mount(home, session, point), Shell() as host, Shell(home, session) as sandbox:
         shells = {"native": host, "plain": host, "sandbox": sandbox}
+        for system in SYSTEMS:
+            shells[system].verify(roots[system], expect)
         for _ in range(2):  # the first pass reads through each mount; its audit is written after it
             for system in SYSTEMS:
                 for workload, cmd in commands(roots[system], WARM).items():

@@ -45,7 +45,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from fuse_bench import CMD_ENV, SAVE_MODES, SAVE_TARGETS, TREE, Layout, header, note_bytes, vocabulary  # noqa: E402
-from sandbox_reads import SYSTEMS, finished, plain_mount, rotated, sandboxed, sandboxed_argv  # noqa: E402
+from sandbox_reads import SYSTEMS, plain_mount, rotated, sandboxed, sandboxed_argv  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # the one inside the sandbox (its /usr is the host's): the same saver everywhere
 
@@ -108,8 +108,11 @@ def save_block(system: str, root: str, home: Path, session: str, mode: str, todo
         if proc.returncode != 0:
             raise RuntimeError(f"saves in the sandbox failed ({proc.returncode}): {err[-2000:]}")
     else:
-        out = subprocess.run([PYTHON, "-c", SAVER, root, mode], input=lines, capture_output=True, text=True,
-                             env=CMD_ENV, check=True).stdout
+        done = subprocess.run([PYTHON, "-c", SAVER, root, mode], input=lines, capture_output=True, text=True,
+                              env=CMD_ENV, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"saves on {system} failed ({done.returncode}): {done.stderr[-2000:]}")
+        out = done.stdout
     times = [int(v) for v in out.split()]
     if len(times) != len(todo):
         raise RuntimeError(f"{system}: {len(times)} of {len(todo)} saves reported")
@@ -169,16 +172,21 @@ def copy_on_host(source: Path, target: Path, notes: int) -> float:
 
 def copy_in_sandbox(home: Path, session: str, source: Path, notes: int) -> float:
     """The tree unpacked into the sandbox's tmpfs, then ``cp -r`` into ``/memory`` timed by the shell."""
-    script = ("rm -rf /memory/private/copy && mkdir /tmp/src && tar -xf - -C /tmp/src && "
+    script = ("export LC_ALL=C && rm -rf /memory/private/copy && mkdir /tmp/src && tar -xf - -C /tmp/src && "
               "s=$(date +%s%N) && cp -r /tmp/src/" + source.name + " /memory/private/copy && e=$(date +%s%N) && "
               "echo $((e - s)) && find /memory/private/copy -type f | wc -l && rm -rf /memory/private/copy")
     tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(source.parent), source.name], stdout=subprocess.PIPE)
-    proc = sandboxed(home, session, script, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert tar.stdout is not None
-    tar.stdout.close()  # the sandbox holds the pipe now
-    out = finished(proc, proc.stdout.read() if proc.stdout else "").split()
-    if tar.wait() != 0:
-        raise RuntimeError("tar of the tree failed")
+    try:
+        proc = sandboxed(home, session, script, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert tar.stdout is not None
+        tar.stdout.close()  # the sandbox holds the pipe now
+        stdout, stderr = proc.communicate()
+    finally:
+        if tar.wait(timeout=60) != 0:
+            raise RuntimeError("tar of the tree failed")
+    if proc.returncode != 0:
+        raise RuntimeError(f"cp -r in the sandbox failed ({proc.returncode}): {stderr[-2000:]}")
+    out = stdout.split()
     if len(out) != 2 or int(out[1]) != notes:
         raise RuntimeError(f"cp -r into /memory printed {out!r}, expected a time and {notes} notes")
     return int(out[0]) / 1e9
@@ -213,6 +221,8 @@ def main() -> int:
     rev = manifest["rev"]
     manifest["rev"] = rev + 2 * len(SYSTEMS) * len(modes)  # every block's revision number, taken before it is used
     manifest_path.write_text(json.dumps(manifest, indent=1))
+    if args.saves < 2:
+        raise SystemExit("--saves: at least 2 (two blocks per system)")
     report: dict[str, object] = {"saves_per_mode": args.saves, "modes": modes}
     found = saves(work, home, session, point, modes, args.saves, rev)
     report["saves"] = found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,14 @@ def test_a_live_run_is_running_and_a_reused_mark_is_not() -> None:
 
 def test_a_run_that_exited_unreaped_is_not_running() -> None:
     """A zombie keeps its pid and start time until its parent reaps it, but holds nothing any more."""
+    before = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an ignored SIGCHLD would reap it at once
+    try:
+        _exits_unreaped()
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+
+
+def _exits_unreaped() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         mark = run_mark(child.pid)

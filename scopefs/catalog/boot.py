@@ -76,14 +76,26 @@ def running(mark: str) -> bool:
     """Whether the run ``run_mark`` named is still going (on this machine, in this boot).
 
     A run that has exited but is not reaped yet (a zombie) is gone: it can
-    hold nothing and do nothing more, and its parent may never reap it.
+    hold nothing and do nothing more, and its parent may never reap it. (A
+    main thread that ended while other threads of its process go on shows
+    the same state: that process still runs.)
     """
     boot, _, rest = mark.partition("/")
     pid, _, started = rest.partition("/")
     if boot != _boot_id() or not pid.isdigit() or not started:
         return False
     fields = _stat_fields(int(pid))
-    return len(fields) > 19 and fields[19] == started and fields[0] not in _ENDED
+    if len(fields) <= 19 or fields[19] != started:
+        return False
+    return fields[0] not in _ENDED or _other_threads(int(pid))
+
+
+def _other_threads(pid: int) -> bool:
+    """Whether the process still has a thread besides its main one (which has ended)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 _ENDED = ("Z", "X", "x")  # /proc/PID/stat states of a process that has exited: zombie, dead
