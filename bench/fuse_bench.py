@@ -64,6 +64,7 @@ REPO = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 
 try:
+    import editor_save  # the save every save benchmark times
     import libfuse_passthrough
     import passthrough
     import write_read as wr  # machine facts, fsync probe, percentile: the same as the write/read bench
@@ -362,36 +363,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-SAVE_MODES = ("plain", "fsync", "durable")
+SAVE_MODES = editor_save.MODES
 SAVE_TARGETS = {"plain": 4.5, "fsync": 3.0, "durable": 3.0}
 
 
 def save(directory: Path, name: str, data: bytes, mode: str = "fsync") -> None:
-    """An editor's atomic save: a temp file in the same folder, rename over the note.
-
-    ``plain``: no sync at all (nano, most tools); ``fsync``: the temp file is
-    fsynced before the rename (vim, atomic-write libraries); ``durable``:
-    that, and the folder is fsynced after the rename, so the save survives
-    power loss once it returns (what a database would do).
-    """
-    tmp = directory / f".{name}.tmp"
-    if mode == "plain":
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-    else:
-        wr.write_fsynced(tmp, data)
-    os.rename(tmp, directory / name)
-    if mode == "durable":
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    """An editor's atomic save of ``directory/name`` (``editor_save``, which says what each mode does)."""
+    editor_save.save(str(directory / name), data, mode)
 
 
 @dataclass

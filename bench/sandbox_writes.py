@@ -44,50 +44,30 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import editor_save  # noqa: E402 - the save itself, sent as text into the sandbox
 from fuse_bench import CMD_ENV, SAVE_MODES, SAVE_TARGETS, TREE, Layout, header, note_bytes, vocabulary  # noqa: E402
 from sandbox_reads import SYSTEMS, plain_mount, rotated, sandboxed, sandboxed_argv  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # the one inside the sandbox (its /usr is the host's): the same saver everywhere
 
-# The saver: reads ``[relative path, hex bytes]`` lines on stdin, saves each as fuse_bench.save does,
-# prints one line of nanoseconds per save, then checks (untimed) that every note holds its bytes and
+# The saver: ``editor_save``'s text, then this: reads ``[relative path, hex bytes]`` lines on stdin, saves
+# each, prints one line of nanoseconds per save, then checks (untimed) that every note holds its bytes and
 # no temp file is left.
-SAVER = r"""
-import os, sys, time
+SAVER = Path(editor_save.__file__).read_text() + r"""
+import sys, time
 root, mode = sys.argv[1], sys.argv[2]
 todo = [(rel, bytes.fromhex(data)) for rel, data in (line.split() for line in sys.stdin if line.strip())]
-
-def save(path, data):
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, "." + name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if mode != "plain":
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    if mode == "durable":
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
 times = []
 for rel, data in todo:
     start = time.perf_counter_ns()
-    save(os.path.join(root, rel), data)
+    save(os.path.join(root, rel), data, mode)
     times.append(time.perf_counter_ns() - start)
 for rel, data in todo:
     path = os.path.join(root, rel)
     with open(path, "rb") as f:
         if f.read() != data:
             sys.exit("save did not land: " + rel)
-    if os.path.exists(os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")):
+    if os.path.exists(temp_of(path)):
         sys.exit("temp file left: " + rel)
 print("\n".join(map(str, times)))
 """
