@@ -27,6 +27,7 @@ _STATX_MNT_ID_UNIQUE = 0x4000  # Linux 6.8
 _STATX_MNT_ID = 0x1000  # Linux 5.8; reused after an unmount, still tells a remount from no remount in practice
 _MNT_ID_OFFSET = 0x90  # struct statx: stx_mnt_id
 _AT_STATX_DONT_SYNC = 0x4000
+_ENDED = ("Z", "X", "x")  # /proc/PID/stat states of a process that has exited: zombie, dead
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -96,9 +97,6 @@ def _other_threads(pid: int) -> bool:
         return len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
-
-
-_ENDED = ("Z", "X", "x")  # /proc/PID/stat states of a process that has exited: zombie, dead
 
 
 def _started(pid: int) -> str:
