@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from scopefs.catalog.home import Home
+from scopefs.writer import admin
+from scopefs.writer.unpublish import unpublish
 from tests.conftest import ALICE_FACT, Scenario, artifact_path, db_copy, diff_snapshots, snapshot, sqlite_int
 from tests.crashkit import catalog_path
 from tests.test_sharing import SOURCE, _grant, _role
@@ -45,6 +50,7 @@ def test_an_admin_unpublishes_a_copy_and_what_was_derived_from_it_is_held(scenar
 
     done = s.cli.j("unpublish", "--agent", s.agent, SHARED, "--yes")
     assert done["applied"] is True and [n["path"] for n in done["notes"]] == [SHARED]
+    assert done["derived_revisions_held"] == 1
     for session in (s.alice_session, s.bob_session, s.group_session):
         assert s.cli("read", session, SHARED).code == 3
     assert s.cli("read", s.bob_session, "private/menu-summary.md").code == 3  # held with its source
@@ -81,3 +87,24 @@ def test_unpublish_refuses_what_is_not_a_published_note_and_changes_nothing(scen
     assert s.cli("unpublish", "--agent", "nosuchagent", SHARED, "--yes").code == 2
     assert diff_snapshots(before, snapshot(s.cli.home)) == []
     assert s.cli("read", s.bob_session, SHARED, check=True).out == ALICE_FACT
+
+
+def test_the_held_count_is_what_the_forget_held(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob derives again while the admin's unpublish is under way (after its notes were found, before its
+    transaction): the count it reports is the one its forget held, taken inside that transaction."""
+    s = scenario
+    _grant(s, s.alice)
+    s.cli.j("publish", s.alice_session, SOURCE, "--to", "agent-shared", "--as", "menu.md", "--yes")
+    s.cli.j("derive", s.bob_session, "--from", SHARED, "--to", "private/one.md", "--kind", "summary", stdin=SUMMARY)
+    planned = admin.forget_plan
+
+    def plan_while_bob_derives(*args: Any) -> Any:
+        s.cli.j("derive", s.bob_session, "--from", SHARED, "--to", "private/two.md", "--kind", "summary",
+                stdin=SUMMARY)  # a real second process, before the forget takes the writer lock
+        return planned(*args)
+
+    monkeypatch.setattr(admin, "forget_plan", plan_while_bob_derives)
+    done = unpublish(Home.open(s.cli.home), s.agent, [SHARED], yes=True)
+    assert done.forget_id is not None and done.held == 2
+    for derived in ("private/one.md", "private/two.md"):
+        assert s.cli("read", s.bob_session, derived).code == 3  # both held with their source

@@ -61,7 +61,8 @@ def stored_note(catalog: apsw.Connection, agent_id: str, scope_kind: str, audien
 
 
 def held_by(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]) -> int:
-    """How many revisions derived from ``notes`` a forget of them would hold (for the preview)."""
+    """How many revisions derived from ``notes`` a forget of them would hold (the preview's count; inside a
+    forget's transaction, the count it holds)."""
     revisions = [r for note in notes for r in resource_revisions(catalog, agent_id, note.resource_id)]
     return len(descendants(catalog, agent_id, revisions)) if revisions else 0
 
@@ -72,11 +73,26 @@ def forget_plan(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]
                       tuple(resource_revisions(catalog, agent_id, n.resource_id))) for n in notes])
 
 
-def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str) -> str:
-    """Forget ``notes`` as the broker, audited as ``operation``; its forget id. Conflict if one changed since
-    it was found (nothing is forgotten then)."""
+@dataclass(frozen=True)
+class Forgotten:
+    forget_id: str
+    held: int  # revisions derived from the notes, held with them: counted inside the forget's transaction
+
+
+def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str) -> Forgotten:
+    """Forget ``notes`` as the broker, audited as ``operation``. Conflict if one changed since it was found
+    (nothing is forgotten then). The held count is taken where the forget decides, under its lock: a
+    derivation that landed after a preview counted is counted too."""
     catalog = home.catalog(agent_id)
     plan = forget_plan(catalog, agent_id, notes)
+    held: list[int] = []
+
+    def unchanged() -> bool:
+        if not all(n.still(catalog, agent_id) for n in notes):
+            return False
+        held[:] = [held_by(catalog, agent_id, notes)]
+        return True
+
     with broker_access(home, agent_id, Op.DELETE, operation) as access:
-        return forget_planned(access, plan, [], lambda: all(n.still(catalog, agent_id) for n in notes),
-                              operation=operation)
+        forget_id = forget_planned(access, plan, [], unchanged, operation=operation)
+    return Forgotten(forget_id, held[0])

@@ -241,7 +241,7 @@ def purge(home: Home, agent_id: str, entries: list[str], *, yes: bool = False) -
             files.append(entry)
     if not yes:
         return Purged(list(notes.values()), files, False, None)
-    forget_id = forget_stored(home, agent, list(notes.values()), PURGE) if notes else None
+    forget_id = forget_stored(home, agent, list(notes.values()), PURGE).forget_id if notes else None
     if files:
         _unlink_files(home, agent, files)
     return Purged(list(notes.values()), files, True, forget_id)

@@ -36,7 +36,7 @@ _NOT_THERE = "no such note in agent-shared/ or roles/<role>/ (unpublish takes pa
 @dataclass(frozen=True)
 class Unpublished:
     notes: list[StoredNote]
-    held: int  # derived revisions held with them (in the preview: that would be)
+    held: int  # derived revisions held with them, counted in the forget's transaction (a preview: would be)
     forget_id: str | None  # None: only previewed
 
     def as_dict(self, agent_id: str) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def unpublish(home: Home, agent_id: str, paths: list[str], *, yes: bool = False)
         note = _published_note(home, agent, path)
         found.setdefault(note.resource_id, note)
     notes = list(found.values())
-    held = held_by(home.catalog(agent), agent, notes)
     if not yes:
-        return Unpublished(notes, held, None)
-    return Unpublished(notes, held, forget_stored(home, agent, notes, OPERATION))
+        return Unpublished(notes, held_by(home.catalog(agent), agent, notes), None)
+    forgotten = forget_stored(home, agent, notes, OPERATION)
+    return Unpublished(notes, forgotten.held, forgotten.forget_id)
