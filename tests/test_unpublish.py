@@ -104,7 +104,9 @@ def test_the_held_count_is_what_the_forget_held(scenario: Scenario, monkeypatch:
         return planned(*args)
 
     monkeypatch.setattr(admin, "forget_plan", plan_while_bob_derives)
+    holds = _count(s, "SELECT count(*) FROM lineage_holds")
     done = unpublish(Home.open(s.cli.home), s.agent, [SHARED], yes=True)
     assert done.forget_id is not None and done.held == 2
+    assert _count(s, "SELECT count(*) FROM lineage_holds") - holds == 2  # what it reports is what it held
     for derived in ("private/one.md", "private/two.md"):
         assert s.cli("read", s.bob_session, derived).code == 3  # both held with their source

@@ -61,8 +61,8 @@ def stored_note(catalog: apsw.Connection, agent_id: str, scope_kind: str, audien
 
 
 def held_by(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]) -> int:
-    """How many revisions derived from ``notes`` a forget of them would hold (the preview's count; inside a
-    forget's transaction, the count it holds)."""
+    """How many revisions derived from ``notes`` a forget of them would hold (those held already
+    included; a note derived from another of ``notes`` counted as derived, not as held)."""
     revisions = [r for note in notes for r in resource_revisions(catalog, agent_id, note.resource_id)]
     return len(descendants(catalog, agent_id, revisions)) if revisions else 0
 
@@ -76,23 +76,26 @@ def forget_plan(catalog: apsw.Connection, agent_id: str, notes: list[StoredNote]
 @dataclass(frozen=True)
 class Forgotten:
     forget_id: str
-    held: int  # revisions derived from the notes, held with them: counted inside the forget's transaction
+    held: int | None  # ``held_by`` taken inside the forget's transaction (None: not asked for)
 
 
-def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str) -> Forgotten:
+def forget_stored(home: Home, agent_id: str, notes: list[StoredNote], operation: str, *,
+                  count_held: bool = False) -> Forgotten:
     """Forget ``notes`` as the broker, audited as ``operation``. Conflict if one changed since it was found
-    (nothing is forgotten then). The held count is taken where the forget decides, under its lock: a
-    derivation that landed after a preview counted is counted too."""
+    (nothing is forgotten then). ``count_held``: also count what was derived from them (``held_by``) where
+    the forget decides, under its lock, so that a derivation landing after the notes were found counts."""
     catalog = home.catalog(agent_id)
     plan = forget_plan(catalog, agent_id, notes)
-    held: list[int] = []
+    held: int | None = None
 
     def unchanged() -> bool:
+        nonlocal held
         if not all(n.still(catalog, agent_id) for n in notes):
             return False
-        held[:] = [held_by(catalog, agent_id, notes)]
+        if count_held:
+            held = held_by(catalog, agent_id, notes)
         return True
 
     with broker_access(home, agent_id, Op.DELETE, operation) as access:
         forget_id = forget_planned(access, plan, [], unchanged, operation=operation)
-    return Forgotten(forget_id, held[0])
+    return Forgotten(forget_id, held)

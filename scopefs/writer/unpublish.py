@@ -68,5 +68,6 @@ def unpublish(home: Home, agent_id: str, paths: list[str], *, yes: bool = False)
     notes = list(found.values())
     if not yes:
         return Unpublished(notes, held_by(home.catalog(agent), agent, notes), None)
-    forgotten = forget_stored(home, agent, notes, OPERATION)
+    forgotten = forget_stored(home, agent, notes, OPERATION, count_held=True)
+    assert forgotten.held is not None
     return Unpublished(notes, forgotten.held, forgotten.forget_id)
