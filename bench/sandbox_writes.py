@@ -45,6 +45,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 import editor_save  # noqa: E402 - the save itself, sent as text into the sandbox
+import write_read as wr  # noqa: E402 - the percentiles every bench reports
 from fuse_bench import CMD_ENV, SAVE_MODES, SAVE_TARGETS, TREE, Layout, header, note_bytes, vocabulary  # noqa: E402
 from sandbox_reads import SYSTEMS, plain_mount, rotated, sandboxed, sandboxed_argv  # noqa: E402
 
@@ -99,11 +100,9 @@ def save_block(system: str, root: str, home: Path, session: str, mode: str, todo
     return times
 
 
-def saves(work: Path, home: Path, session: str, point: Path, modes: list[str], n: int, rev: int
+def saves(work: Path, home: Path, session: str, point: Path, layout: Layout, modes: list[str], n: int, rev: int
           ) -> dict[str, dict[str, dict[str, float]]]:
     """Per mode and system: n, total, p50, p95, mean of the saves (two blocks each, systems in turn)."""
-    manifest = json.loads((work / "manifest.json").read_text())
-    layout = Layout(manifest["params"]["notes"], manifest["params"]["folders"])
     vocab = vocabulary()
     indices = sorted({k * layout.notes // n for k in range(n)})
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -124,9 +123,8 @@ def saves(work: Path, home: Path, session: str, point: Path, modes: list[str], n
         out[mode] = {}
         for system, ns in times.items():
             ns.sort()
-            out[mode][system] = {"n": len(ns), "total_s": sum(ns) / 1e9, "p50_ms": ns[len(ns) // 2] / 1e6,
-                                 "p95_ms": ns[min(len(ns) - 1, len(ns) * 95 // 100)] / 1e6,
-                                 "mean_ms": sum(ns) / len(ns) / 1e6}
+            out[mode][system] = {"n": len(ns), "total_s": sum(ns) / 1e9, "p50_ms": wr.percentile(ns, 50) / 1e6,
+                                 "p95_ms": wr.percentile(ns, 95) / 1e6, "mean_ms": sum(ns) / len(ns) / 1e6}
     return out
 
 
@@ -194,23 +192,24 @@ def main() -> int:
     modes = [m for m in args.save_modes.split(",") if m]
     if any(m not in SAVE_MODES for m in modes):
         raise SystemExit(f"--save-modes: choose from {', '.join(SAVE_MODES)}")
+    if args.saves < 2:
+        raise SystemExit("--saves: at least 2 (two blocks per system)")
     work = args.reuse.resolve()
     manifest_path = work / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     session, home, point = manifest["session_id"], work / "home", work / "mnt" / "sandbox-bench-plain"
+    layout = Layout(manifest["params"]["notes"], manifest["params"]["folders"])
     rev = manifest["rev"]
     manifest["rev"] = rev + 2 * len(SYSTEMS) * len(modes)  # every block's revision number, taken before it is used
     manifest_path.write_text(json.dumps(manifest, indent=1))
-    if args.saves < 2:
-        raise SystemExit("--saves: at least 2 (two blocks per system)")
     report: dict[str, object] = {"saves_per_mode": args.saves, "modes": modes}
-    found = saves(work, home, session, point, modes, args.saves, rev)
+    found = saves(work, home, session, point, layout, modes, args.saves, rev)
     report["saves"] = found
     report["saves_ratio"] = {mode: {s: per[s]["total_s"] / per["native"]["total_s"] for s in ("plain", "sandbox")}
                              for mode, per in found.items()}
     report["save_targets"] = {mode: SAVE_TARGETS[mode] for mode in modes}
     if args.copy:
-        copied = copies(work, home, session, point, manifest["params"]["notes"])
+        copied = copies(work, home, session, point, layout.notes)
         report["copy_s"] = copied
         report["copy_ratio"] = {s: copied[s] / copied["native"] for s in ("plain", "sandbox")}
     print(json.dumps(report, indent=1))
