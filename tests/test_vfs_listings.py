@@ -66,6 +66,24 @@ def test_a_note_that_goes_drops_its_folder_and_the_one_above_each_folder_that_go
         assert _relisted(refresh(), folders) == {"private/deep": "lost", "private": "lost"}
 
 
+def test_a_note_that_goes_with_its_folder_loses_its_pages_before_any_name_on_its_path(
+        scenario: Scenario) -> None:
+    """The worker sends in order, and the first entry dropped on a path makes the path unknown at
+    once: a reader holding the note open must find its pages gone by then, not served from cache."""
+    scenario.cli.j("write", scenario.alice_session, "private/deep/er/x.md", stdin=b"x\n")
+    with layers_of(scenario) as (layers, refresh):
+        note = layers.lookup(("private", "deep", "er", "x.md"))
+        assert note is not None
+        folders = {_folder(layers, path).ino for path in ("private/deep", "private/deep/er")}
+        scenario.cli.j("rm", scenario.alice_session, "private/deep/er/x.md")
+        out = refresh()
+        pages = [i for i, item in enumerate(out) if item.ino == note.ino]
+        names = [i for i, item in enumerate(out) if item.name is not None and item.ino != note.ino
+                 and (item.ino in folders or item.parent_ino in folders)]
+        assert pages and names, out  # the note's pages go, and so does the folder that held only it
+        assert max(pages) < min(names), out
+
+
 def test_a_folder_that_becomes_a_note_of_its_name_keeps_the_name_listed() -> None:
     """In one view change ``a/b/c.md`` goes and a note ``a/b`` comes (or the other way round): the
     newcomer is counted in first, and the removal of what went must not take its name with it."""

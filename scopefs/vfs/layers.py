@@ -263,9 +263,7 @@ class Layers:
                 folders_came += self.tree.add(parts)
             for note in changed:
                 if note.parts not in new.notes:
-                    vanished = self.tree.remove(note.parts)
-                    folders_went += vanished
-                    out.extend(self._forget_dir(folder) for folder in vanished)
+                    folders_went += self.tree.remove(note.parts)
         for note in changed:
             node = self.by_resource.get(note.resource_id)
             if node is None:
@@ -282,6 +280,11 @@ class Layers:
                 self.detach(node)
             else:
                 node.parts = current.parts
+        # The folders that went with those notes are forgotten only now: the first dropped entry on a
+        # path makes the path unknown at once, and by then each note's pages must be gone already (the
+        # worker sends in this order), or a reader holding a note open would be served its cached
+        # pages after its name is gone.
+        out.extend(self._forget_dir(folder) for folder in folders_went)
         if rebuild:
             for parts in list(self.dirs):
                 if parts and not self.tree.is_dir(parts) and parts not in self.local:
