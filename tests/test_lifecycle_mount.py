@@ -81,14 +81,15 @@ def _content_or_gone(path: Path) -> bytes | None:
 def test_a_note_past_its_validity_leaves_a_live_mount_by_itself(scenario: Scenario, mounts: Mounts) -> None:
     s = scenario
     view = mounts.mount(s.alice_session)
-    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 4))
+    valid_s = 12  # the write, the mount showing it and the reads below all happen before it runs out
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + valid_s))
     s.cli.j("write", s.alice_session, "private/notes/soon.md", "--valid-until", until,
             stdin=b"A fact that is true for a few seconds only\n")
     note = view / "private/notes/soon.md"
     wait_until(lambda: note.exists(), timeout=BOUND_S)
     assert note.read_bytes().endswith(b"A fact that is true for a few seconds only\n")
     with _pinned(note):
-        wait_until(lambda: _gone(note), timeout=BOUND_S + 4)
+        wait_until(lambda: _gone(note), timeout=BOUND_S + valid_s)
     assert "soon.md" not in os.listdir(view / "private/notes")
 
 

@@ -47,8 +47,11 @@ from tests.test_vfs_gate import context
 
 pytestmark = pytest.mark.slow
 
-FOR_UID = 1234  # the container's uid: nothing on the test machine runs as it
-OTHER_UID = 1235
+# Each test worker has its own pair: a test's teardown kills whatever runs as them and asserts that
+# nothing did, so a pair shared by the workers would fail, or kill, another worker's sandbox.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+FOR_UID = 1234 + 2 * _WORKER  # the container's uid: nothing on the test machine runs as it
+OTHER_UID = FOR_UID + 1
 ROOT_MODE = stat.S_IFDIR | 0o500  # the mount root's constant mode (no view can write at its root)
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"

@@ -122,7 +122,7 @@ def test_group_actor_needs_fresh_membership(scenario: Scenario) -> None:
     result = cli("--json", "write", scenario.group_session, "channel/by-bob.md", "--actor", scenario.bob, stdin=b"x")
     assert result.code == 3 and result.json()["reason"] == "membership-stale"
     # Long enough for the read that follows on a loaded machine (a command starts in 0.3 s or more).
-    cli.j("member", "add", scenario.conversation, outsider, "--expires", "5s")
+    cli.j("member", "add", scenario.conversation, outsider, "--expires", "15s")
     assert cli("read", scenario.group_session, "channel/offsite.md", "--actor", outsider).code == 0
 
     def refused() -> Result | None:
@@ -145,7 +145,7 @@ def test_dm_actor_must_be_the_subject(scenario: Scenario) -> None:
 def test_role_roots_follow_fresh_membership(scenario: Scenario) -> None:
     cli = scenario.cli
     role = cli.j("role", "add", "finance")["role_id"]
-    cli.j("member", "add", role, scenario.alice, "--expires", "5s")  # for the three listings that follow
+    cli.j("member", "add", role, scenario.alice, "--expires", "20s")  # for the listings that follow, loaded or not
     names = [e["name"] for e in cli.j("ls", scenario.alice_session)["entries"]]
     assert "roles" in names
     assert [e["name"] for e in cli.j("ls", scenario.alice_session, "roles")["entries"]] == ["finance"]
@@ -153,7 +153,7 @@ def test_role_roots_follow_fresh_membership(scenario: Scenario) -> None:
     assert "roles" not in [e["name"] for e in cli.j("ls", scenario.group_session)["entries"]]
     # Nor for Bob, who has no membership.
     assert "roles" not in [e["name"] for e in cli.j("ls", scenario.bob_session)["entries"]]
-    wait_until(lambda: "roles" not in [e["name"] for e in cli.j("ls", scenario.alice_session)["entries"]], timeout=30)
+    wait_until(lambda: "roles" not in [e["name"] for e in cli.j("ls", scenario.alice_session)["entries"]], timeout=50)
     # A stale root, a root never held and a root that does not exist look
     # alike: nobody learns which roles exist (the audit keeps the reason).
     stale = cli("--json", "ls", scenario.alice_session, "roles/finance")

@@ -346,10 +346,10 @@ def test_projecting_again_replaces_the_copy_and_revoking_reports_exposures(scena
 
 def test_an_expired_projection_is_gone_from_every_read(scenario: Scenario) -> None:
     s = scenario
-    made = _project(s, f"conversation:{s.conversation}", "--expires", "5s")  # time for the read that follows
+    made = _project(s, f"conversation:{s.conversation}", "--expires", "15s")  # time for the read that follows
     copy = "projections/channel/notes/allergy.md"
     assert s.cli("read", s.group_session, copy, check=True).out == ALICE_FACT
-    wait_until(lambda: s.cli("read", s.group_session, copy).code == 3, timeout=30)
+    wait_until(lambda: s.cli("read", s.group_session, copy).code == 3, timeout=45)
     assert s.cli.j("ls", s.group_session, "projections/channel")["entries"] == []
     assert s.cli.j("search", s.group_session, "hazelnuts")["results"] == []
     states = [p["state"] for p in s.cli.j("projection", "list", "--agent", s.agent)["projections"]]

@@ -84,12 +84,12 @@ def test_a_revoked_projection_leaves_a_live_mount_and_its_page_cache(scenario: S
 def test_an_expired_projection_leaves_a_live_mount(scenario: Scenario, mounts: Mounts) -> None:
     s = scenario
     view = mounts.mount(s.group_session)
-    _project(s, "--expires", "6s")  # time for the mount to show it and the read that follows
+    _project(s, "--expires", "12s")  # time for the mount to show it and the read that follows, loaded or not
     note = view / COPY
     wait_until(lambda: note.exists(), timeout=BOUND_S)
     with _pinned(note) as held:
         assert held.first == ALICE_FACT
-        wait_until(lambda: _gone(note), timeout=BOUND_S)  # the view looks again when the allow expires
+        wait_until(lambda: _gone(note), timeout=BOUND_S + 12)  # the view looks again when the allow expires
         assert _pread_result(held.fd) in (errno.EACCES, errno.EIO)
 
 

@@ -80,7 +80,7 @@ def test_a_new_revision_shows_while_another_process_holds_the_state_lock(scenari
         finally:
             home.close()
         # Within the mount's ordinary wake, not when the lock goes (it is held until after this).
-        wait_until(lambda: note.read_bytes() == NEW, timeout=3)
+        wait_until(lambda: note.read_bytes() == NEW, timeout=8)
     finally:
         holder.execute("ROLLBACK")
     # And nothing is lost: the read and the save held back are recorded once the lock goes.
@@ -125,7 +125,7 @@ def test_a_search_and_an_integrity_failure_under_the_lock_hold_up_no_view(scenar
             write_note(home, session, "private/notes/allergy.md", NEW, durable=False)  # the agent's catalog only
         finally:
             home.close()
-        wait_until(lambda: note.read_bytes() == NEW, timeout=3)  # within the ordinary wake, lock still held
+        wait_until(lambda: note.read_bytes() == NEW, timeout=8)  # within the ordinary wake, lock still held
     finally:
         holder.execute("ROLLBACK")
     # Nothing is lost: the search's exposures and the integrity failure are recorded once the lock goes.
