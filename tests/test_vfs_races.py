@@ -15,6 +15,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+import pyfuse3
 import pytest
 import trio
 
@@ -23,6 +24,7 @@ from scopefs.catalog.reader import read_note
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
 from scopefs.writer.rename import rename_note
+from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario, artifact_path, table_dump
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
@@ -252,3 +254,32 @@ def test_a_backup_renamed_back_never_takes_the_name_of_a_note_moved_onto_it(scen
     run_alice_mount(scenario, script)
     assert _read(scenario, NOTE) == b"S's own content\n"
     assert _read(scenario, f"{DIR}/moved.md") == ALICE_FACT
+
+
+def test_a_note_that_leaves_the_view_is_refused_and_its_pages_dropped_before_its_name_goes(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another session deletes a note this mount served: its pages leave the kernel's cache while the
+    view still names it, and a ``READ`` that comes meanwhile is refused; only then does the name go."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        held = await KernelFile.open(fs, await tool.ino(NOTE))
+        assert await held.read() == ALICE_FACT
+        seen: list[tuple[bool, int]] = []
+
+        async def read_errno() -> int:
+            return await errno_of(held.read())
+
+        def invalidate_inode(ino: int, **_: Any) -> None:  # on the worker, as the kernel's drop would be
+            if ino == held.ino and not seen:
+                named = fs.mount.layers.lookup(tuple(NOTE.split("/"))) is not None
+                seen.append((named, trio.from_thread.run(read_errno)))
+
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        as_alice(scenario, delete_note, NOTE)
+        await fs.sync()
+        assert seen == [(True, errno.EACCES)]
+        assert fs.mount.layers.lookup(tuple(NOTE.split("/"))) is None
+        assert await errno_of(held.read()) == errno.EACCES
+        tool.check("the note left the view")
+
+    run_alice_mount(scenario, script)

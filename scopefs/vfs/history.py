@@ -266,7 +266,7 @@ class History:
         revision = node.frozen
         assert node.kind is Kind.REVISION and revision is not None
         note = self._mount.layers.note_for(revision.resource_id)
-        if not self._mount.view.usable or note is None:
+        if note is None or not self._mount.shows(note.resource_id):
             raise fail(errno.EACCES)  # revoked, or the note left the view, since it was looked up
         listed = self._lists.get(note.resource_id)
         if listed is None or listed.current != note.revision_id:

@@ -124,6 +124,9 @@ class MountState:
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
         # on this thread, before any request sees the new view.
         self.view_followers: list[Callable[[VisibleView], None]] = []
+        # Notes the catalog no longer shows this view, refused while their pages leave the kernel's
+        # cache and before the view that lacks them is applied (``_withdraw``).
+        self._withheld: frozenset[str] = frozenset()
 
     # -- the catalog thread and the view -------------------------------------
 
@@ -226,7 +229,9 @@ class MountState:
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
-                self._apply(old.emptied(Reason.INVALID_CONTEXT))
+                emptied = old.emptied(Reason.INVALID_CONTEXT)
+                await self._withdraw(emptied)
+                self._apply(emptied)
             if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
                 return done
@@ -236,6 +241,7 @@ class MountState:
             self._read_whole_at = self._last_sync_ok
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
+        await self._withdraw(new)
         self._apply(new)
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
@@ -252,6 +258,37 @@ class MountState:
             return False
         now = now_us()
         return all(until is None or now < until for until in (view.valid_until, view.access.evidence_until))
+
+    async def _withdraw(self, new: VisibleView) -> None:
+        """Before ``new`` is applied: refuse every note it no longer shows, and drop the kernel's pages
+        of each of them, and of every copy and results file that quotes one, and wait until they are
+        gone.
+
+        Applying a view changes what the server answers at once: a lookup
+        of a name the kernel no longer caches, a listing, ``.history``,
+        ``.search``. The kernel's names and pages are dropped afterwards, in
+        order, by the worker; a process that saw a note's name go must not
+        then read its bytes from the cache through a descriptor it held.
+        So the pages go first (invalidate, then serve the new view), and
+        meanwhile the old view is served but for the notes that leave it,
+        which are refused, as the new view would. No request that holds a
+        page lock waits on this (``READ`` and ``WRITE`` never refresh the
+        view), so the drop cannot wait on the refresh that waits on it.
+        """
+        old = self.view
+        if not old.usable or new is old:
+            return
+        leaving = old.by_resource.keys() - (new.by_resource.keys() if new.usable else set())
+        if not leaving:
+            return
+        holders = [node for node in self.layers.inodes.nodes.values() if _holds_any(node, leaving)]
+        if not holders:  # the kernel caches pages only of inodes it was given
+            return
+        self._withheld = frozenset(leaving)
+        try:
+            await self.drop_pages_now(holders)
+        finally:
+            self._withheld = frozenset()
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view
@@ -384,7 +421,11 @@ class MountState:
 
     def shows(self, resource_id: str) -> bool:
         """Whether the view still shows this resource (so its content may be served)."""
-        return self.view.usable and resource_id in self.view.by_resource
+        return self.view.usable and resource_id in self.view.by_resource and resource_id not in self._withheld
+
+    def shows_all(self, resource_ids: Iterable[str]) -> bool:
+        """Whether the view still shows every one of these resources (a results file's quotes)."""
+        return all(self.shows(resource_id) for resource_id in resource_ids)
 
     def check_copy(self, node: Node) -> None:
         """EACCES unless the view is usable and still shows the note ``node``'s content came from."""
@@ -512,6 +553,15 @@ def check_fits(parts: Parts, *, folder: bool = False) -> None:
     size = sum(len(part.encode("utf-8")) for part in parts) + len(parts) - 1 + (2 if folder else 0)
     if depth > MAX_DEPTH or size > MAX_PATH_BYTES:
         raise fail(errno.ENAMETOOLONG)
+
+
+def _holds_any(node: Node, resources: set[str]) -> bool:
+    """Whether the kernel may cache pages of ``node`` that hold content of one of ``resources``."""
+    if node.kind is Kind.RESULTS:
+        return isinstance(node.query, Results) and not node.query.quoted.isdisjoint(resources)
+    if node.kind in (Kind.DIR, Kind.QUERIES, Kind.HISTORY):
+        return False  # a listing: its names go with the view's apply (``Layers.apply``)
+    return node.resource_id in resources or copied_from(node) in resources
 
 
 def copied_from(node: Node) -> str | None:

@@ -55,7 +55,7 @@ import json
 import logging
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import pyfuse3
 
@@ -117,10 +117,11 @@ class Queries:
     """The query tree of one mount: a node per path the kernel knows, no more."""
 
     def __init__(self, inodes: Inodes, search: Search, view: Callable[[], VisibleView],
-                 sync: Callable[[], Awaitable[None]]) -> None:
+                 sync: Callable[[], Awaitable[None]], shows_all: Callable[[Iterable[str]], bool]) -> None:
         self._inodes = inodes
         self._search = search
         self._view = view
+        self._shows_all = shows_all  # ``MountState.shows_all``: also refuses notes on their way out
         self._sync = sync
         self._known: dict[Parts, Node] = {}
         self._paths: dict[int, Parts] = {}  # inode -> its path in _known
@@ -205,8 +206,7 @@ class Queries:
 
     def check(self, results: Results) -> Results:
         """``results``, if they may still be served (EACCES otherwise)."""
-        view = self._view()
-        if not view.usable or not results.quoted <= view.by_resource.keys():
+        if not self._view().usable or not self._shows_all(results.quoted):
             raise pyfuse3.FUSEError(errno.EACCES)  # revoked, tombstoned or denied since the search
         return results
 
