@@ -256,30 +256,45 @@ def test_a_backup_renamed_back_never_takes_the_name_of_a_note_moved_onto_it(scen
     assert _read(scenario, f"{DIR}/moved.md") == ALICE_FACT
 
 
+@pytest.mark.parametrize("how", ["deleted", "identity revoked"])
 def test_a_note_that_leaves_the_view_is_refused_and_its_pages_dropped_before_its_name_goes(
-        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another session deletes a note this mount served: its pages leave the kernel's cache while the
-    view still names it, and a ``READ`` that comes meanwhile is refused; only then does the name go."""
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Another session deletes a note this mount served, or the view goes whole: the note's pages leave
+    the kernel's cache while the view still names it, and a ``READ`` that comes meanwhile is refused,
+    as is one of a file this mount wrote and has not committed; only then does the name go."""
+    as_alice(scenario, write_note, f"{DIR}/kept.md", b"kept\n")
+
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
         held = await KernelFile.open(fs, await tool.ino(NOTE))
         assert await held.read() == ALICE_FACT
-        seen: list[tuple[bool, int]] = []
+        info, attr = await fs.create(await tool.folder(DIR), b"draft.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                     None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, b"not committed\n")
+        draft = KernelFile(fs, attr.st_ino)
+        seen: list[tuple[bool, int, int]] = []
 
-        async def read_errno() -> int:
-            return await errno_of(held.read())
+        async def read_errnos() -> tuple[int, int]:
+            return await errno_of(held.read()), await errno_of(fs.read(0, 0, 4096, draft.ino, None))
 
-        def invalidate_inode(ino: int, **_: Any) -> None:  # on the worker, as the kernel's drop would be
-            if ino == held.ino and not seen:
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if ino == held.ino and not attr_only and not seen:
                 named = fs.mount.layers.lookup(tuple(NOTE.split("/"))) is not None
-                seen.append((named, trio.from_thread.run(read_errno)))
+                seen.append((named, *trio.from_thread.run(read_errnos)))
 
+        assert await errno_of(fs.read(0, 0, 4096, draft.ino, None)) == 0
         monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
-        as_alice(scenario, delete_note, NOTE)
+        if how == "deleted":
+            as_alice(scenario, delete_note, NOTE)
+        else:
+            scenario.cli.j("binding", "revoke", scenario.alice_binding)
         await fs.sync()
-        assert seen == [(True, errno.EACCES)]
+        assert seen == [(True, errno.EACCES, 0 if how == "deleted" else errno.EACCES)]
         assert fs.mount.layers.lookup(tuple(NOTE.split("/"))) is None
         assert await errno_of(held.read()) == errno.EACCES
+        if how == "deleted":  # nothing else was withheld, or is now
+            assert await errno_of(fs.read(0, 0, 4096, draft.ino, None)) == 0
+            assert await tool.read(f"{DIR}/kept.md") == b"kept\n"
         tool.check("the note left the view")
 
     run_alice_mount(scenario, script)

@@ -290,9 +290,9 @@ class Commits:
                 return
             if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
                 return
-            if not mount.view.usable:
-                # Revoked with bytes not committed: the close or fsync that asks
-                # must fail, never report success for data that is gone.
+            if not mount.view.usable or mount.withheld(node.resource_id):
+                # Revoked with bytes not committed (or the note on its way out of the view):
+                # the close or fsync that asks must fail, never report success for data that is gone.
                 raise fail(errno.EACCES)
             if not node.attached:
                 if node.left_view:

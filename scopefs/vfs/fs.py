@@ -117,7 +117,7 @@ class ScopeFS(pyfuse3.Operations):
         super().__init__()
         self.mount = mount = MountState(home, session_id, view, gate=gate, owner=owner)
         self.queries = Queries(mount.layers.inodes, functools.partial(mount.catalog, search, home, session_id),
-                               lambda: mount.view, mount.sync, mount.shows_all)
+                               lambda: mount.view, mount.sync, mount.shows)
         self.history = History(mount)
         self.reads = Reads(mount, self.queries, self.history)
         self.queries.expose = self.reads.expose

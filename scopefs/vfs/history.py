@@ -122,6 +122,7 @@ class History:
         self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
         self._woken = trio.Event()  # an earlier expiry was added
         mount.view_followers.append(self.view_moved)
+        mount.page_holders.append(self.holding)
 
     # -- names ---------------------------------------------------------------
 
@@ -295,6 +296,10 @@ class History:
         return listed
 
     # -- following the view --------------------------------------------------------
+
+    def holding(self, resources: set[str]) -> list[Node]:
+        """The revision nodes of these notes, whose cached pages hold their content."""
+        return [node for r in resources for node in self._revision_nodes.get(r, {}).values()]
 
     def view_moved(self, old: VisibleView) -> None:
         """The view moved on from ``old`` (``MountState._apply``): drop what may have changed with it.

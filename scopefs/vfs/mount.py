@@ -125,8 +125,12 @@ class MountState:
         # on this thread, before any request sees the new view.
         self.view_followers: list[Callable[[VisibleView], None]] = []
         # Notes the catalog no longer shows this view, refused while their pages leave the kernel's
-        # cache and before the view that lacks them is applied (``_withdraw``).
+        # cache and before the view that lacks them is applied (``_withdrawn_then_applied``).
         self._withheld: frozenset[str] = frozenset()
+        self._withholding_all = False  # the same, for a view that is no longer usable: everything
+        # Given the resources that leave the view, the nodes of other rooms that hold their content
+        # (``vfs.history``'s revisions), for ``_holders``.
+        self.page_holders: list[Callable[[set[str]], list[Node]]] = []
 
     # -- the catalog thread and the view -------------------------------------
 
@@ -229,9 +233,7 @@ class MountState:
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
-                emptied = old.emptied(Reason.INVALID_CONTEXT)
-                await self._withdraw(emptied)
-                self._apply(emptied)
+                await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
                 return done
@@ -241,8 +243,7 @@ class MountState:
             self._read_whole_at = self._last_sync_ok
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
-        await self._withdraw(new)
-        self._apply(new)
+        await self._withdrawn_then_applied(new)
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
@@ -259,36 +260,63 @@ class MountState:
         now = now_us()
         return all(until is None or now < until for until in (view.valid_until, view.access.evidence_until))
 
-    async def _withdraw(self, new: VisibleView) -> None:
-        """Before ``new`` is applied: refuse every note it no longer shows, and drop the kernel's pages
-        of each of them, and of every copy and results file that quotes one, and wait until they are
-        gone.
+    async def _withdrawn_then_applied(self, new: VisibleView) -> None:
+        """Apply ``new`` once the kernel's pages of every note it no longer shows are gone.
 
         Applying a view changes what the server answers at once: a lookup
         of a name the kernel no longer caches, a listing, ``.history``,
-        ``.search``. The kernel's names and pages are dropped afterwards, in
-        order, by the worker; a process that saw a note's name go must not
-        then read its bytes from the cache through a descriptor it held.
-        So the pages go first (invalidate, then serve the new view), and
-        meanwhile the old view is served but for the notes that leave it,
-        which are refused, as the new view would. No request that holds a
-        page lock waits on this (``READ`` and ``WRITE`` never refresh the
-        view), so the drop cannot wait on the refresh that waits on it.
+        ``.search``. The kernel's cached names and pages go afterwards, in
+        order, on the worker; a process that saw a note's name go must not
+        then read its bytes from the cache, through a descriptor it held or
+        a copy of the note. So the pages go first (invalidate, then serve the
+        new view), and meanwhile the old view is served, but for the notes
+        that leave it, which are refused as the new view would refuse them
+        (``shows``; every content path asks it, the commit of a draft too).
+
+        Nothing that holds a page lock waits on a refresh (``READ``,
+        ``WRITE`` and a page fault never do), so the drop cannot wait on
+        the refresh that waits on it. One request can: a truncation by path
+        holds the kernel's writeback of its note back until it is answered,
+        and commits, which refreshes; a note whose commit is under way is
+        therefore left to the worker's drop after the apply, and its
+        ``READ``s are refused from here on (``Node.left_view``). A drop that
+        is stuck holds the refresh for up to ``watchdog.HARD_STALL_S`` and
+        fails the mount closed. If the drop fails otherwise, the view is
+        still applied: the worker's drops follow it, as before.
         """
-        old = self.view
-        if not old.usable or new is old:
-            return
-        leaving = old.by_resource.keys() - (new.by_resource.keys() if new.usable else set())
-        if not leaving:
-            return
-        holders = [node for node in self.layers.inodes.nodes.values() if _holds_any(node, leaving)]
-        if not holders:  # the kernel caches pages only of inodes it was given
-            return
-        self._withheld = frozenset(leaving)
         try:
-            await self.drop_pages_now(holders)
+            old = self.view
+            everything = old.usable and not new.usable
+            leaving = _leaving(old, new) if old.usable and new.usable and new is not old else set()
+            holders = self._holders(leaving, everything=everything) if leaving or everything else []
+            if holders:  # the kernel caches pages only of inodes it was given
+                self._withheld, self._withholding_all = frozenset(leaving), everything
+                try:
+                    await self.drop_pages_now(holders)
+                finally:
+                    self._withheld, self._withholding_all = frozenset(), False
         finally:
-            self._withheld = frozenset()
+            self._apply(new)
+
+    def _holders(self, leaving: set[str], *, everything: bool) -> list[Node]:
+        """The nodes whose cached pages hold content of ``leaving`` (all that hold content, if
+        ``everything``: a view no longer usable takes this mount's own files with it too), but
+        those whose commit is under way (``_withdrawn_then_applied`` says why)."""
+        layers = self.layers
+        if everything:
+            found = [node for node in layers.inodes.nodes.values() if _holds_content(node)]
+        else:
+            found = [layers.by_resource[r] for r in leaving if r in layers.by_resource]
+            found += [node for node in layers.local.values() if copied_from(node) in leaving]
+            found += [node for node in layers.inodes.results.values()
+                      if isinstance(node.query, Results) and not node.query.quoted.isdisjoint(leaving)]
+            for holding in self.page_holders:
+                found += holding(leaving)
+        return list({node.ino: node for node in found if not node.commit_lock.locked()}.values())
+
+    def withheld(self, resource_id: str | None) -> bool:
+        """Whether ``resource_id`` is on its way out of the view (``_withdrawn_then_applied``)."""
+        return self._withholding_all or resource_id in self._withheld
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view
@@ -419,18 +447,19 @@ class MountState:
 
     # -- what the view allows ------------------------------------------------
 
+    @property
+    def serving(self) -> bool:
+        """Whether the view may serve anything: usable, and not on its way out (``_withdrawn_then_applied``)."""
+        return self.view.usable and not self._withholding_all
+
     def shows(self, resource_id: str) -> bool:
         """Whether the view still shows this resource (so its content may be served)."""
-        return self.view.usable and resource_id in self.view.by_resource and resource_id not in self._withheld
-
-    def shows_all(self, resource_ids: Iterable[str]) -> bool:
-        """Whether the view still shows every one of these resources (a results file's quotes)."""
-        return all(self.shows(resource_id) for resource_id in resource_ids)
+        return self.serving and resource_id in self.view.by_resource and resource_id not in self._withheld
 
     def check_copy(self, node: Node) -> None:
         """EACCES unless the view is usable and still shows the note ``node``'s content came from."""
         source = copied_from(node)
-        if not self.view.usable or (source is not None and not self.shows(source)):
+        if not self.serving or (source is not None and not self.shows(source)):
             raise fail(errno.EACCES)
 
     def check_writable(self, parts: Parts) -> None:
@@ -555,13 +584,21 @@ def check_fits(parts: Parts, *, folder: bool = False) -> None:
         raise fail(errno.ENAMETOOLONG)
 
 
-def _holds_any(node: Node, resources: set[str]) -> bool:
-    """Whether the kernel may cache pages of ``node`` that hold content of one of ``resources``."""
-    if node.kind is Kind.RESULTS:
-        return isinstance(node.query, Results) and not node.query.quoted.isdisjoint(resources)
-    if node.kind in (Kind.DIR, Kind.QUERIES, Kind.HISTORY):
-        return False  # a listing: its names go with the view's apply (``Layers.apply``)
-    return node.resource_id in resources or copied_from(node) in resources
+def _holds_content(node: Node) -> bool:
+    """Whether the kernel may cache pages of ``node`` that hold content (a folder's are its listing,
+    whose names go with the view's apply: ``Layers.apply``)."""
+    return node.kind not in (Kind.DIR, Kind.QUERIES, Kind.HISTORY)
+
+
+def _leaving(old: VisibleView, new: VisibleView) -> set[str]:
+    """The resources usable ``old`` shows and usable ``new`` does not. Found among the paths that changed
+    when ``new`` was derived from ``old``, as ``Layers.apply`` finds them: a save costs what it changed,
+    not the size of the view."""
+    if new.base_seq == old.seq and new.access.view.mounts == old.access.view.mounts:
+        notes: Iterable[VisibleNote] = (old.notes[p] for p in new.delta if p in old.notes)
+    else:
+        notes = old.notes.values()
+    return {note.resource_id for note in notes if note.resource_id not in new.by_resource}
 
 
 def copied_from(node: Node) -> str | None:

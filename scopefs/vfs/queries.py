@@ -55,7 +55,7 @@ import json
 import logging
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import pyfuse3
 
@@ -117,11 +117,11 @@ class Queries:
     """The query tree of one mount: a node per path the kernel knows, no more."""
 
     def __init__(self, inodes: Inodes, search: Search, view: Callable[[], VisibleView],
-                 sync: Callable[[], Awaitable[None]], shows_all: Callable[[Iterable[str]], bool]) -> None:
+                 sync: Callable[[], Awaitable[None]], shows: Callable[[str], bool]) -> None:
         self._inodes = inodes
         self._search = search
         self._view = view
-        self._shows_all = shows_all  # ``MountState.shows_all``: also refuses notes on their way out
+        self._shows = shows  # ``MountState.shows``: the view, but for notes on their way out of it
         self._sync = sync
         self._known: dict[Parts, Node] = {}
         self._paths: dict[int, Parts] = {}  # inode -> its path in _known
@@ -177,7 +177,7 @@ class Queries:
         view = self._view()
         if not view.usable:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        hits = tuple(hit for hit in outcome.hits if hit.resource_id in view.by_resource)
+        hits = tuple(hit for hit in outcome.hits if self._shows(hit.resource_id))
         return outcome if len(hits) == len(outcome.hits) else dataclasses.replace(outcome, hits=hits)
 
     def _node(self, parts: Parts, kind: Kind, query: Folder | Results) -> Node:
@@ -206,7 +206,7 @@ class Queries:
 
     def check(self, results: Results) -> Results:
         """``results``, if they may still be served (EACCES otherwise)."""
-        if not self._view().usable or not self._shows_all(results.quoted):
+        if not self._view().usable or not all(map(self._shows, results.quoted)):
             raise pyfuse3.FUSEError(errno.EACCES)  # revoked, tombstoned or denied since the search
         return results
 
