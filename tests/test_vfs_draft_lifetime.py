@@ -12,6 +12,7 @@ commit wait, as a busy mount does.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -21,8 +22,8 @@ import trio.testing
 
 from scopefs.catalog.reader import read_note
 from scopefs.vfs.fs import ScopeFS
-from tests.conftest import Scenario
-from tests.inprocesskit import Tool, as_alice, no_kernel, run_alice_mount
+from tests.conftest import ALICE_FACT, Scenario
+from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -59,3 +60,28 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
     run_alice_mount(scenario, script)
     assert closed == [True]
     assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
+
+
+def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:
+    """An ``fsync`` refused (a forgotten claim written again) answers EACCES and keeps the writer open:
+    a tool that looks at the file meanwhile reads by inode, and the draft the mount still holds must not
+    answer it, nor a read through the handle. Bytes that may be saved are read back once committed."""
+    scenario.cli.j("forget", scenario.alice_session, "private/notes/allergy.md")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private")  # notes/ went with the only note it held
+        info, attr = await fs.create(folder, b"again.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                     None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, ALICE_FACT)
+        assert await errno_of(fs.fsync(info.fh, False)) == errno.EACCES
+        assert await errno_of(fs.read(0, 0, 4096, attr.st_ino, None)) == errno.EACCES
+        assert await errno_of(fs.read(info.fh, 0, 4096)) == errno.EACCES
+        other = b"Something else entirely.\n".ljust(len(ALICE_FACT), b" ")
+        await fs.write(info.fh, 0, other)  # written over: what it holds now may be saved
+        assert await errno_of(fs.fsync(info.fh, False)) == 0
+        assert await fs.read(0, 0, 4096, attr.st_ino, None) == other
+        await fs.flush(info.fh)
+        await fs.release(info.fh)
+        tool.check("the release")
+
+    run_alice_mount(scenario, script)

@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Container
 
+import pyfuse3
 import trio
 
 from scopefs.catalog.db import BUSY_TIMEOUT_MS
@@ -293,16 +294,23 @@ class Commits:
             if not mount.view.usable or mount.withheld(node.resource_id):
                 # Revoked with bytes not committed (or the note on its way out of the view):
                 # the close or fsync that asks must fail, never report success for data that is gone.
+                draft.refused = True
                 raise fail(errno.EACCES)
             if not node.attached:
                 if node.left_view:
+                    draft.refused = True
                     raise fail(errno.EACCES)  # removed by another session, or the view went and came back
                 return  # unlinked here while open: its writes go with it, as on any filesystem
             try:
                 saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
-            except BaseException:
-                mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
+            except BaseException as exc:
+                # The kernel holds refused bytes: they must not be read back, from its cache or from
+                # the draft, which the release lets go only after the close was answered.
+                draft.refused = draft.refused or isinstance(exc, Denied) or (
+                    isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES)
+                mount.forget_pages(node)
                 raise
+            draft.refused = False  # what it holds now was committed, or was the revision already
             if saved is None:
                 return
             node.committed_revision = saved.revision_id  # the view shows it already (``commit_and_sync``)

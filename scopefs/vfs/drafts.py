@@ -24,6 +24,9 @@ class Draft:
         self.fd = os.memfd_create("scopefs-draft", os.MFD_CLOEXEC)
         self.size = 0
         self.dirty = False
+        # A commit of it was refused (``vfs.commits``): its bytes are not read back, by this mount's
+        # READs either, for as long as the draft is kept (the close's release lets it go).
+        self.refused = False
         self.mtime_ns = time.time_ns()
         if initial:
             os.pwrite(self.fd, initial, 0)

@@ -43,6 +43,7 @@ from scopefs.catalog.readjournal import ReadJournal
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs.content import Stamp, stamps_now
+from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind, Node
@@ -108,7 +109,7 @@ class Reads:
             await self._history.check(node)
         if node.draft is not None:
             mount.check_copy(node)
-            return node.draft.read(off, size)
+            return _unrefused(node.draft).read(off, size)
         reader = await self._reader(node)
         return await self._serve(reader, off, size)
 
@@ -116,7 +117,7 @@ class Reads:
         """A ``READ`` through a handle ``create`` gave: the draft being written."""
         self._mount.check_copy(handle.node)
         draft = handle.node.draft
-        return draft.read(off, size) if draft is not None else b""
+        return _unrefused(draft).read(off, size) if draft is not None else b""
 
     async def _reader(self, node: Node) -> Reader:
         """``node``'s reader for the revision the view shows now, verified first if it is new."""
@@ -387,3 +388,10 @@ class Reads:
         """Put back what ``take_exposures`` gave and could not be recorded yet, ahead of what came since."""
         self._exposures[:0] = batch
         self._exposed_rows[:0] = rows
+
+
+def _unrefused(draft: Draft) -> Draft:
+    """``draft``, unless a commit of it was refused (EACCES): what was refused is not read back."""
+    if draft.refused:
+        raise fail(errno.EACCES)
+    return draft
