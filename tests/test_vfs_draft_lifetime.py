@@ -15,13 +15,16 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from types import SimpleNamespace
 
+import pyfuse3
 import pytest
 import trio
 import trio.testing
 
 from scopefs.catalog.reader import read_note
 from scopefs.vfs.fs import ScopeFS
+from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
 
@@ -65,7 +68,8 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:
     """An ``fsync`` refused (a forgotten claim written again) answers EACCES and keeps the writer open:
     a tool that looks at the file meanwhile reads by inode, and the draft the mount still holds must not
-    answer it, nor a read through the handle. Bytes that may be saved are read back once committed."""
+    answer it, nor a read through the handle. Bytes that may be saved are read back once committed
+    (here by a rename, which saves a note being written)."""
     scenario.cli.j("forget", scenario.alice_session, "private/notes/allergy.md")
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
@@ -77,11 +81,31 @@ def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) ->
         assert await errno_of(fs.read(0, 0, 4096, attr.st_ino, None)) == errno.EACCES
         assert await errno_of(fs.read(info.fh, 0, 4096)) == errno.EACCES
         other = b"Something else entirely.\n".ljust(len(ALICE_FACT), b" ")
-        await fs.write(info.fh, 0, other)  # written over: what it holds now may be saved
-        assert await errno_of(fs.fsync(info.fh, False)) == 0
+        await fs.write(info.fh, 0, other)  # written over: what it holds now may be saved, by a rename too
+        await fs.rename(folder, b"again.md", folder, b"renamed.md", 0, None)  # type: ignore[arg-type]
         assert await fs.read(0, 0, 4096, attr.st_ino, None) == other
+        assert await errno_of(fs.fsync(info.fh, False)) == 0
         await fs.flush(info.fh)
         await fs.release(info.fh)
         tool.check("the release")
+
+    run_alice_mount(scenario, script)
+
+
+def test_a_refused_truncation_by_path_leaves_the_note_as_it_was(scenario: Scenario) -> None:
+    """``truncate(2)`` by path commits at once, and nobody closes or releases it: refused, its draft
+    goes with the refusal, and the note reads as it was committed, not as truncated, nor refused."""
+    longer = ALICE_FACT + b"And a line that may stay.\n"
+    as_alice(scenario, write_note, "private/notes/longer.md", longer)
+    scenario.cli.j("forget", scenario.alice_session, "private/notes/allergy.md")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino("private/notes/longer.md")
+        attr = pyfuse3.EntryAttributes()
+        attr.st_size = len(ALICE_FACT)
+        fields = SimpleNamespace(update_size=True)  # what the kernel's SETATTR of the size carries
+        assert await errno_of(fs.setattr(ino, attr, fields, None, None)) == errno.EACCES  # type: ignore[arg-type]
+        assert await fs.read(0, 0, 4096, ino, None) == longer
+        tool.check("the refused truncation")
 
     run_alice_mount(scenario, script)

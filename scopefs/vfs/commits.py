@@ -277,7 +277,14 @@ class Commits:
         draft = await self.ensure_draft(node, truncate=False)
         draft.truncate(size)
         if by_path and node.kind is Kind.NOTE:  # truncate(2) by path: nobody will close it
-            await self.commit(node)
+            try:
+                await self.commit(node)
+            except BaseException:
+                if node.opens == 0 and node.draft is draft:  # nor release it: the failed truncation goes now
+                    self._mount.forget_pages(node)
+                    draft.close()
+                    node.draft = None
+                raise
             node.close_clean_draft()
 
     async def commit(self, node: Node, *, durable: bool = False) -> None:
@@ -294,23 +301,18 @@ class Commits:
             if not mount.view.usable or mount.withheld(node.resource_id):
                 # Revoked with bytes not committed (or the note on its way out of the view):
                 # the close or fsync that asks must fail, never report success for data that is gone.
-                draft.refused = True
+                self._refused(node, draft)
                 raise fail(errno.EACCES)
             if not node.attached:
                 if node.left_view:
-                    draft.refused = True
+                    self._refused(node, draft)
                     raise fail(errno.EACCES)  # removed by another session, or the view went and came back
                 return  # unlinked here while open: its writes go with it, as on any filesystem
             try:
                 saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
-            except BaseException as exc:
-                # The kernel holds refused bytes: they must not be read back, from its cache or from
-                # the draft, which the release lets go only after the close was answered.
-                draft.refused = draft.refused or isinstance(exc, Denied) or (
-                    isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES)
-                mount.forget_pages(node)
+            except BaseException:
+                mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
-            draft.refused = False  # what it holds now was committed, or was the revision already
             if saved is None:
                 return
             node.committed_revision = saved.revision_id  # the view shows it already (``commit_and_sync``)
@@ -327,16 +329,19 @@ class Commits:
         """
         current = self._mount.layers.note_for(expected)
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
-            draft.dirty = False
+            draft.dirty = draft.refused = False
             return None
         self._mount.check_copy(node)
         cell_agent = self._cell_agent(parts)
         draft.dirty = False  # writes landing during the commit mark it dirty again
         try:
             saved = await self._commit_following(node, draft, parts, expected, durable)
-        except BaseException:
+        except BaseException as exc:
             draft.dirty = True
+            if isinstance(exc, Denied) or (isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES):
+                self._refused(node, draft)
             raise
+        draft.refused = False  # what it holds now is committed
         if not durable:
             self._undrained.add(cell_agent)
             self._unsynced.add(cell_agent)
@@ -345,6 +350,12 @@ class Commits:
         self._unindexed.setdefault(cell_agent, set()).add(saved.store_id)
         self._last_commit = time.monotonic()
         return saved
+
+    def _refused(self, node: Node, draft: Draft) -> None:
+        """A commit of ``draft`` was refused: the bytes refused are not read back, from the kernel's
+        cache or from the draft (``Draft.refused``), until what it holds is committed."""
+        draft.refused = True
+        self._mount.forget_pages(node)
 
     def _cell_agent(self, parts: Parts) -> str:
         """The agent id of the cell that holds ``parts``: the session's agent's, or a shared pool's."""

@@ -24,8 +24,8 @@ class Draft:
         self.fd = os.memfd_create("scopefs-draft", os.MFD_CLOEXEC)
         self.size = 0
         self.dirty = False
-        # A commit of it was refused (``vfs.commits``): its bytes are not read back, by this mount's
-        # READs either, for as long as the draft is kept (the close's release lets it go).
+        # A commit of it was refused (``Commits._refused``): its bytes are not read back, by this
+        # mount's READs either, until what it holds is committed or the draft is let go.
         self.refused = False
         self.mtime_ns = time.time_ns()
         if initial:
