@@ -80,6 +80,10 @@ def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) ->
         assert await errno_of(fs.fsync(info.fh, False)) == errno.EACCES
         assert await errno_of(fs.read(0, 0, 4096, attr.st_ino, None)) == errno.EACCES
         assert await errno_of(fs.read(info.fh, 0, 4096)) == errno.EACCES
+        empty = pyfuse3.EntryAttributes()
+        empty.st_size = 0
+        await fs.setattr(attr.st_ino, empty, SimpleNamespace(update_size=True), info.fh, None)  # type: ignore[arg-type]
+        assert await fs.read(0, 0, 4096, attr.st_ino, None) == b""  # ftruncate(fd, 0): nothing refused is left
         other = b"Something else entirely.\n".ljust(len(ALICE_FACT), b" ")
         await fs.write(info.fh, 0, other)  # written over: what it holds now may be saved, by a rename too
         await fs.rename(folder, b"again.md", folder, b"renamed.md", 0, None)  # type: ignore[arg-type]

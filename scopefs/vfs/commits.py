@@ -285,6 +285,8 @@ class Commits:
                     draft.close()
                     node.draft = None
                 raise
+            if node.draft is not draft and draft.dirty:
+                raise fail(errno.EAGAIN)  # another truncation's refusal let this draft go uncommitted
             node.close_clean_draft()
 
     async def commit(self, node: Node, *, durable: bool = False) -> None:

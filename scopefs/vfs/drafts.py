@@ -52,7 +52,8 @@ class Draft:
         os.ftruncate(self.fd, size)
         self.size = size
         if size == 0:
-            self.source_resource = None  # nothing of the loaded note is left
+            self.source_resource = None  # nothing of the loaded note is left,
+            self.refused = False  # nor of what a commit refused
         self._touch()
 
     def _touch(self) -> None:

@@ -391,7 +391,7 @@ class Reads:
 
 
 def _unrefused(draft: Draft) -> Draft:
-    """``draft``, unless a commit of it was refused (EACCES): what was refused is not read back."""
+    """``draft``; EACCES if a commit of it was refused: what was refused is not read back."""
     if draft.refused:
         raise fail(errno.EACCES)
     return draft
