@@ -602,7 +602,7 @@ def test_a_planted_link_in_the_artifact_area_is_never_followed(scenario: Scenari
 
     if when != "before-mount":  # the kernel serves the verified pages it holds until the mount's recheck
         wait_until(lambda: _read_or_errno(where / NOTE) in (errno.EIO, ALICE_FACT)
-                   and _read_or_errno(where / NOTE) == errno.EIO, timeout=3)
+                   and _read_or_errno(where / NOTE) == errno.EIO, timeout=10)  # the sweep is each second
     for _ in range(2):  # the refusal sticks
         with pytest.raises(OSError) as caught:
             (where / NOTE).read_bytes()

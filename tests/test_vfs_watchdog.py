@@ -65,8 +65,8 @@ def test_however_busy_the_mount_a_worker_that_never_moves_is_abandoned(monkeypat
 
 def test_a_worker_that_keeps_dropping_is_not() -> None:
     def work(progress: Progress) -> bool:
-        for _ in range(15):  # 1.5 s in all, each step a fifth of STALL_S
-            time.sleep(0.1)
+        for _ in range(30):  # 1.5 s in all, each step a tenth of STALL_S (a loaded machine starves threads)
+            time.sleep(0.05)
             progress.ended += 1
         return True
     assert _run(work, lambda: False) is Outcome.DONE
