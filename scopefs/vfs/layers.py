@@ -240,21 +240,19 @@ class Layers:
         old = self.view
         if new is old or new.seq < old.seq:
             return []
-        rebuild = new.usable != old.usable or new.access.view.mounts != old.access.view.mounts
+        rebuild = rebuilt(old, new)
         self.view = new
         out: list[Invalidation | None] = []
         appeared: list[Parts] = []
         folders_came: list[Parts] = []  # folders that appeared with those notes
         folders_went: list[Parts] = []  # folders that vanished with the notes that left
+        changed = changed_notes(old, new)
         if rebuild:
             self.tree = self._tree(new)
-            changed = list(old.notes.values())
         else:
             if new.base_seq == old.seq:  # derived from this very picture: only its delta can differ
-                changed = [old.notes[p] for p in new.delta if p in old.notes and new.notes.get(p) is not old.notes[p]]
                 appeared = [p for p in new.delta if p in new.notes and p not in old.notes]
             else:
-                changed = [n for p, n in old.notes.items() if new.notes.get(p) is not n]
                 appeared = list(new.notes.keys() - old.notes.keys())
             # The tree changes only for paths that appear or disappear, and
             # additions go first: a folder whose only note got a new revision
@@ -341,6 +339,25 @@ class Layers:
         self.absences.folder_forgotten(node.ino)  # the entry's invalidation drops every entry below it
         parent = self.dirs.get(parts[:-1])
         return Invalidation(node.ino, parent.ino if parent else None, parts[-1])
+
+
+def rebuilt(old: VisibleView, new: VisibleView) -> bool:
+    """Whether ``new`` is a new picture for the layers, not a change of ``old``'s notes: evidence came or
+    went, or the roots moved."""
+    return new.usable != old.usable or new.access.view.mounts != old.access.view.mounts
+
+
+def changed_notes(old: VisibleView, new: VisibleView) -> list[VisibleNote]:
+    """The notes of ``old`` whose entry ``new`` no longer holds as it was (every one, if ``rebuilt``).
+
+    Only ``new``'s delta is looked at when it was derived from ``old``, so
+    a change costs in proportion to what changed, not to the view.
+    """
+    if rebuilt(old, new):
+        return list(old.notes.values())
+    if new.base_seq == old.seq:
+        return [old.notes[p] for p in new.delta if p in old.notes and new.notes.get(p) is not old.notes[p]]
+    return [n for p, n in old.notes.items() if new.notes.get(p) is not n]
 
 
 def _deposit_at(found: tuple[Mount, Parts]) -> bool:

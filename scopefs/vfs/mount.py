@@ -49,7 +49,7 @@ from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.historytree import is_history_path
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.layers import Invalidation, Layers
+from scopefs.vfs.layers import Invalidation, Layers, changed_notes
 from scopefs.vfs.names import BadName, confusable, decode
 from scopefs.vfs.pages import drop_pages_of, list_again
 from scopefs.vfs.querytree import Results, is_query_path
@@ -287,7 +287,9 @@ class MountState:
         try:
             old = self.view
             everything = old.usable and not new.usable
-            leaving = _leaving(old, new) if old.usable and new.usable and new is not old else set()
+            leaving: set[str] = set()  # the notes that leave, found as ``Layers.apply`` finds what changed
+            if old.usable and new.usable and new is not old:
+                leaving = {n.resource_id for n in changed_notes(old, new) if n.resource_id not in new.by_resource}
             holders = self._holders(leaving, everything=everything) if leaving or everything else []
             if holders:  # the kernel caches pages only of inodes it was given
                 self._withheld, self._withholding_all = frozenset(leaving), everything
@@ -588,17 +590,6 @@ def _holds_content(node: Node) -> bool:
     """Whether the kernel may cache pages of ``node`` that hold content (a folder's are its listing,
     whose names go with the view's apply: ``Layers.apply``)."""
     return node.kind not in (Kind.DIR, Kind.QUERIES, Kind.HISTORY)
-
-
-def _leaving(old: VisibleView, new: VisibleView) -> set[str]:
-    """The resources usable ``old`` shows and usable ``new`` does not. Found among the paths that changed
-    when ``new`` was derived from ``old``, as ``Layers.apply`` finds them: a save costs what it changed,
-    not the size of the view."""
-    if new.base_seq == old.seq and new.access.view.mounts == old.access.view.mounts:
-        notes: Iterable[VisibleNote] = (old.notes[p] for p in new.delta if p in old.notes)
-    else:
-        notes = old.notes.values()
-    return {note.resource_id for note in notes if note.resource_id not in new.by_resource}
 
 
 def copied_from(node: Node) -> str | None:
