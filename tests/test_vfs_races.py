@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,8 +22,12 @@ import trio
 
 from scopefs.catalog.errors import Denied
 from scopefs.catalog.reader import read_note
+from scopefs.vfs import mount as mount_module
+from scopefs.vfs import watchdog
+from scopefs.vfs.errors import ANSWERING, guarded
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.mount import inconsistencies
+from scopefs.vfs.watchdog import Outcome
 from scopefs.writer.rename import rename_note
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
@@ -298,3 +303,92 @@ def test_a_note_that_leaves_the_view_is_refused_and_its_pages_dropped_before_its
         tool.check("the note left the view")
 
     run_alice_mount(scenario, script)
+
+
+def test_a_stuck_drop_before_a_view_is_applied_fails_closed_however_many_saves_wait_on_it(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another session deletes a note this mount served, and the drop of its pages, made before the view
+    that lacks it is applied, never ends (a lock of the kernel's that no request of this mount holds).
+    A save waits on that refresh meanwhile: its request is waiting, but on the drop, so the mount is
+    idle for the watchdog, which fails it closed after ``STALL_S``, not ``HARD_STALL_S``."""
+    monkeypatch.setattr(watchdog, "STALL_S", 0.3)
+    monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
+    monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
+    monkeypatch.setattr(watchdog, "_abandoned", [])
+    # the kernel counts the requests the handlers answer, and nothing else
+    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
+    stuck, held = threading.Event(), threading.Event()
+
+    def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+        if not attr_only and ino in watched_inos:
+            held.set()
+            stuck.wait(60)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        watched_inos.add(await tool.ino(NOTE))
+        failed: list[Outcome] = []
+        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        as_alice(scenario, delete_note, NOTE)
+        with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends this save
+            await tool.create(DIR, "saved.md", b"saved while the drop is stuck\n")
+        assert held.is_set() and failed == [Outcome.STUCK]
+        assert fs.mount.layers.lookup(tuple(NOTE.split("/"))) is None  # the view was applied after all
+
+    watched_inos: set[int] = set()
+    try:
+        run_alice_mount(scenario, script)
+    finally:
+        stuck.set()  # the abandoned worker returns
+    assert _read(scenario, f"{DIR}/saved.md") == b"saved while the drop is stuck\n"
+
+
+def test_a_drop_before_a_view_is_applied_waits_while_a_request_not_waiting_on_the_refresh_is_answered(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same stuck drop, while a request that does not wait on the refresh is being answered (its
+    handler may hold what the drop waits for): the mount is busy, the drop is not abandoned until the
+    request ends, and then only after ``STALL_S`` of idleness."""
+    monkeypatch.setattr(watchdog, "STALL_S", 1.0)
+    monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
+    monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
+    monkeypatch.setattr(watchdog, "_abandoned", [])
+    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
+    stuck, held = threading.Event(), threading.Event()
+
+    def invalidate_inode(ino: int, attr_only: bool = False) -> None:
+        if not attr_only and ino in watched_inos:
+            held.set()
+            stuck.wait(60)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        watched_inos.add(await tool.ino(NOTE))
+        failed: list[tuple[Outcome, bool]] = []
+        answered = trio.Event()
+
+        def fail_closed(outcome: Outcome) -> None:
+            failed.append((outcome, answered.is_set()))
+        monkeypatch.setattr(fs.mount, "fail_closed", fail_closed)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        as_alice(scenario, delete_note, NOTE)
+
+        @guarded
+        async def a_request_answered_meanwhile() -> None:  # as a READ holding the page the drop waits for
+            await trio.sleep(3 * watchdog.STALL_S)
+
+        async def other() -> None:
+            await trio.to_thread.run_sync(held.wait, 30)  # the drop is under way, and stuck
+            await a_request_answered_meanwhile()
+            answered.set()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tool.create, DIR, "saved.md", b"saved\n")
+                nursery.start_soon(other)
+        assert held.is_set() and failed == [(Outcome.STUCK, True)]
+
+    watched_inos: set[int] = set()
+    try:
+        run_alice_mount(scenario, script)
+    finally:
+        stuck.set()

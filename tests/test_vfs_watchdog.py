@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from scopefs.vfs import mount, watchdog
-from scopefs.vfs.errors import ANSWERING
+from scopefs.vfs.errors import ANSWERING, guarded
 from scopefs.vfs.mount import MountState
 from scopefs.vfs.watchdog import Outcome, Progress, let_go, watched
 
@@ -160,3 +160,36 @@ def test_a_mount_is_busy_while_a_request_waits_that_is_not_itself_waiting_on_a_d
     monkeypatch.setattr(ANSWERING, "count", answering)
     state = types.SimpleNamespace(connection="7", answering=serving, _handlers_dropping=dropping)
     assert MountState.busy(state) is busy  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("answering", "dropping", "refreshing", "besides_refreshing", "busy"), [
+    (2, 0, 2, True, False),  # both handlers wait on the refresh whose drop this is: they hold none of its pages
+    (2, 0, 2, False, True),  # for the worker's drops they count: a rename's handler leaves its folder locked
+    (3, 0, 2, True, True),  # a third request is being answered, and may hold a page
+    (2, 1, 1, True, False),  # one waits on a drop, the other on the refresh
+])
+def test_handlers_waiting_on_a_refresh_leave_the_mount_idle_only_for_that_refresh_s_drop(
+        monkeypatch: pytest.MonkeyPatch, answering: int, dropping: int, refreshing: int,
+        besides_refreshing: bool, busy: bool) -> None:
+    monkeypatch.setattr(mount, "requests_waiting", lambda connection: answering)  # the kernel counts the same
+    monkeypatch.setattr(ANSWERING, "count", answering)
+    state = types.SimpleNamespace(connection="7", answering=True, _handlers_dropping=dropping,
+                                  _handlers_refreshing=refreshing)
+    assert MountState.busy(state, besides_refreshing=besides_refreshing) is busy  # type: ignore[arg-type]
+
+
+def test_a_handler_is_told_from_a_background_task() -> None:
+    """Only a request's handler counts among those waiting on a refresh (``MountState``): a background
+    task waiting on one holds no request of the kernel's."""
+    seen: list[bool] = []
+
+    @guarded
+    async def handler() -> None:
+        seen.append(ANSWERING.here())
+
+    async def main() -> None:
+        seen.append(ANSWERING.here())
+        await handler()
+        seen.append(ANSWERING.here())
+    trio.run(main)
+    assert seen == [False, True, False] and ANSWERING.count == 0

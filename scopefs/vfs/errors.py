@@ -7,6 +7,7 @@ integrity failure is ``EIO``; read-only places are ``EROFS``.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import functools
 import logging
@@ -61,6 +62,22 @@ class Answering:
 
     def __init__(self) -> None:
         self.count = 0
+        # Set in a handler's task while it answers: what it waits on, a request waits on (``here``).
+        self._in_handler = contextvars.ContextVar("scopefs_in_handler", default=False)
+
+    def here(self) -> bool:
+        """Whether the calling task is a handler answering a request (one of ``count``)."""
+        return self._in_handler.get()
+
+    def begin(self) -> contextvars.Token[bool]:
+        """The calling task starts answering a request; ``end`` with what this returns (a handler's
+        every request passes here: a context manager would cost a generator each)."""
+        self.count += 1
+        return self._in_handler.set(True)
+
+    def end(self, began: contextvars.Token[bool]) -> None:
+        self._in_handler.reset(began)
+        self.count -= 1
 
 
 ANSWERING = Answering()
@@ -76,7 +93,7 @@ def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
 
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        ANSWERING.count += 1
+        began = ANSWERING.begin()
         try:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -86,6 +103,6 @@ def guarded(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
                 log.error("unexpected %s in %s", type(exc).__name__, handler.__name__)
             raise fuse_error(exc) from None
         finally:
-            ANSWERING.count -= 1
+            ANSWERING.end(began)
 
     return wrapper

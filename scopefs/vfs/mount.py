@@ -21,13 +21,14 @@ a check and the change it guards are written with no await in between
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -95,6 +96,9 @@ class MountState:
         self.abandoned = False  # a worker was left stuck in the kernel (``vfs.watchdog``): never close the session
         self.answering = True  # until the server's loop stops: requests still waiting then get no answer
         self._handlers_dropping = 0  # handlers waiting in ``drop_pages_now``: requests that hold no lock of a drop
+        # Handlers waiting on a refresh of the view (``sync``, ``commit_and_sync``): none holds a lock of
+        # the pages a refresh drops (``_withdrawn_then_applied``).
+        self._handlers_refreshing = 0
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
         self.handles = HandleTable()
@@ -194,17 +198,30 @@ class MountState:
         asked = time.monotonic_ns() if since is None else since
         if self._fresh_since > asked:
             return
-        async with self._sync_lock:
-            if self._fresh_since > asked:  # the sync this one waited for covered it
-                return
-            await self._refreshed(None)
+        with self._waiting_on_refresh():
+            async with self._sync_lock:
+                if self._fresh_since > asked:  # the sync this one waited for covered it
+                    return
+                await self._refreshed(None)
 
     async def commit_and_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
         and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
         nothing is read; if the refresh fails, this raises after the commit, as ``sync()`` would."""
-        async with self._sync_lock:
-            return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
+        with self._waiting_on_refresh():
+            async with self._sync_lock:
+                return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
+
+    @contextlib.contextmanager
+    def _waiting_on_refresh(self) -> Iterator[None]:
+        """Count the calling handler (if it is one) among those waiting on a refresh: the drop a
+        refresh makes before its view is applied waits on no lock of theirs (``_withdrawn_then_applied``)."""
+        counted = ANSWERING.here()
+        self._handlers_refreshing += counted
+        try:
+            yield
+        finally:
+            self._handlers_refreshing -= counted
 
     async def _refreshed(self, first: Callable[[], T] | None) -> list[T]:
         """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
@@ -279,10 +296,12 @@ class MountState:
         holds the kernel's writeback of its note back until it is answered,
         and commits, which refreshes; a note whose commit is under way is
         therefore left to the worker's drop after the apply, and its
-        ``READ``s are refused from here on (``Node.left_view``). A drop that
-        is stuck holds the refresh for up to ``watchdog.HARD_STALL_S`` and
-        fails the mount closed. If the drop fails otherwise, the view is
-        still applied: the worker's drops follow it, as before.
+        ``READ``s are refused from here on (``Node.left_view``). So the
+        handlers waiting on the refresh do not make the mount busy for this
+        drop (``busy``): a drop that is stuck fails the mount closed within
+        ``watchdog.STALL_S`` however many saves wait on it. If the drop
+        fails otherwise, the view is still applied: the worker's drops follow
+        it, as before.
         """
         try:
             old = self.view
@@ -294,7 +313,7 @@ class MountState:
             if holders:  # the kernel caches pages only of inodes it was given
                 self._withheld, self._withholding_all = frozenset(leaving), everything
                 try:
-                    await self.drop_pages_now(holders)
+                    await self.drop_pages_now(holders, for_refresh=True)
                 finally:
                     self._withheld, self._withholding_all = frozenset(), False
         finally:
@@ -397,19 +416,27 @@ class MountState:
         if not abort(self.connection or connection_of(self.mountpoint)):
             pyfuse3.terminate()  # at least stop answering; the caches go with the unmount
 
-    def busy(self) -> bool:
+    def busy(self, *, besides_refreshing: bool = False) -> bool:
         """Whether a request of this mount is waiting, in the kernel or in a handler, besides the handlers
         that wait on a drop themselves (``vfs.watchdog``); True if the kernel's count cannot be read. Never
-        once the loop stopped answering: a drop waiting on a lock held for a request then waits for good."""
+        once the loop stopped answering: a drop waiting on a lock held for a request then waits for good.
+
+        ``besides_refreshing``: the handlers that wait on a refresh do not count either. Only for the
+        drop a refresh makes before its view is applied (``_withdrawn_then_applied``): they wait on it,
+        and hold no lock of the pages it drops. The invalidation worker's drops may wait on theirs (a
+        rename's folder, while its handler waits on the refresh that queued the drop)."""
         if not self.answering:
             return False
         waiting = requests_waiting(self.connection)
-        return waiting is None or max(waiting, ANSWERING.count) > self._handlers_dropping
+        waiting_on_drops = self._handlers_dropping + (self._handlers_refreshing if besides_refreshing else 0)
+        return waiting is None or max(waiting, ANSWERING.count) > waiting_on_drops
 
-    async def drop_pages_now(self, nodes: Iterable[Node], *, in_handler: bool = False) -> None:
+    async def drop_pages_now(self, nodes: Iterable[Node], *, in_handler: bool = False,
+                             for_refresh: bool = False) -> None:
         """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued); if the kernel
         refuses, or the drop is stuck (``vfs.watchdog``), the mount fails closed. ``in_handler``: the
         caller is a request's handler, which waits on the drop rather than holding its lock.
+        ``for_refresh``: the caller is a refresh, on which handlers may wait (``busy``).
 
         On a worker: an invalidation can wait on a page that a READ in
         flight holds, and this loop answers that READ meanwhile.
@@ -422,7 +449,8 @@ class MountState:
             return
         self._handlers_dropping += in_handler
         try:
-            outcome = await watched(functools.partial(drop_pages_of, inos), self.busy)
+            busy = functools.partial(self.busy, besides_refreshing=for_refresh)
+            outcome = await watched(functools.partial(drop_pages_of, inos), busy)
         finally:
             self._handlers_dropping -= in_handler
         if outcome is not Outcome.DONE:

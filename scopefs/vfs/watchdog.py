@@ -16,14 +16,16 @@ fails closed. Waiting means counted by the kernel (read from the FUSE
 control filesystem: queued, being answered, or read ahead in the
 background) or being answered by a handler (``errors.ANSWERING``: the
 kernel leaves out what it sends whatever happens, a mapping's written
-pages), not counting handlers that wait on a drop themselves. A client
-that keeps the mount busy puts that off, for ``HARD_STALL_S`` at most. A
-gap between two looks counts as busy: the loop was held, the worker may
-not have run. Nothing can free the abandoned thread but the holder, or
-the abort of the connection that failing closed brings (the lock was held
-for a request of this mount after all): the server closes its session only
-once every abandoned thread has let go (``let_go``), and an unmount waits
-for one that never does in the kernel.
+pages), not counting handlers that wait on a drop themselves (nor, for
+the drop a refresh of the view makes, the handlers that wait on that
+refresh: ``MountState.busy``). A client that keeps the mount busy puts
+that off, for ``HARD_STALL_S`` at most. A gap between two looks counts
+as busy: the loop was held, the worker may not have run. Nothing can
+free the abandoned thread but the holder, or the abort of the connection
+that failing closed brings (the lock was held for a request of this mount
+after all): the server closes its session only once every abandoned
+thread has let go (``let_go``), and an unmount waits for one that never
+does in the kernel.
 """
 
 from __future__ import annotations
