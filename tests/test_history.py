@@ -35,12 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyfuse3
 import pytest
 
 from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
+from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
 from tests.conftest import (
     ALICE_FACT,
@@ -53,6 +55,8 @@ from tests.conftest import (
     snapshot,
     sqlite_str,
 )
+from tests.inprocesskit import KernelFile, Tool, no_kernel, run_alice_mount
+from tests.inprocesskit import errno_of as inprocess_errno
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
 from tests.test_vfs_integrity import _refused_within
 
@@ -475,3 +479,35 @@ def test_a_revision_landing_during_a_run_shows_in_its_history(scenario: Scenario
             launcher.kill()
             launcher.wait()
     assert rest == SECOND + b"done\n"
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_revision_s_pages_go_before_a_lookup_says_it_is_gone(scenario: Scenario,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A revision is forgotten while a process holds it open with its pages cached: no change-log entry
+    says so, the next lookup finds it. That lookup answers ENOENT only once the kernel's pages of the
+    revision are gone, so the process never reads them after it saw the name go; its ``READ`` is refused."""
+    found = three_revisions(scenario)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
+        assert await second.read() == SECOND
+        dropped: list[int] = []
+
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if not attr_only:
+                dropped.append(ino)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        forget_revision(scenario.cli.home, found[1]["revision_id"], scenario.alice_session)
+        folder = await tool.ino(f".history/{ALLERGY}")
+        assert await inprocess_errno(fs.lookup(folder, b"r2.md")) == errno.ENOENT
+        assert second.ino in dropped  # sent, not queued: no worker runs in this process
+        assert await inprocess_errno(second.read()) == errno.EACCES
+        dropped.clear()
+        assert await inprocess_errno(fs.lookup(folder, b"r2.md")) == errno.ENOENT
+        assert dropped == []  # once is enough
+        assert await KernelFile(fs, await tool.ino(f".history/{ALLERGY}/r3.md")).read() == THIRD
+        tool.check("the forgotten revision's lookup")
+
+    run_alice_mount(scenario, script)

@@ -48,7 +48,10 @@ Why it is built this way:
   tombstone, a hold, a policy change: the change log, through
   ``MountState.view_followers``), when a lookup finds the note's revisions
   changed, and when a listed revision's validity runs out (``expire``).
-  Listings are dropped then too.
+  Listings are dropped then too. Since a lookup or a listing is where a
+  revision is seen to go, each drops the pages of the revisions it no
+  longer finds, and waits for that, before it answers
+  (``_without_gone``): the pages go first, then the name.
 * Everything here is read-only, refused like a read-only root (``EROFS``;
   in a sandbox the kernel refuses first, from the modes, with ``EACCES``):
   nothing under ``.history`` lies in any root of the view, so
@@ -120,6 +123,8 @@ class History:
         self._resource_of: dict[int, str] = {}  # a REVISION node's inode -> its resource id
         self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
         self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
+        # REVISION nodes whose revision went and whose pages were dropped since (``_without_gone``)
+        self._dropped_gone: set[int] = set()
         self._woken = trio.Event()  # an earlier expiry was added
         mount.view_followers.append(self.view_moved)
         mount.page_holders.append(self.holding)
@@ -146,6 +151,7 @@ class History:
         listed = None
         if note is not None:  # a note's folder: the name is one of its revisions, read afresh
             listed = await self._read(note)
+            await self._without_gone(note, listed)
         else:
             inner = view_parts(parent.parts + (text,))
             shown = self._mount.view.notes.get(inner) if self._is_folder(parent.parts) else None
@@ -175,9 +181,11 @@ class History:
         if note is not None:
             listed = listed or self._lists.get(note.resource_id)
             revision = listed.by_name.get(name) if listed is not None else None
-            if revision is None or _expired(revision, now_us()):
-                return None
-            return self._revision(parts, note, revision)
+            if revision is None:  # one that ran out since it was read stays, unreadable (``check``),
+                return None  # until a lookup or a listing reads the catalog again (``_without_gone``)
+            node = self._revision(parts, note, revision)
+            self._dropped_gone.discard(node.ino)  # shown again: if it goes again, its pages go again
+            return node
         if not self._is_folder(parent.parts):
             return None  # the folder left the view
         inner = view_parts(parts)
@@ -222,6 +230,7 @@ class History:
         node = self._known.get(parts)
         if node is not None and node.ino == ino:
             del self._known[parts]
+        self._dropped_gone.discard(ino)
         resource_id = self._resource_of.pop(ino, None)
         if resource_id is not None:
             nodes = self._revision_nodes.get(resource_id, {})
@@ -255,6 +264,7 @@ class History:
         note = self._note_at(node.parts)
         if note is not None:
             listed = await self._read(note)
+            await self._without_gone(note, listed)
             return list(listed.by_name)  # oldest first
         if not self._is_folder(node.parts):
             return []
@@ -294,6 +304,26 @@ class History:
                 self._woken.set()
             self._expiry[note.resource_id] = until
         return listed
+
+    async def _without_gone(self, note: VisibleNote, listed: Listed) -> None:
+        """Drop the kernel's pages of ``note``'s revisions that ``listed`` lacks, before a lookup or a
+        listing answers without them.
+
+        Their names are never cached, so a lookup or a listing is where a
+        revision is seen to go (forgotten, held by its lineage, revoked, run
+        out); a process that saw it go must not then read its bytes from the
+        cache through a descriptor it held (``MountState._withdrawn_then_applied``
+        says the same of notes). The queued drops of ``_drop`` come later.
+        Called by those two handlers only: neither holds a page of a
+        revision, so the drop cannot wait on them; a ``READ`` (``check``)
+        refuses a revision that went instead, and waits for nothing.
+        """
+        gone = [node for node in self._revision_nodes.get(note.resource_id, {}).values()
+                if node.frozen is not None and node.frozen.revision_id not in listed.by_id
+                and node.ino not in self._dropped_gone]
+        if gone:
+            await self._mount.drop_pages_now(gone, in_handler=True)
+            self._dropped_gone.update(node.ino for node in gone)
 
     # -- following the view --------------------------------------------------------
 
