@@ -392,3 +392,32 @@ def test_a_drop_before_a_view_is_applied_waits_while_a_request_not_waiting_on_th
         run_alice_mount(scenario, script)
     finally:
         stuck.set()
+
+
+def test_a_note_unlinked_here_and_held_open_loses_its_pages_before_another_session_s_delete_is_served(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This mount unlinks a note a process holds open; within the grace period, before its own removal
+    is committed, another session deletes the note. The node has no name here any more, but the kernel
+    may still serve its pages to the holder: they go before the view without the note is applied, and
+    its ``READ`` is refused from the moment the change is read."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        held = await KernelFile.open(fs, await tool.ino(NOTE))
+        assert await held.read() == ALICE_FACT
+        await tool.unlink(DIR, "allergy.md")
+        assert await held.read() == ALICE_FACT  # an unlinked file held open reads, as on any filesystem
+        seen: list[tuple[bool, int]] = []
+
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if ino == held.ino and not attr_only and not seen:
+                applied = fs.mount.view.notes.get(tuple(NOTE.split("/"))) is None
+                seen.append((applied, trio.from_thread.run(errno_of, held.read())))
+
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        as_alice(scenario, delete_note, NOTE)
+        await fs.sync()
+        assert seen == [(False, errno.EACCES)]  # dropped before the view was applied, refused meanwhile
+        assert await errno_of(held.read()) == errno.EACCES
+        tool.check("the held note left the view")
+
+    run_alice_mount(scenario, script)

@@ -161,6 +161,10 @@ class Inodes:
         self._next = pyfuse3.ROOT_INODE + 1
         self.nodes: dict[int, Node] = {}
         self.results: dict[int, Node] = {}  # the RESULTS nodes among them: few, looked at on every change
+        # Nodes of notes that lost their name here (unlinked, renamed over, left the view) and that the
+        # kernel still holds, by resource: a process holding one open may be served its cached pages, so
+        # they go with the note's when it leaves the view (``MountState._holders``, ``Layers.apply``).
+        self._unnamed: dict[str, dict[int, Node]] = {}
 
     def new(self, kind: Kind, parts: Parts, *, resource_id: str | None = None, draft: Draft | None = None,
             attached: bool = True) -> Node:
@@ -177,6 +181,16 @@ class Inodes:
     def get(self, ino: int) -> Node | None:
         return self.nodes.get(ino)
 
+    def unnamed(self, node: Node) -> None:
+        """``node`` lost its name (``Layers.detach``): remember it by its note until the kernel forgets it."""
+        if node.resource_id is not None and self.nodes.get(node.ino) is node:
+            self._unnamed.setdefault(node.resource_id, {})[node.ino] = node
+
+    def unnamed_of(self, resource_id: str) -> list[Node]:
+        """The nodes of ``resource_id`` without a name here that the kernel still holds."""
+        return [node for node in self._unnamed.get(resource_id, {}).values()
+                if not node.attached and node.resource_id == resource_id]
+
     def forget(self, ino: int, count: int) -> None:
         node = self.nodes.get(ino)
         if node is None or ino == pyfuse3.ROOT_INODE:
@@ -187,3 +201,6 @@ class Inodes:
                 node.draft.close()
             del self.nodes[ino]
             self.results.pop(ino, None)
+            unnamed = self._unnamed.get(node.resource_id or "")
+            if unnamed is not None and unnamed.pop(ino, None) is not None and not unnamed:
+                del self._unnamed[node.resource_id or ""]

@@ -189,6 +189,7 @@ class Layers:
         node.attached = False
         if node.resource_id is not None and self.by_resource.get(node.resource_id) is node:
             del self.by_resource[node.resource_id]
+        self.inodes.unnamed(node)
 
     def schedule_removal(self, parts: Parts, resource_id: str) -> None:
         self.keep_folders(parts[:-1])
@@ -263,6 +264,11 @@ class Layers:
                 if note.parts not in new.notes:
                     folders_went += self.tree.remove(note.parts)
         for note in changed:
+            if note.resource_id not in new.by_resource:  # it left the view: so do nodes of it without a name
+                for unnamed in self.inodes.unnamed_of(note.resource_id):
+                    out.append(Invalidation(unnamed.ino))
+                    unnamed.forget_pages()
+                    unnamed.left_view = True
             node = self.by_resource.get(note.resource_id)
             if node is None:
                 continue

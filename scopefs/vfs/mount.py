@@ -328,6 +328,7 @@ class MountState:
             found = [node for node in layers.inodes.nodes.values() if _holds_content(node)]
         else:
             found = [layers.by_resource[r] for r in leaving if r in layers.by_resource]
+            found += [node for r in leaving for node in layers.inodes.unnamed_of(r)]  # held open, unlinked
             found += [node for node in layers.local.values() if copied_from(node) in leaving]
             found += [node for node in layers.inodes.results.values()
                       if isinstance(node.query, Results) and not node.query.quoted.isdisjoint(leaving)]
