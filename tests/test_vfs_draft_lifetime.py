@@ -113,3 +113,25 @@ def test_a_refused_truncation_by_path_leaves_the_note_as_it_was(scenario: Scenar
         tool.check("the refused truncation")
 
     run_alice_mount(scenario, script)
+
+
+def test_two_writes_that_both_load_a_large_note_keep_each_other_s_bytes(scenario: Scenario) -> None:
+    """Two writes by inode reach a large note that has no draft yet (a mapping written back page by
+    page sends them at once): each starts loading the note on a thread, and the one whose load ends
+    last must not replace the draft the other one already wrote into. Both writes are committed."""
+    large = bytes(range(256)) * ((2 << 20) // 256)  # over ``reads.INLINE_BYTES``: loaded on a thread
+    as_alice(scenario, write_note, "private/notes/large.md", large)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino("private/notes/large.md")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.write, 0, 0, b"FIRST", ino, None)
+            nursery.start_soon(fs.write, 0, 1 << 20, b"SECOND", ino, None)
+        tool.check("two writes")
+        await fs.flush(0, ino, None)
+        tool.check("the close")
+
+    run_alice_mount(scenario, script)
+    expected = bytearray(large)
+    expected[0:5], expected[1 << 20:(1 << 20) + 6] = b"FIRST", b"SECOND"
+    assert as_alice(scenario, read_note, "private/notes/large.md") == bytes(expected)

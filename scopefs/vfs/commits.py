@@ -83,10 +83,11 @@ class Commits:
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
         mount = self._mount
-        if node.draft is not None:
-            if truncate and node.draft.size:
-                node.draft.truncate(0)
-            return node.draft
+        existing = node.draft
+        if existing is not None:
+            if truncate and existing.size:
+                existing.truncate(0)
+            return existing
         source = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
         if source is None or truncate:
             data, loaded_from = b"", None
@@ -95,6 +96,8 @@ class Commits:
         else:
             data = await self._reads.load(source)
             loaded_from = source.resource_id if data else None
+            if node.draft is not None:  # another request made one while this one loaded (a large note, on a
+                return node.draft  # thread): it may hold that request's writes already, so it is the draft
         node.draft = draft = Draft(data, source_resource=loaded_from)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
@@ -118,6 +121,10 @@ class Commits:
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
         await self.ensure_draft(node, truncate=truncate)
+        handle = self.writer_of(node)
+        if handle is not None:  # another request's, made while the draft loaded: one writer per node
+            handle.used = time.monotonic()
+            return handle
         handle = Handle(node, writable=True, pid_namespace=pid_namespace)
         self._register(node, mount.give(handle))
         return handle
