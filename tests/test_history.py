@@ -511,3 +511,78 @@ def test_a_revision_s_pages_go_before_a_lookup_says_it_is_gone(scenario: Scenari
         tool.check("the forgotten revision's lookup")
 
     run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_revision_that_comes_back_and_goes_again_has_its_pages_dropped_again(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A revision goes (past its validity), comes back (the validity row taken out, as no command does)
+    and is read again through the descriptor a process kept, which caches its pages again; when it goes
+    again, the lookup that says so drops them again first."""
+    second_id = three_revisions(scenario)[1]["revision_id"]
+
+    def run_out(gone: bool) -> None:
+        with catalog(scenario.cli.home) as conn:
+            if gone:
+                conn.execute("INSERT INTO revision_validity (revision_id, agent_id, valid_until) VALUES (?, 'main', ?)",
+                             (second_id, now_us() - 1))
+            else:
+                conn.execute("DELETE FROM revision_validity WHERE revision_id = ?", (second_id,))
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
+        assert await second.read() == SECOND
+        folder = await tool.ino(f".history/{ALLERGY}")
+        dropped: list[int] = []
+
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if not attr_only:
+                dropped.append(ino)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        for turn in ("goes", "goes again"):
+            run_out(True)
+            assert await inprocess_errno(fs.lookup(folder, b"r2.md")) == errno.ENOENT, turn
+            assert second.ino in dropped, turn
+            assert await inprocess_errno(second.read()) == errno.EACCES, turn
+            run_out(False)
+            await fs.lookup(folder, b"r3.md")  # reads the revisions again: r2 is back, but not looked up
+            assert await second.read() == SECOND  # the kept descriptor reads, and caches, again
+            dropped.clear()
+        tool.check("the revision that came and went")
+
+    run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_listing_without_a_revision_comes_after_its_pages_are_dropped(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A revision a process holds open runs out; the next listing of its note's folder leaves it out, and
+    the kernel's pages of it are gone before that listing is answered."""
+    second_id = three_revisions(scenario)[1]["revision_id"]
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
+        assert await second.read() == SECOND
+        folder = await tool.ino(f".history/{ALLERGY}")
+        events: list[str] = []
+
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if ino == second.ino and not attr_only:
+                events.append("dropped")
+
+        def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
+            events.append(name.decode())
+            return True
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
+        with catalog(scenario.cli.home) as conn:
+            conn.execute("INSERT INTO revision_validity (revision_id, agent_id, valid_until) VALUES (?, 'main', ?)",
+                         (second_id, now_us() - 1))
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert events == ["dropped", "r1.md", "r3.md"]
+        assert await inprocess_errno(second.read()) == errno.EACCES
+        tool.check("the listing")
+
+    run_alice_mount(scenario, script)

@@ -16,6 +16,7 @@ import errno
 import os
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import pyfuse3
 import pytest
@@ -23,6 +24,7 @@ import trio
 import trio.testing
 
 from scopefs.catalog.reader import read_note
+from scopefs.vfs import reads
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
@@ -119,7 +121,8 @@ def test_two_writes_that_both_load_a_large_note_keep_each_other_s_bytes(scenario
     """Two writes by inode reach a large note that has no draft yet (a mapping written back page by
     page sends them at once): each starts loading the note on a thread, and the one whose load ends
     last must not replace the draft the other one already wrote into. Both writes are committed."""
-    large = bytes(range(256)) * ((2 << 20) // 256)  # over ``reads.INLINE_BYTES``: loaded on a thread
+    large = bytes(range(256)) * ((2 << 20) // 256)
+    assert len(large) > reads.INLINE_BYTES  # loaded on a thread, where another write can overtake it
     as_alice(scenario, write_note, "private/notes/large.md", large)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
@@ -135,3 +138,34 @@ def test_two_writes_that_both_load_a_large_note_keep_each_other_s_bytes(scenario
     expected = bytearray(large)
     expected[0:5], expected[1 << 20:(1 << 20) + 6] = b"FIRST", b"SECOND"
     assert as_alice(scenario, read_note, "private/notes/large.md") == bytes(expected)
+
+
+def test_a_write_whose_load_a_commit_overtook_starts_from_that_commit(scenario: Scenario,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write by inode loads a large note on a thread; meanwhile the note gets a new revision (another
+    writer's draft committed and let go, here another session's save). The draft must start from that
+    revision, not from the one loaded: the close would otherwise put the old content back over it."""
+    large = bytes(range(256)) * ((2 << 20) // 256)
+    assert len(large) > reads.INLINE_BYTES  # loaded on a thread, where a commit can overtake it
+    newer = large[::-1]
+    as_alice(scenario, write_note, "private/notes/large.md", large)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino("private/notes/large.md")
+        load = fs.reads.load
+        overtaken: list[bool] = []
+
+        async def load_overtaken(note: Any) -> bytes:
+            data = await load(note)
+            if not overtaken:
+                overtaken.append(True)
+                as_alice(scenario, write_note, "private/notes/large.md", newer)
+                await fs.sync()
+            return data
+        monkeypatch.setattr(fs.reads, "load", load_overtaken)
+        await fs.write(0, 0, b"WRITTEN", ino, None)
+        await fs.flush(0, ino, None)
+        tool.check("the close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/large.md") == b"WRITTEN" + newer[7:]

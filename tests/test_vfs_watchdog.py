@@ -185,11 +185,11 @@ def test_a_handler_is_told_from_a_background_task() -> None:
 
     @guarded
     async def handler() -> None:
-        seen.append(ANSWERING.here())
+        seen.append(ANSWERING.in_handler())
 
     async def main() -> None:
-        seen.append(ANSWERING.here())
+        seen.append(ANSWERING.in_handler())
         await handler()
-        seen.append(ANSWERING.here())
+        seen.append(ANSWERING.in_handler())
     trio.run(main)
     assert seen == [False, True, False] and ANSWERING.count == 0

@@ -49,6 +49,7 @@ from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.index import catch_up
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
+from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
@@ -61,6 +62,7 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
+LOAD_ATTEMPTS = 4  # loads of a note's content for a draft, each made stale by a commit meanwhile, before EAGAIN
 INDEX_IDLE_S = 0.5  # how long no save committed here before the index catches up with the saves made here
 INDEX_STEP = 32  # revisions indexed per catalog call while catching up: a save arriving waits for one step at most
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
@@ -88,21 +90,32 @@ class Commits:
             if truncate and existing.size:
                 existing.truncate(0)
             return existing
-        source = node.frozen if node.kind is Kind.SCRATCH else mount.layers.note_of(node)
-        if source is None or truncate:
-            data, loaded_from = b"", None
-        elif not mount.shows(source.resource_id):
-            raise fail(errno.EACCES)
-        else:
-            data = await self._reads.load(source)
+        for _ in range(LOAD_ATTEMPTS):
+            source = self._content_of(node)
+            if source is None or truncate:
+                data, loaded_from = b"", None
+                break
+            if not mount.shows(source.resource_id):
+                raise fail(errno.EACCES)
+            data = await self._reads.load(source)  # a large note loads on a thread: the node may move on
             loaded_from = source.resource_id if data else None
-            if node.draft is not None:  # another request made one while this one loaded (a large note, on a
-                return node.draft  # thread): it may hold that request's writes already, so it is the draft
+            if node.draft is not None:  # another request made one meanwhile: it may hold that request's
+                return node.draft  # writes already, so it is the draft
+            now = self._content_of(node)
+            if now is not None and now.revision_id == source.revision_id:
+                break
+            # A revision committed meanwhile (another request's draft, committed and let go): load that.
+        else:
+            raise fail(errno.EAGAIN)  # the note kept changing under the load
         node.draft = draft = Draft(data, source_resource=loaded_from)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
             draft.dirty = True
         return draft
+
+    def _content_of(self, node: Node) -> VisibleNote | None:
+        """The revision a draft of ``node`` starts from: a backup's own, or the one its note shows."""
+        return node.frozen if node.kind is Kind.SCRATCH else self._mount.layers.note_of(node)
 
     async def writer(self, node: Node, pid_namespace: int | None, *, truncate: bool = False) -> Handle:
         """The handle ``node``'s writes by inode go through: made now (from its content, or empty when
@@ -299,6 +312,11 @@ class Commits:
     async def commit(self, node: Node, *, durable: bool = False) -> None:
         """Make a note's dirty draft its next revision (one writer transaction), synced to disk
         if ``durable``."""
+        mount = self._mount
+        with mount.waiting_on_refresh():
+            await self._commit_locked(node, durable=durable)
+
+    async def _commit_locked(self, node: Node, *, durable: bool) -> None:
         mount = self._mount
         async with node.commit_lock:
             draft = node.draft

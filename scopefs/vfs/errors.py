@@ -62,10 +62,10 @@ class Answering:
 
     def __init__(self) -> None:
         self.count = 0
-        # Set in a handler's task while it answers: what it waits on, a request waits on (``here``).
+        # Set in a handler's task while it answers: whatever that task waits on, a request waits on.
         self._in_handler = contextvars.ContextVar("scopefs_in_handler", default=False)
 
-    def here(self) -> bool:
+    def in_handler(self) -> bool:
         """Whether the calling task is a handler answering a request (one of ``count``)."""
         return self._in_handler.get()
 

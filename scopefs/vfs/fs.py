@@ -264,7 +264,8 @@ class ScopeFS(pyfuse3.Operations):
         # not drop the entry the rename is about to give it; a rename refused leaves the absent entry to drop.
         taken = self._named_here(parent_inode_new, _text(name_new))
         try:
-            await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+            with self.mount.waiting_on_refresh():  # a rename holds folder locks only, never a note's page
+                await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
         except BaseException:
             if taken is not None:
                 self.mount.drop_absence(parent_inode_new, taken)
@@ -364,6 +365,7 @@ class ScopeFS(pyfuse3.Operations):
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
 
+    @guarded  # counted as answered (``errors.ANSWERING``): its commit may wait on a refresh
     async def release(self, fh: int, inode: int = 0) -> None:
         if fh:
             await self.commits.release(fh)

@@ -121,7 +121,9 @@ class History:
         self._lists: dict[str, Listed] = {}  # resource id -> its revisions, as last read
         self._revision_nodes: dict[str, dict[int, Node]] = {}  # resource id -> its REVISION nodes
         self._resource_of: dict[int, str] = {}  # a REVISION node's inode -> its resource id
-        self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
+        # folder inode -> its names as listed first, and, for a note's folder, the revisions they were
+        # read with: the rest of a listing read in pieces answers from these, as its start did
+        self._listings: OrderedDict[int, tuple[list[str], Listed | None]] = OrderedDict()
         self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
         # REVISION nodes whose revision went and whose pages were dropped since (``_without_gone``)
         self._dropped_gone: set[int] = set()
@@ -244,31 +246,33 @@ class History:
 
     async def readdir(self, node: Node, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """List a folder of the tree; a listing is taken whole when it starts (``vfs.folders``)."""
-        names = self._listings.get(node.ino)
-        if start_id == 0 or names is None:
-            names = self._listings[node.ino] = await self._names(node)
+        taken = self._listings.get(node.ino)
+        if start_id == 0 or taken is None:
+            taken = self._listings[node.ino] = await self._names(node)
             while len(self._listings) > KEEP_LISTINGS:
                 self._listings.popitem(last=False)
         self._listings.move_to_end(node.ino)
+        names, listed = taken
         for index in range(start_id, len(names)):
-            child = self._child(node, names[index])
+            child = self._child(node, names[index], listed)
             if child is None:
                 continue
             if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(self._mount, child), index + 1):
                 return
             child.lookups += 1
 
-    async def _names(self, node: Node) -> list[str]:
+    async def _names(self, node: Node) -> tuple[list[str], Listed | None]:
+        """What a listing of ``node`` starting now holds: the names, and the revisions they stand for."""
         if not self._mount.view.usable:
-            return []
+            return [], None
         note = self._note_at(node.parts)
         if note is not None:
             listed = await self._read(note)
             await self._without_gone(note, listed)
-            return list(listed.by_name)  # oldest first
+            return list(listed.by_name), listed  # oldest first
         if not self._is_folder(node.parts):
-            return []
-        return sorted(self._mount.layers.tree.names(view_parts(node.parts)))
+            return [], None
+        return sorted(self._mount.layers.tree.names(view_parts(node.parts))), None
 
     # -- reads -------------------------------------------------------------------
 
@@ -285,6 +289,7 @@ class History:
         shown = listed.by_id.get(revision.revision_id)
         if shown is None or _expired(shown, now_us()):
             raise fail(errno.EACCES)
+        self._dropped_gone.discard(node.ino)  # its pages may be cached again: if it goes again, they go again
 
     async def _read(self, note: VisibleNote) -> Listed:
         """``note``'s revisions that may be shown, read from the catalog now; what changed is dropped."""
@@ -323,7 +328,13 @@ class History:
                 and node.ino not in self._dropped_gone]
         if gone:
             await self._mount.drop_pages_now(gone, in_handler=True)
-            self._dropped_gone.update(node.ino for node in gone)
+            # Marked only now: a lookup meanwhile drops them too rather than answer before they are gone.
+            # One that showed a node again meanwhile (``_child``, ``check``) unmarked it: so it stays,
+            # unless the listing it read still lacks it.
+            still_gone = self._lists.get(note.resource_id)
+            self._dropped_gone.update(node.ino for node in gone
+                                      if still_gone is None or node.frozen is None
+                                      or node.frozen.revision_id not in still_gone.by_id)
 
     # -- following the view --------------------------------------------------------
 

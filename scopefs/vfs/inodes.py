@@ -161,10 +161,12 @@ class Inodes:
         self._next = pyfuse3.ROOT_INODE + 1
         self.nodes: dict[int, Node] = {}
         self.results: dict[int, Node] = {}  # the RESULTS nodes among them: few, looked at on every change
-        # Nodes of notes that lost their name here (unlinked, renamed over, left the view) and that the
-        # kernel still holds, by resource: a process holding one open may be served its cached pages, so
-        # they go with the note's when it leaves the view (``MountState._holders``, ``Layers.apply``).
+        # Nodes that lost their name here (unlinked, renamed over) while the kernel holds them, by the
+        # note whose content they hold (``held_content``): a process holding one open may be served its
+        # cached pages, so they go with the note's when it leaves the view (``MountState._holders``,
+        # ``Layers.apply``). ``_unnamed_as``: the key each is filed under, to let go of it when forgotten.
         self._unnamed: dict[str, dict[int, Node]] = {}
+        self._unnamed_as: dict[int, str] = {}
 
     def new(self, kind: Kind, parts: Parts, *, resource_id: str | None = None, draft: Draft | None = None,
             attached: bool = True) -> Node:
@@ -181,15 +183,28 @@ class Inodes:
     def get(self, ino: int) -> Node | None:
         return self.nodes.get(ino)
 
-    def unnamed(self, node: Node) -> None:
-        """``node`` lost its name (``Layers.detach``): remember it by its note until the kernel forgets it."""
-        if node.resource_id is not None and self.nodes.get(node.ino) is node:
-            self._unnamed.setdefault(node.resource_id, {})[node.ino] = node
+    def lost_name(self, node: Node) -> None:
+        """``node`` lost its name (``Layers.detach``): file it under the note whose content it holds,
+        if the kernel still holds it (one it forgot already has no pages, and no FORGET will come)."""
+        key = held_content(node)
+        if key is None or self.nodes.get(node.ino) is not node or not (node.lookups or node.opens):
+            return
+        self._unfile(node.ino)
+        self._unnamed.setdefault(key, {})[node.ino] = node
+        self._unnamed_as[node.ino] = key
 
     def unnamed_of(self, resource_id: str) -> list[Node]:
-        """The nodes of ``resource_id`` without a name here that the kernel still holds."""
+        """The nodes without a name here that hold ``resource_id``'s content and that the kernel holds."""
         return [node for node in self._unnamed.get(resource_id, {}).values()
-                if not node.attached and node.resource_id == resource_id]
+                if not node.attached and held_content(node) == resource_id]
+
+    def _unfile(self, ino: int) -> None:
+        key = self._unnamed_as.pop(ino, None)
+        if key is not None:
+            filed = self._unnamed[key]
+            del filed[ino]
+            if not filed:
+                del self._unnamed[key]
 
     def forget(self, ino: int, count: int) -> None:
         node = self.nodes.get(ino)
@@ -201,6 +216,16 @@ class Inodes:
                 node.draft.close()
             del self.nodes[ino]
             self.results.pop(ino, None)
-            unnamed = self._unnamed.get(node.resource_id or "")
-            if unnamed is not None and unnamed.pop(ino, None) is not None and not unnamed:
-                del self._unnamed[node.resource_id or ""]
+            self._unfile(ino)
+
+
+def copied_from(node: Node) -> str | None:
+    """The resource whose content ``node`` holds a copy of (a draft loaded from it, a backup frozen to it)."""
+    if node.draft is not None:
+        return node.draft.source_resource
+    return node.frozen.resource_id if node.frozen is not None else None
+
+
+def held_content(node: Node) -> str | None:
+    """The note whose content the kernel may cache for ``node``: the one it copies, or its own."""
+    return copied_from(node) or node.resource_id

@@ -189,7 +189,7 @@ class Layers:
         node.attached = False
         if node.resource_id is not None and self.by_resource.get(node.resource_id) is node:
             del self.by_resource[node.resource_id]
-        self.inodes.unnamed(node)
+        self.inodes.lost_name(node)
 
     def schedule_removal(self, parts: Parts, resource_id: str) -> None:
         self.keep_folders(parts[:-1])
@@ -264,11 +264,10 @@ class Layers:
                 if note.parts not in new.notes:
                     folders_went += self.tree.remove(note.parts)
         for note in changed:
-            if note.resource_id not in new.by_resource:  # it left the view: so do nodes of it without a name
-                for unnamed in self.inodes.unnamed_of(note.resource_id):
+            if note.resource_id not in new.by_resource:  # it left the view: the pages of nodes of it
+                for unnamed in self.inodes.unnamed_of(note.resource_id):  # without a name go too
                     out.append(Invalidation(unnamed.ino))
-                    unnamed.forget_pages()
-                    unnamed.left_view = True
+                    unnamed.forget_pages()  # (their READs find no note: ENOENT, as after this mount's unlink)
             node = self.by_resource.get(note.resource_id)
             if node is None:
                 continue

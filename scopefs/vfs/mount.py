@@ -22,6 +22,7 @@ a check and the change it guards are written with no await in between
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import functools
 import logging
@@ -49,7 +50,7 @@ from scopefs.vfs.errors import ANSWERING
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.historytree import is_history_path
-from scopefs.vfs.inodes import Kind, Node
+from scopefs.vfs.inodes import Kind, Node, copied_from
 from scopefs.vfs.layers import Invalidation, Layers, changed_notes
 from scopefs.vfs.names import BadName, confusable, decode
 from scopefs.vfs.pages import drop_pages_of, list_again
@@ -58,6 +59,8 @@ from scopefs.vfs.watchdog import Outcome, watched
 
 log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
+# Set in a handler's task while it is counted in ``MountState._handlers_refreshing``: counted once.
+_COUNTED_AS_REFRESHING = contextvars.ContextVar("scopefs_counted_as_refreshing", default=False)
 
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
 FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
@@ -198,7 +201,7 @@ class MountState:
         asked = time.monotonic_ns() if since is None else since
         if self._fresh_since > asked:
             return
-        with self._waiting_on_refresh():
+        with self.waiting_on_refresh():
             async with self._sync_lock:
                 if self._fresh_since > asked:  # the sync this one waited for covered it
                     return
@@ -208,20 +211,26 @@ class MountState:
         """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
         and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
         nothing is read; if the refresh fails, this raises after the commit, as ``sync()`` would."""
-        with self._waiting_on_refresh():
+        with self.waiting_on_refresh():
             async with self._sync_lock:
                 return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
 
     @contextlib.contextmanager
-    def _waiting_on_refresh(self) -> Iterator[None]:
-        """Count the calling handler (if it is one) among those waiting on a refresh: the drop a
-        refresh makes before its view is applied waits on no lock of theirs (``_withdrawn_then_applied``)."""
-        counted = ANSWERING.here()
-        self._handlers_refreshing += counted
+    def waiting_on_refresh(self) -> Iterator[None]:
+        """Count the calling handler (if it is one, and once) among those that may wait on a refresh
+        in this block: the drop a refresh makes before its view is applied waits on no lock of theirs
+        (``_withdrawn_then_applied``). Also around a wait for a commit, which refreshes (a node's
+        ``commit_lock``), and around a rename's whole handler, which holds folder locks only."""
+        if not ANSWERING.in_handler() or _COUNTED_AS_REFRESHING.get():
+            yield
+            return
+        counted = _COUNTED_AS_REFRESHING.set(True)
+        self._handlers_refreshing += 1
         try:
             yield
         finally:
-            self._handlers_refreshing -= counted
+            self._handlers_refreshing -= 1
+            _COUNTED_AS_REFRESHING.reset(counted)
 
     async def _refreshed(self, first: Callable[[], T] | None) -> list[T]:
         """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
@@ -619,13 +628,6 @@ def _holds_content(node: Node) -> bool:
     """Whether the kernel may cache pages of ``node`` that hold content (a folder's are its listing,
     whose names go with the view's apply: ``Layers.apply``)."""
     return node.kind not in (Kind.DIR, Kind.QUERIES, Kind.HISTORY)
-
-
-def copied_from(node: Node) -> str | None:
-    """The resource whose content ``node`` holds a copy of (a draft loaded from it, a backup frozen to it)."""
-    if node.draft is not None:
-        return node.draft.source_resource
-    return node.frozen.resource_id if node.frozen is not None else None
 
 
 def inconsistencies(mount: MountState) -> list[str]:
