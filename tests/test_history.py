@@ -481,6 +481,22 @@ def test_a_revision_landing_during_a_run_shows_in_its_history(scenario: Scenario
     assert rest == SECOND + b"done\n"
 
 
+async def _second_held(fs: ScopeFS, tool: Tool) -> tuple[KernelFile, int]:
+    """Revision 2 of the allergy note opened and read (its pages cached), and its history folder's inode."""
+    await fs.sync()
+    second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
+    assert await second.read() == SECOND
+    return second, await tool.ino(f".history/{ALLERGY}")
+
+
+def _drops_seen(monkeypatch: pytest.MonkeyPatch, seen: list[Any], mark: Callable[[int], Any]) -> None:
+    """The kernel's page drops, as the worker sends them, noted in ``seen`` as ``mark(ino)``."""
+    def invalidate_inode(ino: int, attr_only: bool = False) -> None:
+        if not attr_only:
+            seen.append(mark(ino))
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+
+
 @pytest.mark.usefixtures(no_kernel.__name__)
 def test_a_revision_s_pages_go_before_a_lookup_says_it_is_gone(scenario: Scenario,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -490,17 +506,10 @@ def test_a_revision_s_pages_go_before_a_lookup_says_it_is_gone(scenario: Scenari
     found = three_revisions(scenario)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        await fs.sync()
-        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
-        assert await second.read() == SECOND
+        second, folder = await _second_held(fs, tool)
         dropped: list[int] = []
-
-        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
-            if not attr_only:
-                dropped.append(ino)
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        _drops_seen(monkeypatch, dropped, lambda ino: ino)
         forget_revision(scenario.cli.home, found[1]["revision_id"], scenario.alice_session)
-        folder = await tool.ino(f".history/{ALLERGY}")
         assert await inprocess_errno(fs.lookup(folder, b"r2.md")) == errno.ENOENT
         assert second.ino in dropped  # sent, not queued: no worker runs in this process
         assert await inprocess_errno(second.read()) == errno.EACCES
@@ -530,16 +539,9 @@ def test_a_revision_that_comes_back_and_goes_again_has_its_pages_dropped_again(
                 conn.execute("DELETE FROM revision_validity WHERE revision_id = ?", (second_id,))
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        await fs.sync()
-        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
-        assert await second.read() == SECOND
-        folder = await tool.ino(f".history/{ALLERGY}")
+        second, folder = await _second_held(fs, tool)
         dropped: list[int] = []
-
-        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
-            if not attr_only:
-                dropped.append(ino)
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        _drops_seen(monkeypatch, dropped, lambda ino: ino)
         for turn in ("goes", "goes again"):
             run_out(True)
             assert await inprocess_errno(fs.lookup(folder, b"r2.md")) == errno.ENOENT, turn
@@ -562,20 +564,13 @@ def test_a_listing_without_a_revision_comes_after_its_pages_are_dropped(
     second_id = three_revisions(scenario)[1]["revision_id"]
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        await fs.sync()
-        second = await KernelFile.open(fs, await tool.ino(f".history/{ALLERGY}/r2.md"))
-        assert await second.read() == SECOND
-        folder = await tool.ino(f".history/{ALLERGY}")
+        second, folder = await _second_held(fs, tool)
         events: list[str] = []
-
-        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
-            if ino == second.ino and not attr_only:
-                events.append("dropped")
+        _drops_seen(monkeypatch, events, lambda ino: "dropped" if ino == second.ino else f"dropped {ino}")
 
         def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
             events.append(name.decode())
             return True
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
         monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
         with catalog(scenario.cli.home) as conn:
             conn.execute("INSERT INTO revision_validity (revision_id, agent_id, valid_until) VALUES (?, 'main', ?)",

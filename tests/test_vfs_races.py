@@ -10,6 +10,7 @@ means the right one at each of its save patterns.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import threading
@@ -305,6 +306,30 @@ def test_a_note_that_leaves_the_view_is_refused_and_its_pages_dropped_before_its
     run_alice_mount(scenario, script)
 
 
+@dataclasses.dataclass
+class StuckDrop:
+    """The kernel's drop of the pages of ``inos`` never ends (until ``let_go``), under a watchdog that
+    gives up after ``stall_s`` of idleness: the mount's kernel counts the handlers' requests only."""
+
+    inos: set[int] = dataclasses.field(default_factory=set)
+    began: threading.Event = dataclasses.field(default_factory=threading.Event)  # a drop of one is stuck
+    let_go: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def invalidate_inode(self, ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+        if not attr_only and ino in self.inos:
+            self.began.set()
+            self.let_go.wait(60)
+
+
+def stuck_drop(monkeypatch: pytest.MonkeyPatch, stall_s: float) -> StuckDrop:
+    monkeypatch.setattr(watchdog, "STALL_S", stall_s)
+    monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
+    monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
+    monkeypatch.setattr(watchdog, "_abandoned", [])
+    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
+    return StuckDrop()
+
+
 @pytest.mark.parametrize("closes", [1, 2])
 def test_a_stuck_drop_before_a_view_is_applied_fails_closed_however_many_saves_wait_on_it(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch, closes: int) -> None:
@@ -313,25 +338,14 @@ def test_a_stuck_drop_before_a_view_is_applied_fails_closed_however_many_saves_w
     A save waits on that refresh meanwhile (and a second close of the same file waits on the save): their
     requests are waiting, but on the drop, so the mount is idle for the watchdog, which fails it closed
     after ``STALL_S``, not ``HARD_STALL_S``."""
-    monkeypatch.setattr(watchdog, "STALL_S", 0.3)
-    monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
-    monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
-    monkeypatch.setattr(watchdog, "_abandoned", [])
-    # the kernel counts the requests the handlers answer, and nothing else
-    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
-    stuck, held = threading.Event(), threading.Event()
-
-    def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
-        if not attr_only and ino in watched_inos:
-            held.set()
-            stuck.wait(60)
+    drop = stuck_drop(monkeypatch, 0.3)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
-        watched_inos.add(await tool.ino(NOTE))
+        drop.inos.add(await tool.ino(NOTE))
         failed: list[Outcome] = []
         monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         info, _ = await fs.create(await tool.folder(DIR), b"saved.md", 0o600, os.O_WRONLY | os.O_CREAT,
                                   None)  # type: ignore[arg-type]
         await fs.write(info.fh, 0, b"saved while the drop is stuck\n")
@@ -341,14 +355,13 @@ def test_a_stuck_drop_before_a_view_is_applied_fails_closed_however_many_saves_w
                 for _ in range(closes):
                     nursery.start_soon(fs.flush, info.fh)
         await fs.release(info.fh)
-        assert held.is_set() and failed == [Outcome.STUCK]
+        assert drop.began.is_set() and failed == [Outcome.STUCK]
         assert fs.mount.layers.lookup(tuple(NOTE.split("/"))) is None  # the view was applied after all
 
-    watched_inos: set[int] = set()
     try:
         run_alice_mount(scenario, script)
     finally:
-        stuck.set()  # the abandoned worker returns
+        drop.let_go.set()  # the abandoned worker returns
     assert _read(scenario, f"{DIR}/saved.md") == b"saved while the drop is stuck\n"
 
 
@@ -357,28 +370,18 @@ def test_a_drop_before_a_view_is_applied_waits_while_a_request_not_waiting_on_th
     """The same stuck drop, while a request that does not wait on the refresh is being answered (its
     handler may hold what the drop waits for): the mount is busy, the drop is not abandoned until the
     request ends, and then only after ``STALL_S`` of idleness."""
-    monkeypatch.setattr(watchdog, "STALL_S", 1.0)
-    monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
-    monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
-    monkeypatch.setattr(watchdog, "_abandoned", [])
-    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
-    stuck, held = threading.Event(), threading.Event()
-
-    def invalidate_inode(ino: int, attr_only: bool = False) -> None:
-        if not attr_only and ino in watched_inos:
-            held.set()
-            stuck.wait(60)
+    drop = stuck_drop(monkeypatch, 1.0)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
-        watched_inos.add(await tool.ino(NOTE))
+        drop.inos.add(await tool.ino(NOTE))
         failed: list[tuple[Outcome, bool]] = []
         answered = trio.Event()
 
         def fail_closed(outcome: Outcome) -> None:
             failed.append((outcome, answered.is_set()))
         monkeypatch.setattr(fs.mount, "fail_closed", fail_closed)
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         as_alice(scenario, delete_note, NOTE)
 
         @guarded
@@ -386,20 +389,19 @@ def test_a_drop_before_a_view_is_applied_waits_while_a_request_not_waiting_on_th
             await trio.sleep(3 * watchdog.STALL_S)
 
         async def other() -> None:
-            await trio.to_thread.run_sync(held.wait, 30)  # the drop is under way, and stuck
+            await trio.to_thread.run_sync(drop.began.wait, 30)  # the drop is under way, and stuck
             await a_request_answered_meanwhile()
             answered.set()
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(tool.create, DIR, "saved.md", b"saved\n")
                 nursery.start_soon(other)
-        assert held.is_set() and failed == [(Outcome.STUCK, True)]
+        assert drop.began.is_set() and failed == [(Outcome.STUCK, True)]
 
-    watched_inos: set[int] = set()
     try:
         run_alice_mount(scenario, script)
     finally:
-        stuck.set()
+        drop.let_go.set()
 
 
 @pytest.mark.parametrize("how", ["unlinked", "kept as a save's backup, then unlinked"])
