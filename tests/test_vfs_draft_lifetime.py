@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -117,41 +118,47 @@ def test_a_refused_truncation_by_path_leaves_the_note_as_it_was(scenario: Scenar
     run_alice_mount(scenario, script)
 
 
+LARGE = bytes(range(256)) * ((2 << 20) // 256)  # loaded on a thread (``reads.INLINE_BYTES``): writes overtake it
+
+
+def _large_note_written(scenario: Scenario, script: Callable[[ScopeFS, int], Awaitable[None]],
+                        writes: dict[int, bytes]) -> None:
+    """``script(fs, ino)`` on a large note of Alice's, whose content must then be the note's with
+    ``writes`` (offset: bytes) made."""
+    assert len(LARGE) > reads.INLINE_BYTES
+    as_alice(scenario, write_note, "private/notes/large.md", LARGE)
+
+    async def run(fs: ScopeFS, tool: Tool) -> None:
+        await script(fs, await tool.ino("private/notes/large.md"))
+        tool.check("the writes and the close")
+
+    run_alice_mount(scenario, run)
+    expected = bytearray(LARGE)
+    for offset, data in writes.items():
+        expected[offset:offset + len(data)] = data
+    assert as_alice(scenario, read_note, "private/notes/large.md") == bytes(expected)
+
+
 def test_two_writes_that_both_load_a_large_note_keep_each_other_s_bytes(scenario: Scenario) -> None:
     """Two writes by inode reach a large note that has no draft yet (a mapping written back page by
     page sends them at once): each starts loading the note on a thread, and the one whose load ends
     last must not replace the draft the other one already wrote into. Both writes are committed."""
-    large = bytes(range(256)) * ((2 << 20) // 256)
-    assert len(large) > reads.INLINE_BYTES  # loaded on a thread, where another write can overtake it
-    as_alice(scenario, write_note, "private/notes/large.md", large)
-
-    async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino("private/notes/large.md")
+    async def script(fs: ScopeFS, ino: int) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fs.write, 0, 0, b"FIRST", ino, None)
             nursery.start_soon(fs.write, 0, 1 << 20, b"SECOND", ino, None)
-        tool.check("two writes")
         await fs.flush(0, ino, None)
-        tool.check("the close")
 
-    run_alice_mount(scenario, script)
-    expected = bytearray(large)
-    expected[0:5], expected[1 << 20:(1 << 20) + 6] = b"FIRST", b"SECOND"
-    assert as_alice(scenario, read_note, "private/notes/large.md") == bytes(expected)
+    _large_note_written(scenario, script, {0: b"FIRST", 1 << 20: b"SECOND"})
 
 
-def test_a_write_whose_load_a_commit_overtook_starts_from_that_commit(scenario: Scenario,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write by inode loads a large note on a thread; meanwhile the note gets a new revision (another
-    writer's draft committed and let go, here another session's save). The draft must start from that
-    revision, not from the one loaded: the close would otherwise put the old content back over it."""
-    large = bytes(range(256)) * ((2 << 20) // 256)
-    assert len(large) > reads.INLINE_BYTES  # loaded on a thread, where a commit can overtake it
-    newer = large[::-1]
-    as_alice(scenario, write_note, "private/notes/large.md", large)
-
-    async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino("private/notes/large.md")
+def test_a_write_whose_load_a_commit_of_this_mount_overtook_starts_from_that_commit(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write by inode loads a large note on a thread; meanwhile another write of this mount to the same
+    note makes its draft, closes it (committed) and lets it go. The first write's draft must start from
+    that commit, not from the content it loaded: its close would otherwise put that content back over the
+    other write."""
+    async def script(fs: ScopeFS, ino: int) -> None:
         load = fs.reads.load
         overtaken: list[bool] = []
 
@@ -159,13 +166,13 @@ def test_a_write_whose_load_a_commit_overtook_starts_from_that_commit(scenario: 
             data = await load(note)
             if not overtaken:
                 overtaken.append(True)
-                as_alice(scenario, write_note, "private/notes/large.md", newer)
-                await fs.sync()
+                await fs.write(0, 1 << 20, b"OTHER", ino, None)
+                await fs.flush(0, ino, None)
+                node = fs.mount.layers.inodes.get(ino)
+                assert node is not None and node.draft is None  # committed and let go
             return data
         monkeypatch.setattr(fs.reads, "load", load_overtaken)
         await fs.write(0, 0, b"WRITTEN", ino, None)
         await fs.flush(0, ino, None)
-        tool.check("the close")
 
-    run_alice_mount(scenario, script)
-    assert as_alice(scenario, read_note, "private/notes/large.md") == b"WRITTEN" + newer[7:]
+    _large_note_written(scenario, script, {0: b"WRITTEN", 1 << 20: b"OTHER"})

@@ -62,7 +62,7 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
-LOAD_ATTEMPTS = 4  # loads of a note's content for a draft, each made stale by a commit meanwhile, before EAGAIN
+LOAD_ATTEMPTS = 4  # loads of a note's content for a draft while this mount's commits of it overtake them
 INDEX_IDLE_S = 0.5  # how long no save committed here before the index catches up with the saves made here
 INDEX_STEP = 32  # revisions indexed per catalog call while catching up: a save arriving waits for one step at most
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
@@ -90,7 +90,8 @@ class Commits:
             if truncate and existing.size:
                 existing.truncate(0)
             return existing
-        for _ in range(LOAD_ATTEMPTS):
+        for attempt in range(LOAD_ATTEMPTS):
+            committed_here = node.committed_revision
             source = self._content_of(node)
             if source is None or truncate:
                 data, loaded_from = b"", None
@@ -101,12 +102,11 @@ class Commits:
             loaded_from = source.resource_id if data else None
             if node.draft is not None:  # another request made one meanwhile: it may hold that request's
                 return node.draft  # writes already, so it is the draft
-            now = self._content_of(node)
-            if now is not None and now.revision_id == source.revision_id:
+            # Another request's draft of this node committed and let go meanwhile: start from that commit,
+            # or the close would put the content loaded back over it. (Another session's save meanwhile is
+            # overwritten, as any save through a mount overwrites what it did not read: last writer wins.)
+            if node.committed_revision == committed_here or attempt == LOAD_ATTEMPTS - 1:
                 break
-            # A revision committed meanwhile (another request's draft, committed and let go): load that.
-        else:
-            raise fail(errno.EAGAIN)  # the note kept changing under the load
         node.draft = draft = Draft(data, source_resource=loaded_from)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
@@ -538,8 +538,9 @@ class Commits:
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
             # Another close is committing the draft (this is the settle letting go of a writer that
             # looked idle while its commit waited for the catalog): the draft goes once it is done.
-            async with node.commit_lock:
-                pass
+            with mount.waiting_on_refresh():  # a FLUSH's let-go waits here as on a commit
+                async with node.commit_lock:
+                    pass
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages

@@ -57,7 +57,9 @@ class Answering:
     The kernel's own count of the requests it waits on (``vfs.abort``) leaves
     out the ones it sends whatever happens (a mapping's written pages), and a
     lock it holds for one is let go once answered (``vfs.watchdog``). pyfuse3
-    serves one mount per process, so one count serves.
+    serves one mount per process, so one count serves. ``RELEASE`` is left
+    out, as the kernel leaves it out: it is sent whatever happens, after the
+    kernel let go of everything of the file.
     """
 
     def __init__(self) -> None:

@@ -365,8 +365,7 @@ class ScopeFS(pyfuse3.Operations):
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
 
-    @guarded  # counted as answered (``errors.ANSWERING``): its commit may wait on a refresh
-    async def release(self, fh: int, inode: int = 0) -> None:
+    async def release(self, fh: int, inode: int = 0) -> None:  # not ``guarded``: see ``errors.ANSWERING``
         if fh:
             await self.commits.release(fh)
 

@@ -328,13 +328,13 @@ class History:
                 and node.ino not in self._dropped_gone]
         if gone:
             await self._mount.drop_pages_now(gone, in_handler=True)
-            # Marked only now: a lookup meanwhile drops them too rather than answer before they are gone.
-            # One that showed a node again meanwhile (``_child``, ``check``) unmarked it: so it stays,
-            # unless the listing it read still lacks it.
+            # Marked only now, and only while the revisions last read still lack them: a lookup meanwhile
+            # drops them too rather than answer before they are gone, and one shown again meanwhile
+            # (``_child``, ``check``) may have its pages cached again. Unmarked, a node is dropped again.
             still_gone = self._lists.get(note.resource_id)
-            self._dropped_gone.update(node.ino for node in gone
-                                      if still_gone is None or node.frozen is None
-                                      or node.frozen.revision_id not in still_gone.by_id)
+            if still_gone is not None:
+                self._dropped_gone.update(node.ino for node in gone if node.frozen is not None
+                                          and node.frozen.revision_id not in still_gone.by_id)
 
     # -- following the view --------------------------------------------------------
 

@@ -194,9 +194,10 @@ class Inodes:
         self._unnamed_as[node.ino] = key
 
     def unnamed_of(self, resource_id: str) -> list[Node]:
-        """The nodes without a name here that hold ``resource_id``'s content and that the kernel holds."""
-        return [node for node in self._unnamed.get(resource_id, {}).values()
-                if not node.attached and held_content(node) == resource_id]
+        """The nodes without a name here filed under ``resource_id`` that the kernel holds. Filed when
+        they lost their name, and kept there: a backup whose draft closes since no longer says what it
+        copied (``held_content``), but the kernel may still cache that content."""
+        return [node for node in self._unnamed.get(resource_id, {}).values() if not node.attached]
 
     def _unfile(self, ino: int) -> None:
         key = self._unnamed_as.pop(ino, None)

@@ -71,7 +71,8 @@ class Removals:
         for parts, removal in due:
             if removal.in_flight:
                 if prefix is not None:
-                    await removal.settled.wait()
+                    with mount.waiting_on_refresh():  # behind another settle's commit and refresh
+                        await removal.settled.wait()
                 continue
             if layers.removed.get(parts) is not removal:
                 continue
