@@ -445,3 +445,30 @@ def test_a_node_without_a_name_here_loses_its_pages_before_another_session_s_del
         tool.check("the held note left the view")
 
     run_alice_mount(scenario, script)
+
+
+def test_a_backup_that_became_another_note_and_lost_its_name_loses_its_pages_with_that_note(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process holds a note open; vim keeps it as a backup, the backup is written to and renamed to a
+    name of its own (a new note), which is then unlinked here. The node holds both notes' content for
+    the kernel: when another session deletes the new note, its pages go before that view is applied."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        held = await KernelFile.open(fs, await tool.ino(NOTE))
+        assert await held.read() == ALICE_FACT
+        await tool.rename(DIR, "allergy.md", "allergy.md~")
+        await held.write(len(ALICE_FACT), b"appended\n")
+        await tool.rename(DIR, "allergy.md~", "kept.md")
+        await tool.unlink(DIR, "kept.md")
+        dropped: list[bool] = []
+
+        def invalidate_inode(ino: int, attr_only: bool = False) -> None:  # on the worker, as the kernel's
+            if ino == held.ino and not attr_only:
+                dropped.append(fs.mount.view.notes.get((*DIR.split("/"), "kept.md")) is None)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+        as_alice(scenario, delete_note, f"{DIR}/kept.md")
+        await fs.sync()
+        assert dropped[:1] == [False]  # dropped before the view without the new note was applied
+        tool.check("the new note left the view")
+
+    run_alice_mount(scenario, script)

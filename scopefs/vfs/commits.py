@@ -62,7 +62,6 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
-LOAD_ATTEMPTS = 4  # loads of a note's content for a draft while this mount's commits of it overtake them
 INDEX_IDLE_S = 0.5  # how long no save committed here before the index catches up with the saves made here
 INDEX_STEP = 32  # revisions indexed per catalog call while catching up: a save arriving waits for one step at most
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
@@ -90,7 +89,7 @@ class Commits:
             if truncate and existing.size:
                 existing.truncate(0)
             return existing
-        for attempt in range(LOAD_ATTEMPTS):
+        while True:
             committed_here = node.committed_revision
             source = self._content_of(node)
             if source is None or truncate:
@@ -105,7 +104,7 @@ class Commits:
             # Another request's draft of this node committed and let go meanwhile: start from that commit,
             # or the close would put the content loaded back over it. (Another session's save meanwhile is
             # overwritten, as any save through a mount overwrites what it did not read: last writer wins.)
-            if node.committed_revision == committed_here or attempt == LOAD_ATTEMPTS - 1:
+            if node.committed_revision == committed_here:
                 break
         node.draft = draft = Draft(data, source_resource=loaded_from)
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen

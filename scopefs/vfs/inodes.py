@@ -162,11 +162,11 @@ class Inodes:
         self.nodes: dict[int, Node] = {}
         self.results: dict[int, Node] = {}  # the RESULTS nodes among them: few, looked at on every change
         # Nodes that lost their name here (unlinked, renamed over) while the kernel holds them, by the
-        # note whose content they hold (``held_content``): a process holding one open may be served its
+        # notes whose content they may hold (``held_content``): a process holding one open may be served its
         # cached pages, so they go with the note's when it leaves the view (``MountState._holders``,
-        # ``Layers.apply``). ``_unnamed_as``: the key each is filed under, to let go of it when forgotten.
+        # ``Layers.apply``). ``_unnamed_as``: the keys each is filed under, to let go of it when forgotten.
         self._unnamed: dict[str, dict[int, Node]] = {}
-        self._unnamed_as: dict[int, str] = {}
+        self._unnamed_as: dict[int, set[str]] = {}
 
     def new(self, kind: Kind, parts: Parts, *, resource_id: str | None = None, draft: Draft | None = None,
             attached: bool = True) -> Node:
@@ -184,24 +184,24 @@ class Inodes:
         return self.nodes.get(ino)
 
     def lost_name(self, node: Node) -> None:
-        """``node`` lost its name (``Layers.detach``): file it under the note whose content it holds,
+        """``node`` lost its name (``Layers.detach``): file it under every note whose content it may hold,
         if the kernel still holds it (one it forgot already has no pages, and no FORGET will come)."""
-        key = held_content(node)
-        if key is None or self.nodes.get(node.ino) is not node or not (node.lookups or node.opens):
+        keys = held_content(node)
+        if not keys or self.nodes.get(node.ino) is not node or not (node.lookups or node.opens):
             return
         self._unfile(node.ino)
-        self._unnamed.setdefault(key, {})[node.ino] = node
-        self._unnamed_as[node.ino] = key
+        for key in keys:
+            self._unnamed.setdefault(key, {})[node.ino] = node
+        self._unnamed_as[node.ino] = keys
 
     def unnamed_of(self, resource_id: str) -> list[Node]:
         """The nodes without a name here filed under ``resource_id`` that the kernel holds. Filed when
         they lost their name, and kept there: a backup whose draft closes since no longer says what it
-        copied (``held_content``), but the kernel may still cache that content."""
+        copied, but the kernel may still cache that content."""
         return [node for node in self._unnamed.get(resource_id, {}).values() if not node.attached]
 
     def _unfile(self, ino: int) -> None:
-        key = self._unnamed_as.pop(ino, None)
-        if key is not None:
+        for key in self._unnamed_as.pop(ino, set()):
             filed = self._unnamed[key]
             del filed[ino]
             if not filed:
@@ -227,6 +227,8 @@ def copied_from(node: Node) -> str | None:
     return node.frozen.resource_id if node.frozen is not None else None
 
 
-def held_content(node: Node) -> str | None:
-    """The note whose content the kernel may cache for ``node``: the one it copies, or its own."""
-    return copied_from(node) or node.resource_id
+def held_content(node: Node) -> set[str]:
+    """The notes whose content the kernel may cache for ``node``: the one it copies now, the one it was
+    frozen to, its own (a backup renamed to a note's name holds both the copy's and the note's)."""
+    frozen = node.frozen.resource_id if node.frozen is not None else None
+    return {r for r in (copied_from(node), node.resource_id, frozen) if r is not None}
