@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import os
 import threading
 from types import SimpleNamespace
@@ -472,3 +473,36 @@ def test_a_backup_that_became_another_note_and_lost_its_name_loses_its_pages_wit
         tool.check("the new note left the view")
 
     run_alice_mount(scenario, script)
+
+
+def test_a_stuck_drop_fails_closed_while_an_fsyncdir_waits_on_the_removal_that_refreshes(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A note unlinked here and held open is removed by the background settle, whose refresh's drop of
+    the held node is stuck; an ``fsync`` of the folder waits on that removal meanwhile. It waits on the
+    refresh, not on anything the drop waits for: the mount fails closed after ``STALL_S``."""
+    drop = stuck_drop(monkeypatch, 0.3)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        held = await KernelFile.open(fs, await tool.ino(NOTE))
+        assert await held.read() == ALICE_FACT
+        drop.inos.add(held.ino)
+        await tool.unlink(DIR, "allergy.md")
+        failed: list[Outcome] = []
+        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
+        folder = await tool.folder(DIR)
+        with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends these
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(fs.removals.settle, everything=True))  # the background's
+
+                async def fsyncdir() -> None:
+                    await trio.to_thread.run_sync(drop.began.wait, 30)  # the removal's drop is stuck
+                    await fs.fsyncdir(0, False, folder)
+                nursery.start_soon(fsyncdir)
+        assert drop.began.is_set() and failed == [Outcome.STUCK]
+
+    try:
+        run_alice_mount(scenario, script)
+    finally:
+        drop.let_go.set()
