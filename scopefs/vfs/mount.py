@@ -99,7 +99,7 @@ class MountState:
         self.abandoned = False  # a worker was left stuck in the kernel (``vfs.watchdog``): never close the session
         self.answering = True  # until the server's loop stops: requests still waiting then get no answer
         self._handlers_dropping = 0  # handlers waiting in ``drop_pages_now``: requests that hold no lock of a drop
-        # Handlers waiting on a refresh of the view (``sync``, ``commit_and_sync``): none holds a lock of
+        # Handlers that may wait on a refresh of the view (``waiting_on_refresh``): none holds a lock of
         # the pages a refresh drops (``_withdrawn_then_applied``).
         self._handlers_refreshing = 0
         self.layers = Layers(view)
