@@ -24,12 +24,14 @@ import pytest
 import trio
 import trio.testing
 
+from scopefs.catalog import visible
 from scopefs.catalog.reader import read_note
+from scopefs.vfs import mount as mount_module
 from scopefs.vfs import reads
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
-from tests.inprocesskit import Tool, as_alice, errno_of, no_kernel, run_alice_mount
+from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -176,3 +178,110 @@ def test_a_write_whose_load_a_commit_of_this_mount_overtook_starts_from_that_com
         await fs.flush(0, ino, None)
 
     _large_note_written(scenario, script, {0: b"WRITTEN", 1 << 20: b"OTHER"})
+
+
+def _refresh_failing_once_armed(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The mount's next refresh fails once something is put in the list returned (which it then empties)."""
+    real_refresh = visible.refresh  # what the mount calls, by the name monkeypatched below
+    armed: list[bool] = []
+
+    def refresh(home: Any, view: Any) -> Any:
+        if armed:
+            armed.clear()
+            raise OSError("injected: the view refresh after a save failed")
+        return real_refresh(home, view)
+
+    monkeypatch.setattr(mount_module, "refresh", refresh)
+    return armed
+
+
+@pytest.mark.parametrize("which", ["a note the view showed", "a new note"])
+def test_a_note_whose_last_commit_the_view_lacks_is_neither_loaded_nor_read_from_the_view(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    """The refresh after a close's commit failed: the view still shows the revision before it (or, for a
+    new note, none), until the follower's refresh succeeds. A write that starts a draft must not start from
+    that view (its close would put the older content, or nothing, back over the commit), nor may a read
+    answer it: both answer EIO, never waiting on a refresh, and work again once one succeeded."""
+    armed = _refresh_failing_once_armed(monkeypatch)
+    new = which == "a new note"
+    path = "private/notes/fresh.md" if new else "private/notes/allergy.md"
+    committed = b"committed while the view could not be read\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        if new:
+            info, attr = await fs.create(await tool.folder("private/notes"), b"fresh.md", 0o600,
+                                         os.O_WRONLY | os.O_CREAT, None)  # type: ignore[arg-type]
+            await fs.write(info.fh, 0, committed)
+            armed.append(True)
+            await fs.flush(info.fh)
+            await fs.release(info.fh)
+            ino = attr.st_ino
+        else:
+            opened = await KernelFile.open(fs, await tool.ino(path), os.O_WRONLY | os.O_TRUNC)
+            await opened.write(0, committed)
+            armed.append(True)
+            await opened.flush()
+            ino = opened.ino
+        node = fs.mount.layers.inodes.get(ino)
+        assert node is not None and node.draft is None and not armed  # committed, let go, not refreshed
+        assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EIO
+        assert await errno_of(fs.write(0, len(committed), b"lost?\n", ino, None)) == errno.EIO
+        assert node.draft is None
+        await fs.mount.sync()  # the follower's refresh, which succeeds
+        assert await fs.read(0, 0, 4096, ino, None) == committed
+        await fs.write(0, len(committed), b"and written after\n", ino, None)
+        await fs.flush(0, ino, None)
+        tool.check("the write after the refresh")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, path) == committed + b"and written after\n"
+
+
+def test_a_save_of_what_the_view_shows_is_committed_while_the_view_may_lack_a_commit_of_this_mount(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save whose bytes are the revision the view shows makes no revision, if the view is current. After
+    the refresh behind a commit of this mount failed, the view may show what that commit replaced: a save
+    of those bytes (here an editor's revert, a temp file renamed over the note) is a change, committed."""
+    armed = _refresh_failing_once_armed(monkeypatch)
+    path = "private/notes/allergy.md"
+    before = as_alice(scenario, read_note, path)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        opened = await KernelFile.open(fs, await tool.ino(path), os.O_WRONLY | os.O_TRUNC)
+        await opened.write(0, b"replaced, then reverted\n")
+        armed.append(True)
+        await opened.flush()
+        assert not armed and fs.mount.behind_own_commit  # committed, not refreshed
+        await tool.create("private/notes", ".allergy.md.tmp", before)
+        await tool.rename("private/notes", ".allergy.md.tmp", "allergy.md")
+        assert not fs.mount.behind_own_commit  # the rename's own refresh succeeded
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, path) == before
+
+
+@pytest.mark.parametrize("new_name", ["moved.md", "allergy.md~"])
+def test_a_note_whose_last_commit_the_view_lacks_is_not_renamed_until_the_view_has_it(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, new_name: str) -> None:
+    """A rename keeps what the view shows of the note: the revision the note then answers from (moved),
+    or the one its backup is frozen to (a scratch name, vim's backup). While the view may lack this
+    mount's own last commit of it, that would be what the commit overwrote: the rename answers EIO,
+    and is made once a refresh succeeded."""
+    armed = _refresh_failing_once_armed(monkeypatch)
+    committed = b"committed, then renamed\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        opened = await KernelFile.open(fs, await tool.ino("private/notes/allergy.md"), os.O_WRONLY | os.O_TRUNC)
+        await opened.write(0, committed)
+        armed.append(True)
+        await opened.flush()
+        folder = await tool.folder("private/notes")
+        assert await errno_of(fs.rename(folder, b"allergy.md", folder, new_name.encode(), 0,
+                                        None)) == errno.EIO  # type: ignore[arg-type]
+        await fs.mount.sync()
+        await tool.rename("private/notes", "allergy.md", new_name)
+        assert await fs.read(0, 0, 4096, opened.ino, None) == committed
+
+    run_alice_mount(scenario, script)
+    if new_name == "moved.md":
+        assert as_alice(scenario, read_note, "private/notes/moved.md") == committed

@@ -91,6 +91,8 @@ class Commits:
             return existing
         while True:
             committed_here = node.committed_revision
+            if not truncate and mount.lags_own_commit(node):
+                raise fail(errno.EIO)  # the view lacks this mount's last commit of it: nothing to start from
             source = self._content_of(node)
             if source is None or truncate:
                 data, loaded_from = b"", None
@@ -354,7 +356,8 @@ class Commits:
         The caller holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
         current = self._mount.layers.note_for(expected)
-        if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
+        if current is not None and current.parts == parts and draft.holds(current.size, current.sha256) \
+                and not self._mount.behind_own_commit:  # else what the view shows may be overwritten already
             draft.dirty = draft.refused = False
             return None
         self._mount.check_copy(node)

@@ -122,6 +122,9 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
+        # The refresh after a commit of this mount's failed, and none succeeded since: the view may lack
+        # the commit (``lags_own_commit``).
+        self._behind_own_commit = False
         self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
         self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
         self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
@@ -262,6 +265,7 @@ class MountState:
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
+                self._behind_own_commit = True
                 return done
             raise
         self._last_sync_ok = time.monotonic()
@@ -270,6 +274,7 @@ class MountState:
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
         await self._withdrawn_then_applied(new)
+        self._behind_own_commit = False  # read after every commit that returned before it began
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
@@ -495,6 +500,24 @@ class MountState:
     def shows(self, resource_id: str) -> bool:
         """Whether the view still shows this resource (so its content may be served)."""
         return self.serving and resource_id in self.view.by_resource and resource_id not in self._withheld
+
+    @property
+    def behind_own_commit(self) -> bool:
+        """Whether the view applied may lack a commit of this mount's: the refresh after it failed, and
+        none succeeded since. What the view shows of a note saved here may then be what the save
+        overwrote (or, for a new note, nothing)."""
+        return self._behind_own_commit
+
+    def lags_own_commit(self, node: Node) -> bool:
+        """Whether the view applied lacks this mount's last commit of ``node`` (``behind_own_commit``): it
+        shows an earlier revision of the note, or (a new one) none. A draft loaded from it would put
+        that back over the commit at the next close, and a read would answer what was overwritten:
+        both answer EIO until a refresh succeeds (the follower's, woken by the commit; never waited for
+        here: a READ or a WRITE holds a page lock the refresh's page drop may wait on)."""
+        if not self.behind_own_commit or node.committed_revision is None:
+            return False
+        note = self.layers.note_of(node)
+        return note is None or note.revision_id != node.committed_revision
 
     def check_copy(self, node: Node) -> None:
         """EACCES unless the view is usable and still shows the note ``node``'s content came from."""

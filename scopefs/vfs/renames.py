@@ -170,6 +170,8 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         await self._commits.commit(node)
+        if mount.lags_own_commit(node):
+            raise fail(errno.EIO)  # the backup would be frozen to a revision this mount's commit overwrote
         await mount.catalog(catalog_ops.check_remove, mount.home, mount.session_id, src)
         note = layers.note_of(node)
         assert node.resource_id is not None
@@ -184,6 +186,8 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         await self._commits.commit(node)
+        if mount.lags_own_commit(node):
+            raise fail(errno.EIO)  # its committed revision would be taken for the view's older one
         removal = layers.removed.get(dst)
         if removal is not None and removal.in_flight:
             raise fail(errno.EAGAIN)
