@@ -506,3 +506,38 @@ def test_a_stuck_drop_fails_closed_while_an_fsyncdir_waits_on_the_removal_that_r
         run_alice_mount(scenario, script)
     finally:
         drop.let_go.set()
+
+
+def test_a_stuck_drop_fails_closed_while_a_close_waits_to_let_go_of_a_draft_another_request_commits(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A note truncated by an ``O_TRUNC`` open is synced (``fsync``, which commits it) while another
+    session deletes a note this mount served: the refresh after that commit is stuck in the drop of the
+    deleted note's pages. The descriptor is closed meanwhile; its FLUSH has nothing left to commit and
+    lets go of the writer, which waits for the commit in flight before the draft goes. It waits on the
+    refresh, not on anything the drop waits for: the mount fails closed after ``STALL_S``."""
+    drop = stuck_drop(monkeypatch, 0.3)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        drop.inos.add(await tool.ino(NOTE))
+        await tool.create(DIR, "emptied.md", b"emptied by the next open\n")
+        opened = await KernelFile.open(fs, await tool.ino(f"{DIR}/emptied.md"), os.O_WRONLY | os.O_TRUNC)
+        failed: list[Outcome] = []
+        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
+        as_alice(scenario, delete_note, NOTE)
+        with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends these
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.fsync, 0, False, opened.ino)
+
+                async def close() -> None:
+                    await trio.to_thread.run_sync(drop.began.wait, 30)  # the fsync's refresh is stuck
+                    await opened.flush()
+                nursery.start_soon(close)
+        assert drop.began.is_set() and failed == [Outcome.STUCK]
+
+    try:
+        run_alice_mount(scenario, script)
+    finally:
+        drop.let_go.set()
+    assert _read(scenario, f"{DIR}/emptied.md") == b""
