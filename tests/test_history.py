@@ -581,3 +581,38 @@ def test_a_listing_without_a_revision_comes_after_its_pages_are_dropped(
         tool.check("the listing")
 
     run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_listing_read_in_pieces_continues_from_the_revisions_it_started_with(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ls`` reads a folder in pieces, each a READDIR from where the last one stopped. A revision written
+    between two pieces comes in the next listing, not in this one's continuation, which goes on from the
+    names it started with: no name twice, none skipped."""
+    three_revisions(scenario)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        folder = await tool.ino(f".history/{ALLERGY}")
+        listed: list[tuple[str, int]] = []
+        room = [1]  # names the next piece takes
+
+        def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
+            if not room[0]:
+                return False
+            room[0] -= 1
+            listed.append((name.decode(), next_id))
+            return True
+        monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert listed == [("r1.md", 1)]
+        scenario.cli.j("write", scenario.alice_session, ALLERGY, stdin=b"a fourth revision, written meanwhile\n")
+        room[0] = 10
+        await fs.readdir(0, listed[-1][1], None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["r1.md", "r2.md", "r3.md"]
+        listed.clear()
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["r1.md", "r2.md", "r3.md", "r4.md"]
+        tool.check("the listing in pieces")
+
+    run_alice_mount(scenario, script)

@@ -285,3 +285,32 @@ def test_a_note_whose_last_commit_the_view_lacks_is_not_renamed_until_the_view_h
     run_alice_mount(scenario, script)
     if new_name == "moved.md":
         assert as_alice(scenario, read_note, "private/notes/moved.md") == committed
+
+
+def test_a_write_whose_load_a_save_from_elsewhere_overtook_is_not_loaded_again(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write by inode loads a large note; meanwhile a write not made through this mount (the command
+    line's) saves the note, and this mount's view shows it. The load is not made again (only a commit of
+    this mount's starts it over, or a note saved often elsewhere would hold the write in the loop): the
+    close puts the content loaded, with the write, over the other save, as any save through a mount does
+    with what it did not read."""
+    async def script(fs: ScopeFS, ino: int) -> None:
+        load = fs.reads.load
+        loads: list[bool] = []
+
+        async def load_overtaken(note: Any) -> bytes:
+            data = await load(note)
+            if not loads:
+                as_alice(scenario, write_note, "private/notes/large.md", b"saved by another session\n")
+                await fs.mount.sync()
+                node = fs.mount.layers.inodes.get(ino)
+                shown = fs.mount.layers.note_of(node) if node is not None else None
+                assert shown is not None and shown.revision_id != note.revision_id
+            loads.append(True)
+            return data
+        monkeypatch.setattr(fs.reads, "load", load_overtaken)
+        await fs.write(0, 0, b"WRITTEN", ino, None)
+        await fs.flush(0, ino, None)
+        assert loads == [True]
+
+    _large_note_written(scenario, script, {0: b"WRITTEN"})
