@@ -583,6 +583,22 @@ def test_a_listing_without_a_revision_comes_after_its_pages_are_dropped(
     run_alice_mount(scenario, script)
 
 
+def _listed_in_pieces(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], list[int]]:
+    """READDIR's answers, noted as (name, offset of the next); each piece takes as many names as the one
+    number in the second list says (one, to begin with), as a listing read in pieces would."""
+    listed: list[tuple[str, int]] = []
+    room = [1]
+
+    def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
+        if not room[0]:
+            return False
+        room[0] -= 1
+        listed.append((name.decode(), next_id))
+        return True
+    monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
+    return listed, room
+
+
 @pytest.mark.usefixtures(no_kernel.__name__)
 def test_a_listing_read_in_pieces_continues_from_the_revisions_it_started_with(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -594,16 +610,7 @@ def test_a_listing_read_in_pieces_continues_from_the_revisions_it_started_with(
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await fs.sync()
         folder = await tool.ino(f".history/{ALLERGY}")
-        listed: list[tuple[str, int]] = []
-        room = [1]  # names the next piece takes
-
-        def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
-            if not room[0]:
-                return False
-            room[0] -= 1
-            listed.append((name.decode(), next_id))
-            return True
-        monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
+        listed, room = _listed_in_pieces(monkeypatch)
         await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
         assert listed == [("r1.md", 1)]
         scenario.cli.j("write", scenario.alice_session, ALLERGY, stdin=b"a fourth revision, written meanwhile\n")
@@ -614,5 +621,31 @@ def test_a_listing_read_in_pieces_continues_from_the_revisions_it_started_with(
         await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
         assert [name for name, _ in listed] == ["r1.md", "r2.md", "r3.md", "r4.md"]
         tool.check("the listing in pieces")
+
+    run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+@pytest.mark.parametrize("gone", [0, 1])
+def test_the_rest_of_a_listing_goes_on_after_the_last_revision_it_answered(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, gone: int) -> None:
+    """A lookup finds a revision gone (forgotten) between two pieces of a listing: it drops the revision's
+    pages and the listing, whose rest is read afresh. That rest goes on after the last revision answered,
+    by its number: the revision that went is not named again, and none that stayed is skipped, whether
+    the one that went was answered already (r1) or not yet (r2)."""
+    found = three_revisions(scenario)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        folder = await tool.ino(f".history/{ALLERGY}")
+        listed, room = _listed_in_pieces(monkeypatch)
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["r1.md"]
+        forget_revision(scenario.cli.home, found[gone]["revision_id"], scenario.alice_session)
+        assert await inprocess_errno(fs.lookup(folder, f"r{gone + 1}.md".encode())) == errno.ENOENT
+        room[0] = 10
+        await fs.readdir(0, listed[-1][1], None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == (["r1.md", "r3.md"] if gone else ["r1.md", "r2.md", "r3.md"])
+        tool.check("the rest of the listing")
 
     run_alice_mount(scenario, script)

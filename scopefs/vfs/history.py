@@ -111,6 +111,15 @@ class Listed:
                    default=None)
 
 
+def _offsets(names: list[str], listed: Listed | None) -> list[tuple[str, int]]:
+    """A listing's names with the offset each one's successor starts from. In a note's folder that is
+    the revision's number, which nothing moves: a listing whose rest is read afresh (a revision went or
+    came meanwhile, ``_drop``) goes on after the last revision it answered, none skipped, none twice."""
+    if listed is None:
+        return [(name, index) for index, name in enumerate(names, start=1)]
+    return sorted(((name, listed.by_name[name].revision_no) for name in names), key=lambda entry: entry[1])
+
+
 class History:
     """The history tree of one mount: a node per path the kernel knows, no more."""
 
@@ -253,11 +262,13 @@ class History:
                 self._listings.popitem(last=False)
         self._listings.move_to_end(node.ino)
         names, listed = taken
-        for index in range(start_id, len(names)):
-            child = self._child(node, names[index], listed)
+        for name, offset in _offsets(names, listed):
+            if offset <= start_id:
+                continue
+            child = self._child(node, name, listed)
             if child is None:
                 continue
-            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(self._mount, child), index + 1):
+            if not pyfuse3.readdir_reply(token, name.encode(), attributes(self._mount, child), offset):
                 return
             child.lookups += 1
 
