@@ -44,6 +44,7 @@ from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
+from scopefs.writer.transaction import write_note
 from tests.conftest import (
     ALICE_FACT,
     ALICE_SENDER,
@@ -55,7 +56,7 @@ from tests.conftest import (
     snapshot,
     sqlite_str,
 )
-from tests.inprocesskit import KernelFile, Tool, no_kernel, run_alice_mount
+from tests.inprocesskit import KernelFile, Tool, as_alice, no_kernel, run_alice_mount
 from tests.inprocesskit import errno_of as inprocess_errno
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
 from tests.test_vfs_integrity import _refused_within
@@ -647,5 +648,34 @@ def test_the_rest_of_a_listing_goes_on_after_the_last_revision_it_answered(
         await fs.readdir(0, listed[-1][1], None, folder)  # type: ignore[arg-type]
         assert [name for name, _ in listed] == (["r1.md", "r3.md"] if gone else ["r1.md", "r2.md", "r3.md"])
         tool.check("the rest of the listing")
+
+    run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_the_rest_of_a_folder_s_listing_skips_no_note_when_the_view_moves_on(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing of a folder of ``.history`` read in pieces: the view moves on between two pieces (a
+    note that was answered already is deleted). The rest goes on from the names the listing began with,
+    each looked up in the view now: no note that stays is skipped, and the one that went is not named."""
+    for name in ("b.md", "c.md"):
+        as_alice(scenario, write_note, f"private/notes/{name}", b"one more note\n")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        folder = await tool.ino(".history/private/notes")
+        listed, room = _listed_in_pieces(monkeypatch)
+        room[0] = 2
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["allergy.md", "b.md"]
+        as_alice(scenario, delete_note, "private/notes/allergy.md")
+        await fs.sync()
+        room[0] = 10
+        await fs.readdir(0, listed[-1][1], None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["allergy.md", "b.md", "c.md"]
+        listed.clear()
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["b.md", "c.md"]
+        tool.check("the rest of the folder's listing")
 
     run_alice_mount(scenario, script)

@@ -402,7 +402,12 @@ class History:
         listings on the worker (``MountState._apply`` says why)."""
         for folder in folders:
             folder.listing_version += 1
-            self._listings.pop(folder.ino, None)
+            taken = self._listings.get(folder.ino)
+            # A note's revisions are read again by the rest of a listing begun (its offsets, revision
+            # numbers, keep its place); a folder's names are not: that rest goes on from the names it
+            # began with (offsets by index), each looked up in the view now, so none that stays is skipped.
+            if taken is not None and taken[1] is not None:
+                self._listings.pop(folder.ino, None)
             list_again(folder.ino)
             self._mount.forget_pages(folder)
 
