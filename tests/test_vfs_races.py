@@ -522,8 +522,13 @@ def test_a_stuck_drop_fails_closed_while_a_close_waits_to_let_go_of_a_draft_anot
         drop.inos.add(await tool.ino(NOTE))
         await tool.create(DIR, "emptied.md", b"emptied by the next open\n")
         opened = await KernelFile.open(fs, await tool.ino(f"{DIR}/emptied.md"), os.O_WRONLY | os.O_TRUNC)
-        failed: list[Outcome] = []
-        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        node = fs.mount.layers.inodes.get(opened.ino)
+        assert node is not None
+        failed: list[tuple[Outcome, int]] = []
+
+        def fail_closed(outcome: Outcome) -> None:  # the close waits on the commit's lock by then
+            failed.append((outcome, node.commit_lock.statistics().tasks_waiting))
+        monkeypatch.setattr(fs.mount, "fail_closed", fail_closed)
         monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         as_alice(scenario, delete_note, NOTE)
         with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends these
@@ -534,7 +539,7 @@ def test_a_stuck_drop_fails_closed_while_a_close_waits_to_let_go_of_a_draft_anot
                     await trio.to_thread.run_sync(drop.began.wait, 30)  # the fsync's refresh is stuck
                     await opened.flush()
                 nursery.start_soon(close)
-        assert drop.began.is_set() and failed == [Outcome.STUCK]
+        assert drop.began.is_set() and failed == [(Outcome.STUCK, 1)]
 
     try:
         run_alice_mount(scenario, script)

@@ -356,8 +356,9 @@ class Commits:
         The caller holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
         current = self._mount.layers.note_for(expected)
+        shown_as = self._mount.layers.by_resource.get(expected) if expected is not None else None
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256) \
-                and not self._mount.behind_own_commit:  # else what the view shows may be overwritten already
+                and not (shown_as is not None and self._mount.lags_own_commit(shown_as)):  # else overwritten here
             draft.dirty = draft.refused = False
             return None
         self._mount.check_copy(node)
@@ -402,8 +403,13 @@ class Commits:
                 await mount.catalog(catalog_ops.sync, mount.home, access.in_cell(cell).agent_id, None)
             return
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
-        if note is not None:
-            await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note.parts), note.resource_id)
+        if note is None and mount.lags_own_commit(node) and node.resource_id is not None:
+            note_parts, resource_id = node.parts, node.resource_id  # a new note the view lacks yet
+        elif note is not None:
+            note_parts, resource_id = note.parts, note.resource_id
+        else:
+            return
+        await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note_parts), resource_id)
 
     async def write_back(self) -> None:
         """Make the closes committed here so far durable in one ``syncfs`` (``writer.unsynced``)."""
@@ -463,7 +469,7 @@ class Commits:
             # error, nor another file that took the same descriptor number.
             with draft.reader() as source:
                 return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, parts,
-                                                   source, expected, durable=durable)
+                                                   source, expected, of=node, durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
                 raise
@@ -478,7 +484,7 @@ class Commits:
                 raise  # let go of meanwhile: nothing is left to commit
             with draft.reader() as source:
                 return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id,
-                                                   node.parts, source, node.resource_id, durable=durable)
+                                                   node.parts, source, node.resource_id, of=node, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""
