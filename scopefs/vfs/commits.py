@@ -91,8 +91,6 @@ class Commits:
             return existing
         while True:
             committed_here = node.committed_revision
-            if not truncate and mount.lags_own_commit(node):
-                raise fail(errno.EIO)  # the view lacks this mount's last commit of it: nothing to start from
             source = self._content_of(node)
             if source is None or truncate:
                 data, loaded_from = b"", None
@@ -356,9 +354,7 @@ class Commits:
         The caller holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
         current = self._mount.layers.note_for(expected)
-        shown_as = self._mount.layers.by_resource.get(expected) if expected is not None else None
-        if current is not None and current.parts == parts and draft.holds(current.size, current.sha256) \
-                and not (shown_as is not None and self._mount.lags_own_commit(shown_as)):  # else overwritten here
+        if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
             draft.dirty = draft.refused = False
             return None
         self._mount.check_copy(node)
@@ -402,14 +398,11 @@ class Commits:
             for cell in access.cells():
                 await mount.catalog(catalog_ops.sync, mount.home, access.in_cell(cell).agent_id, None)
             return
+        if not mount.serving:  # emptied (revoked, unreadable): what the closes committed is not known to be durable
+            raise fail(errno.EACCES)
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
-        if note is None and mount.lags_own_commit(node) and node.resource_id is not None:
-            note_parts, resource_id = node.parts, node.resource_id  # a new note the view lacks yet
-        elif note is not None:
-            note_parts, resource_id = note.parts, note.resource_id
-        else:
-            return
-        await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note_parts), resource_id)
+        if note is not None:
+            await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note.parts), note.resource_id)
 
     async def write_back(self) -> None:
         """Make the closes committed here so far durable in one ``syncfs`` (``writer.unsynced``)."""
@@ -469,7 +462,7 @@ class Commits:
             # error, nor another file that took the same descriptor number.
             with draft.reader() as source:
                 return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id, parts,
-                                                   source, expected, of=node, durable=durable)
+                                                   source, expected, durable=durable)
         except Conflict as conflict:
             if expected is None or node.resource_id != expected:
                 raise
@@ -484,7 +477,7 @@ class Commits:
                 raise  # let go of meanwhile: nothing is left to commit
             with draft.reader() as source:
                 return await mount.commit_and_sync(catalog_ops.commit, mount.home, mount.session_id,
-                                                   node.parts, source, node.resource_id, of=node, durable=durable)
+                                                   node.parts, source, node.resource_id, durable=durable)
 
     def bind(self, node: Node, resource_id: str) -> None:
         """``node`` is now the catalog resource ``resource_id``."""

@@ -205,8 +205,6 @@ class ScopeFS(pyfuse3.Operations):
                 raise fail(errno.ENOENT)  # a name that cannot exist is simply not there
             found = self.mount.layers.lookup(parent.parts + (text,))
             if found is None:
-                if self.mount.lagging_at(parent.parts + (text,)) is not None:
-                    raise fail(errno.EIO)  # a note saved here that the view does not show yet: not absent
                 if self.mount.layers.remember_absent(parent, text):
                     return absent()
                 raise fail(errno.ENOENT)

@@ -122,9 +122,6 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
-        # The nodes whose last commit here the view may lack, by inode: the refresh after it failed, and
-        # none succeeded since (``lags_own_commit``).
-        self._unapplied: dict[int, Node] = {}
         self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
         self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
         self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
@@ -199,7 +196,9 @@ class MountState:
 
         Fails closed: if the catalog cannot be read for longer than
         ``FAIL_CLOSED_S``, the view is emptied until it can, because a
-        revocation the mount cannot see must not keep serving notes.
+        revocation the mount cannot see must not keep serving notes; at
+        once if it cannot be read right after a commit of this mount's
+        (``commit_and_sync``).
         """
         asked = time.monotonic_ns() if since is None else since
         if self._fresh_since > asked:
@@ -208,16 +207,16 @@ class MountState:
             async with self._sync_lock:
                 if self._fresh_since > asked:  # the sync this one waited for covered it
                     return
-                await self._refreshed(None, None)
+                await self._refreshed(None)
 
-    async def commit_and_sync(self, fn: Callable[..., T], *args: Any, of: Node | None = None, **kwargs: Any) -> T:
+    async def commit_and_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
         and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
-        nothing is read; if the refresh fails, this returns all the same (the commit stands), the node
-        ``of`` which ``fn`` committed filed as one whose commit the view lacks (``lags_own_commit``)."""
+        nothing is read; if the refresh fails, this returns all the same (the commit stands), the view
+        emptied until a refresh succeeds: the one applied would show what the commit replaced."""
         with self.waiting_on_refresh():
             async with self._sync_lock:
-                return (await self._refreshed(functools.partial(fn, *args, **kwargs), of))[0]
+                return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
 
     @contextlib.contextmanager
     def waiting_on_refresh(self) -> Iterator[None]:
@@ -236,9 +235,9 @@ class MountState:
             self._handlers_refreshing -= 1
             _COUNTED_AS_REFRESHING.reset(counted)
 
-    async def _refreshed(self, first: Callable[[], T] | None, of: Node | None) -> list[T]:
-        """Run ``first`` (if any; its result is the list's one item: a commit of ``of``), then refresh
-        the view, on the catalog thread; apply it. The caller holds ``_sync_lock``."""
+    async def _refreshed(self, first: Callable[[], T] | None) -> list[T]:
+        """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
+        catalog thread; apply it. The caller holds ``_sync_lock``."""
         old = self.view
         began = time.monotonic_ns()  # replaced by the moment the refresh really starts, on the thread
         done: list[T] = []
@@ -262,9 +261,10 @@ class MountState:
             self._marked = None
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
-            if done and of is not None:  # before any await: what the view shows of it is what it replaced
-                self._unapplied[of.ino] = of
-            if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
+            # After a commit of this mount's, at once: the view shows what the commit replaced (or, for a
+            # new note, nothing), which no read, no draft loaded, no name and no save may take for the
+            # note now (nor put back over it). Nothing committed is lost: the next refresh shows it.
+            if (done or time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S) and old.usable:
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
@@ -276,18 +276,9 @@ class MountState:
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
         await self._withdrawn_then_applied(new)
-        self._caught_up()
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
-
-    def _caught_up(self) -> None:
-        """A view read after every commit that had returned is applied: it shows the commits the views
-        before it lacked. What the kernel was told of their nodes meanwhile (the size and time of the
-        revision replaced, or none) goes with their attributes."""
-        for node in self._unapplied.values():
-            self.forget_pages(node)
-        self._unapplied.clear()
 
     def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
         """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the
@@ -511,24 +502,6 @@ class MountState:
         """Whether the view still shows this resource (so its content may be served)."""
         return self.serving and resource_id in self.view.by_resource and resource_id not in self._withheld
 
-    def lags_own_commit(self, node: Node) -> bool:
-        """Whether the view applied lacks this mount's last commit of the note ``node``: the refresh
-        after it failed, and none succeeded since. The view then shows the revision the commit
-        replaced, or (a new note) none. A draft loaded from it would put that back over the commit at
-        the next close, a read would answer what was overwritten, a create would make the name anew:
-        each answers EIO until a refresh succeeds (the follower's, woken by the commit; never waited
-        for by a READ or a WRITE, which hold a page lock the refresh's page drop may wait on)."""
-        return self._unapplied.get(node.ino) is node and node.kind is Kind.NOTE
-
-    def lagging_at(self, parts: Parts) -> Node | None:
-        """The note at ``parts`` whose commit the view lacks (``lags_own_commit``), if one is: a new
-        note the view does not show yet."""
-        if self._unapplied:  # a look at an empty dict, for every lookup of a name the view lacks
-            for node in self._unapplied.values():
-                if node.parts == parts and node.attached and self.lags_own_commit(node):
-                    return node
-        return None
-
     def check_copy(self, node: Node) -> None:
         """EACCES unless the view is usable and still shows the note ``node``'s content came from."""
         source = copied_from(node)
@@ -622,8 +595,6 @@ class MountState:
         self.check_writable(parts)
         if self.layers.lookup(parts) is not None:
             raise fail(errno.EEXIST)
-        if self.lagging_at(parts) is not None:
-            raise fail(errno.EIO)  # taken by a note this mount saved, which the view does not show yet
         return parent, text, parts
 
     def existing(self, parent_ino: int, name: bytes) -> tuple[Parts, Node]:
@@ -633,7 +604,7 @@ class MountState:
             self.check_writable(parts)  # the query and history trees are read-only: refused like a read-only root
         found = self.layers.lookup(parts)
         if found is None:
-            raise fail(errno.EIO if self.lagging_at(parts) is not None else errno.ENOENT)
+            raise fail(errno.ENOENT)
         return parts, found
 
 

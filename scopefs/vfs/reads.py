@@ -126,8 +126,6 @@ class Reads:
             note = node.frozen if node.kind in (Kind.SCRATCH, Kind.REVISION) else mount.layers.note_of(node)
             if not mount.view.usable or (note is None and node.left_view):
                 raise fail(errno.EACCES)  # revoked, or the note left the view under a held descriptor
-            if mount.lags_own_commit(node):
-                raise fail(errno.EIO)  # the view shows what this mount's commit overwrote, or nothing yet
             if note is None:
                 raise fail(errno.ENOENT)
             if not mount.shows(note.resource_id):

@@ -73,15 +73,6 @@ class Renames:
         else:
             await self._rename_note(node, src, dst, target)
 
-    async def _shown_as_committed(self, node: Node) -> None:
-        """Return once the view shows this mount's last commit of ``node`` (``lags_own_commit``): a rename
-        may wait on a refresh, it holds folder locks only. EIO if the view cannot be read yet."""
-        mount = self._mount
-        if mount.lags_own_commit(node):
-            await mount.sync()
-            if mount.lags_own_commit(node):
-                raise fail(errno.EIO)
-
     def _rename_dir(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
         """Only folders made here and still empty move; others are copied by the tool."""
         layers = self._mount.layers
@@ -179,7 +170,6 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         await self._commits.commit(node)
-        await self._shown_as_committed(node)  # the backup is frozen to the revision the view shows
         await mount.catalog(catalog_ops.check_remove, mount.home, mount.session_id, src)
         note = layers.note_of(node)
         assert node.resource_id is not None
@@ -194,7 +184,6 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         await self._commits.commit(node)
-        await self._shown_as_committed(node)  # the revision the view shows is taken for its last commit
         removal = layers.removed.get(dst)
         if removal is not None and removal.in_flight:
             raise fail(errno.EAGAIN)
