@@ -251,6 +251,29 @@ def test_a_commit_whose_view_cannot_be_read_empties_the_view_until_one_can(
     assert as_alice(scenario, read_note, path) == committed + b"and written after\n"
 
 
+def test_a_rename_whose_view_cannot_be_read_empties_the_view_until_one_can(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A note renamed here: the catalog moves it, and the refresh after that fails. The view would go on
+    showing it at its old name, and none at the new one, where a create would make a new note over the
+    one moved there: the view is emptied at once, the rename reports the failure, and once a refresh
+    succeeds the note is at its new name, as the catalog has it."""
+    armed = _refreshes_failing(monkeypatch)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        armed.append(True)
+        assert await errno_of(fs.rename(folder, b"allergy.md", folder, b"moved.md", 0,
+                                        None)) == errno.EIO  # type: ignore[arg-type]
+        assert not armed and not fs.mount.view.usable
+        tool.check("the view emptied")
+        await fs.mount.sync()
+        assert await tool.read("private/notes/moved.md") == ALICE_FACT
+        assert (await fs.lookup(await tool.folder("private/notes"), b"allergy.md")).st_ino == 0  # absent
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
+
+
 def test_a_write_whose_load_a_save_from_elsewhere_overtook_is_not_loaded_again(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write by inode loads a large note; meanwhile a write not made through this mount (the command

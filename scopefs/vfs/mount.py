@@ -183,7 +183,7 @@ class MountState:
     def view(self) -> VisibleView:
         return self.layers.view
 
-    async def sync(self, *, since: int | None = None) -> None:
+    async def sync(self, *, since: int | None = None, after_write: bool = False) -> None:
         """Bring the view up to date with the catalog and queue invalidations.
 
         Up to date means: the view applied was read by a refresh that began
@@ -198,7 +198,8 @@ class MountState:
         ``FAIL_CLOSED_S``, the view is emptied until it can, because a
         revocation the mount cannot see must not keep serving notes; at
         once if it cannot be read right after a commit of this mount's
-        (``commit_and_sync``).
+        (``commit_and_sync``), or after another write of its own to the
+        catalog (``after_write``: a rename), which the view would not show.
         """
         asked = time.monotonic_ns() if since is None else since
         if self._fresh_since > asked:
@@ -207,7 +208,7 @@ class MountState:
             async with self._sync_lock:
                 if self._fresh_since > asked:  # the sync this one waited for covered it
                     return
-                await self._refreshed(None)
+                await self._refreshed(None, after_write=after_write)
 
     async def commit_and_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
@@ -235,7 +236,7 @@ class MountState:
             self._handlers_refreshing -= 1
             _COUNTED_AS_REFRESHING.reset(counted)
 
-    async def _refreshed(self, first: Callable[[], T] | None) -> list[T]:
+    async def _refreshed(self, first: Callable[[], T] | None, *, after_write: bool = False) -> list[T]:
         """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
         catalog thread; apply it. The caller holds ``_sync_lock``."""
         old = self.view
@@ -264,7 +265,7 @@ class MountState:
             # After a commit of this mount's, at once: the view shows what the commit replaced (or, for a
             # new note, nothing), which no read, no draft loaded, no name and no save may take for the
             # note now (nor put back over it). Nothing committed is lost: the next refresh shows it.
-            if (done or time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S) and old.usable:
+            if (done or after_write or time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S) and old.usable:
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)

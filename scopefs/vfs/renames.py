@@ -199,4 +199,4 @@ class Renames:
         note = layers.note_of(node)
         node.committed_revision = note.revision_id if note else None
         node.parts = dst
-        await mount.sync()
+        await mount.sync(after_write=True)  # if it fails, the view showing the note at ``src`` goes
