@@ -274,6 +274,35 @@ def test_a_rename_whose_view_cannot_be_read_empties_the_view_until_one_can(
     assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
 
 
+def test_a_file_renamed_over_a_note_is_that_note_even_when_the_view_cannot_be_read_after(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editor's save: a temp file renamed over the note commits it. The refresh after the commit fails,
+    and so does the one the rename makes next: the view is emptied, the rename reports the failure, and
+    the file renamed is still the note (the one inode a tool holding it open writes to), so once a
+    refresh succeeds the note's name leads to it, with what was committed."""
+    armed = _refreshes_failing(monkeypatch)
+    saved = b"saved by rename while the view could not be read\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, attr = await fs.create(folder, b".allergy.md.tmp", 0o600, os.O_WRONLY | os.O_CREAT,
+                                     None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, saved)
+        await fs.flush(info.fh)
+        await fs.release(info.fh)
+        armed.extend([True, True])
+        assert await errno_of(fs.rename(folder, b".allergy.md.tmp", folder, b"allergy.md", 0,
+                                        None)) == errno.EIO  # type: ignore[arg-type]
+        assert not armed and not fs.mount.view.usable
+        tool.check("the view emptied")
+        await fs.mount.sync()
+        assert await tool.ino("private/notes/allergy.md") == attr.st_ino
+        assert await tool.read("private/notes/allergy.md") == saved
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/allergy.md") == saved
+
+
 def test_a_write_whose_load_a_save_from_elsewhere_overtook_is_not_loaded_again(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write by inode loads a large note; meanwhile a write not made through this mount (the command

@@ -160,10 +160,12 @@ class Renames:
         self._replace_target(target, dst)
         node.parts = dst
         node.committed_revision = revision_id
-        await mount.sync(since=asked)  # nothing to read when the save's own trip refreshed the view
-        self._commits.bind(node, resource_id)
-        if node.opens == 0:
-            node.close_clean_draft()
+        try:
+            await mount.sync(since=asked)  # nothing to read when the save's own trip refreshed the view
+        finally:  # committed: the file renamed is the note, whatever the view (emptied if it cannot be read)
+            self._commits.bind(node, resource_id)
+            if node.opens == 0:
+                node.close_clean_draft()
 
     async def _rename_away(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
         """A note renamed to a scratch name (vim's and Emacs's backup before a save)."""
