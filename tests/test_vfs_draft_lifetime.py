@@ -141,6 +141,23 @@ def _large_note_written(scenario: Scenario, script: Callable[[ScopeFS, int], Awa
     assert as_alice(scenario, read_note, "private/notes/large.md") == bytes(expected)
 
 
+def _load_overtaken_by(monkeypatch: pytest.MonkeyPatch, fs: ScopeFS,
+                       meanwhile: Callable[[Any], Awaitable[None]]) -> list[Any]:
+    """The mount's loads of a note's content, each noted in the list returned; the first is overtaken by
+    ``meanwhile(note)`` once it has read the content, before the draft is made from it."""
+    load = fs.reads.load
+    loads: list[Any] = []
+
+    async def load_overtaken(note: Any) -> bytes:
+        data = await load(note)
+        loads.append(note)
+        if len(loads) == 1:
+            await meanwhile(note)
+        return data
+    monkeypatch.setattr(fs.reads, "load", load_overtaken)
+    return loads
+
+
 def test_two_writes_that_both_load_a_large_note_keep_each_other_s_bytes(scenario: Scenario) -> None:
     """Two writes by inode reach a large note that has no draft yet (a mapping written back page by
     page sends them at once): each starts loading the note on a thread, and the one whose load ends
@@ -161,19 +178,12 @@ def test_a_write_whose_load_a_commit_of_this_mount_overtook_starts_from_that_com
     that commit, not from the content it loaded: its close would otherwise put that content back over the
     other write."""
     async def script(fs: ScopeFS, ino: int) -> None:
-        load = fs.reads.load
-        overtaken: list[bool] = []
-
-        async def load_overtaken(note: Any) -> bytes:
-            data = await load(note)
-            if not overtaken:
-                overtaken.append(True)
-                await fs.write(0, 1 << 20, b"OTHER", ino, None)
-                await fs.flush(0, ino, None)
-                node = fs.mount.layers.inodes.get(ino)
-                assert node is not None and node.draft is None  # committed and let go
-            return data
-        monkeypatch.setattr(fs.reads, "load", load_overtaken)
+        async def other_write(note: Any) -> None:
+            await fs.write(0, 1 << 20, b"OTHER", ino, None)
+            await fs.flush(0, ino, None)
+            node = fs.mount.layers.inodes.get(ino)
+            assert node is not None and node.draft is None  # committed and let go
+        _load_overtaken_by(monkeypatch, fs, other_write)
         await fs.write(0, 0, b"WRITTEN", ino, None)
         await fs.flush(0, ino, None)
 
@@ -311,22 +321,15 @@ def test_a_write_whose_load_a_save_from_elsewhere_overtook_is_not_loaded_again(
     close puts the content loaded, with the write, over the other save, as any save through a mount does
     with what it did not read."""
     async def script(fs: ScopeFS, ino: int) -> None:
-        load = fs.reads.load
-        loads: list[bool] = []
-
-        async def load_overtaken(note: Any) -> bytes:
-            data = await load(note)
-            if not loads:
-                as_alice(scenario, write_note, "private/notes/large.md", b"saved by another session\n")
-                await fs.mount.sync()
-                node = fs.mount.layers.inodes.get(ino)
-                shown = fs.mount.layers.note_of(node) if node is not None else None
-                assert shown is not None and shown.revision_id != note.revision_id
-            loads.append(True)
-            return data
-        monkeypatch.setattr(fs.reads, "load", load_overtaken)
+        async def save_elsewhere(note: Any) -> None:
+            as_alice(scenario, write_note, "private/notes/large.md", b"saved by another session\n")
+            await fs.mount.sync()
+            node = fs.mount.layers.inodes.get(ino)
+            shown = fs.mount.layers.note_of(node) if node is not None else None
+            assert shown is not None and shown.revision_id != note.revision_id
+        loads = _load_overtaken_by(monkeypatch, fs, save_elsewhere)
         await fs.write(0, 0, b"WRITTEN", ino, None)
         await fs.flush(0, ino, None)
-        assert loads == [True]
+        assert len(loads) == 1
 
     _large_note_written(scenario, script, {0: b"WRITTEN"})
