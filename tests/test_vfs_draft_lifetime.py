@@ -208,20 +208,22 @@ def _refreshes_failing(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 @pytest.mark.parametrize("which", ["a note the view showed", "a new note"])
-def test_a_commit_whose_view_cannot_be_read_empties_the_view_until_one_can(
+def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
     """The refresh after a close's commit fails: the view still shows the revision the commit replaced
     (or, for a new note, no note), which a read would answer, a write would start its draft from (its
     close putting that back over the commit), a save of those bytes would take for no change, a create
-    would make anew. So the view is emptied at once, as when the catalog stays unreadable: everything
-    is refused (an fsync too: nothing says the commit is durable), nothing is lost, and once a refresh
-    succeeds the note reads as committed and a write starts from the commit."""
+    would make anew. So nothing is served, saved or made until a refresh succeeds (an fsync is refused
+    too: nothing says the commit is durable); nothing is lost, and the view stays applied, so files held
+    open come back with it, and the note reads as committed, a write starting from the commit."""
     armed = _refreshes_failing(monkeypatch)
     new = which == "a new note"
     path = "private/notes/fresh.md" if new else "private/notes/allergy.md"
     committed = b"committed while the view could not be read\n"
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
+        await tool.create("private/notes", "held.md", b"held open throughout\n")
+        held = await KernelFile.open(fs, await tool.ino("private/notes/held.md"))
         folder = await tool.folder("private/notes")
         if new:
             info, attr = await fs.create(folder, b"fresh.md", 0o600, os.O_WRONLY | os.O_CREAT,
@@ -239,18 +241,18 @@ def test_a_commit_whose_view_cannot_be_read_empties_the_view_until_one_can(
             ino = opened.ino
         node = fs.mount.layers.inodes.get(ino)
         assert node is not None and node.draft is None and not armed  # committed, let go, not refreshed
-        assert not fs.mount.view.usable
-        tool.check("the view emptied")
+        assert fs.mount.view.usable and not fs.mount.serving
+        tool.check("the mount suspended")
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
         assert await errno_of(fs.write(0, len(committed), b"lost?\n", ino, None)) == errno.EACCES
         assert node.draft is None
         assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
         assert await errno_of(fs.create(folder, b".fresh.md.tmp", 0o600, os.O_WRONLY | os.O_CREAT,
-                                        None)) == errno.ENOENT  # type: ignore[arg-type]  # left with the view
+                                        None)) == errno.EACCES  # type: ignore[arg-type]
+        assert await errno_of(held.read()) == errno.EACCES
         await fs.mount.sync()  # the follower's refresh, which succeeds
-        restored = fs.mount.view
-        assert restored.usable
-        ino = await tool.ino(path)
+        assert await held.read() == b"held open throughout\n"
+        assert await tool.ino(path) == ino
         assert await fs.read(0, 0, 4096, ino, None) == committed
         await fs.write(0, len(committed), b"and written after\n", ino, None)
         await fs.flush(0, ino, None)
@@ -261,24 +263,27 @@ def test_a_commit_whose_view_cannot_be_read_empties_the_view_until_one_can(
     assert as_alice(scenario, read_note, path) == committed + b"and written after\n"
 
 
-def test_a_rename_whose_view_cannot_be_read_empties_the_view_until_one_can(
+def test_a_rename_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """A note renamed here: the catalog moves it, and the refresh after that fails. The view would go on
     showing it at its old name, and none at the new one, where a create would make a new note over the
-    one moved there: the view is emptied at once, the rename reports the failure, and once a refresh
-    succeeds the note is at its new name, as the catalog has it."""
+    one moved there: the rename succeeds (it happened), the mount serves nothing until a refresh
+    succeeds, and then the note is at its new name, as the catalog has it."""
     armed = _refreshes_failing(monkeypatch)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder = await tool.folder("private/notes")
+        ino = await tool.ino("private/notes/allergy.md")
         armed.append(True)
-        assert await errno_of(fs.rename(folder, b"allergy.md", folder, b"moved.md", 0,
-                                        None)) == errno.EIO  # type: ignore[arg-type]
-        assert not armed and not fs.mount.view.usable
-        tool.check("the view emptied")
+        await fs.rename(folder, b"allergy.md", folder, b"moved.md", 0, None)  # type: ignore[arg-type]
+        assert not armed and not fs.mount.serving
+        assert await errno_of(fs.create(folder, b"moved.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                        None)) == errno.EACCES  # type: ignore[arg-type]
+        tool.check("the mount suspended")
         await fs.mount.sync()
+        assert await tool.ino("private/notes/moved.md") == ino
         assert await tool.read("private/notes/moved.md") == ALICE_FACT
-        assert (await fs.lookup(await tool.folder("private/notes"), b"allergy.md")).st_ino == 0  # absent
+        assert (await fs.lookup(folder, b"allergy.md")).st_ino == 0  # absent
 
     run_alice_mount(scenario, script)
     assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
@@ -287,9 +292,9 @@ def test_a_rename_whose_view_cannot_be_read_empties_the_view_until_one_can(
 def test_a_file_renamed_over_a_note_is_that_note_even_when_the_view_cannot_be_read_after(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """An editor's save: a temp file renamed over the note commits it. The refresh after the commit fails,
-    and so does the one the rename makes next: the view is emptied, the rename reports the failure, and
-    the file renamed is still the note (the one inode a tool holding it open writes to), so once a
-    refresh succeeds the note's name leads to it, with what was committed."""
+    and so does the one the rename makes next: the rename succeeds (the save happened), the mount serves
+    nothing until a refresh succeeds, and the file renamed is the note (the one inode a tool holding it
+    open writes to), so the note's name then leads to it, with what was committed."""
     armed = _refreshes_failing(monkeypatch)
     saved = b"saved by rename while the view could not be read\n"
 
@@ -301,10 +306,9 @@ def test_a_file_renamed_over_a_note_is_that_note_even_when_the_view_cannot_be_re
         await fs.flush(info.fh)
         await fs.release(info.fh)
         armed.extend([True, True])
-        assert await errno_of(fs.rename(folder, b".allergy.md.tmp", folder, b"allergy.md", 0,
-                                        None)) == errno.EIO  # type: ignore[arg-type]
-        assert not armed and not fs.mount.view.usable
-        tool.check("the view emptied")
+        await fs.rename(folder, b".allergy.md.tmp", folder, b"allergy.md", 0, None)  # type: ignore[arg-type]
+        assert not armed and not fs.mount.serving
+        tool.check("the mount suspended")
         await fs.mount.sync()
         assert await tool.ino("private/notes/allergy.md") == attr.st_ino
         assert await tool.read("private/notes/allergy.md") == saved

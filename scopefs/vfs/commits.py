@@ -353,6 +353,8 @@ class Commits:
         note moved away meanwhile is not at ``parts``: the commit decides).
         The caller holds ``node.commit_lock``; a failure leaves the draft dirty.
         """
+        if not self._mount.serving:
+            raise fail(errno.EACCES)  # what the view shows of ``expected`` may be what this mount overwrote
         current = self._mount.layers.note_for(expected)
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
             draft.dirty = draft.refused = False
@@ -398,7 +400,7 @@ class Commits:
             for cell in access.cells():
                 await mount.catalog(catalog_ops.sync, mount.home, access.in_cell(cell).agent_id, None)
             return
-        if not mount.serving:  # emptied (revoked, unreadable): what the closes committed is not known to be durable
+        if not mount.serving:  # revoked, unreadable, lacking this mount's write: nothing says what is durable
             raise fail(errno.EACCES)
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
         if note is not None:

@@ -122,6 +122,9 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
+        # A write of this mount's to the catalog that the view applied lacks (the refresh after it failed):
+        # nothing is served, saved or made until a refresh succeeds (``serving``, ``_refreshed``).
+        self._behind_own_write = False
         self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
         self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
         self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
@@ -196,10 +199,11 @@ class MountState:
 
         Fails closed: if the catalog cannot be read for longer than
         ``FAIL_CLOSED_S``, the view is emptied until it can, because a
-        revocation the mount cannot see must not keep serving notes; at
-        once if it cannot be read right after a commit of this mount's
-        (``commit_and_sync``), or after another write of its own to the
-        catalog (``after_write``: a rename), which the view would not show.
+        revocation the mount cannot see must not keep serving notes.
+
+        ``after_write``: this mount has just written the catalog (a rename,
+        a commit). If the refresh fails, this returns all the same, the
+        mount serving nothing until one succeeds (``_refreshed``).
         """
         asked = time.monotonic_ns() if since is None else since
         if self._fresh_since > asked:
@@ -213,8 +217,8 @@ class MountState:
     async def commit_and_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``catalog(fn, ...)``, then ``sync()``, in one trip to the catalog thread: a save's commit
         and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
-        nothing is read; if the refresh fails, this returns all the same (the commit stands), the view
-        emptied until a refresh succeeds: the one applied would show what the commit replaced."""
+        nothing is read; if the refresh fails, this returns all the same (the commit stands), the mount
+        serving nothing until a refresh succeeds (``_refreshed``)."""
         with self.waiting_on_refresh():
             async with self._sync_lock:
                 return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
@@ -262,12 +266,17 @@ class MountState:
             self._marked = None
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
-            # After a commit of this mount's, at once: the view shows what the commit replaced (or, for a
-            # new note, nothing), which no read, no draft loaded, no name and no save may take for the
-            # note now (nor put back over it). Nothing committed is lost: the next refresh shows it.
-            if (done or after_write or time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S) and old.usable:
+            wrote = bool(done) or after_write
+            if wrote:
+                # The view applied shows what this mount's write replaced (a note's older revision, a
+                # name moved, no new note), which no read, draft, save or name may take for what is
+                # there now: nothing is served, saved or made until a refresh succeeds. It stays
+                # applied, so open files and folders come back with it; the kernel's cache of this
+                # mount's own write holds what was written.
+                self._behind_own_write = True
+            if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
-            if done:  # committed, so the close succeeded; the follower, woken by the commit, reads the view again
+            if wrote:  # done, so the call succeeded; the follower, woken by the write, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
                 return done
             raise
@@ -277,6 +286,7 @@ class MountState:
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
         await self._withdrawn_then_applied(new)
+        self._behind_own_write = False  # read after every write of this mount's that had returned
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
@@ -353,8 +363,9 @@ class MountState:
         return list({node.ino: node for node in found if not node.commit_lock.locked()}.values())
 
     def withheld(self, resource_id: str | None) -> bool:
-        """Whether ``resource_id`` is on its way out of the view (``_withdrawn_then_applied``)."""
-        return self._withholding_all or resource_id in self._withheld
+        """Whether ``resource_id`` is on its way out of the view (``_withdrawn_then_applied``), or the view
+        lacks a write of this mount's (``_refreshed``)."""
+        return self._withholding_all or self._behind_own_write or resource_id in self._withheld
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view
@@ -496,8 +507,9 @@ class MountState:
 
     @property
     def serving(self) -> bool:
-        """Whether the view may serve anything: usable, and not on its way out (``_withdrawn_then_applied``)."""
-        return self.view.usable and not self._withholding_all
+        """Whether the view may serve anything: usable, not on its way out (``_withdrawn_then_applied``),
+        and showing every write of this mount's (``_refreshed``)."""
+        return self.view.usable and not self._withholding_all and not self._behind_own_write
 
     def shows(self, resource_id: str) -> bool:
         """Whether the view still shows this resource (so its content may be served)."""
@@ -510,8 +522,9 @@ class MountState:
             raise fail(errno.EACCES)
 
     def check_writable(self, parts: Parts) -> None:
-        """EACCES without evidence; EROFS where the view places no writes (a read-only root)."""
-        if not self.view.usable:
+        """EACCES without evidence, or while the view lacks a write of this mount's (``serving``); EROFS
+        where the view places no writes (a read-only root)."""
+        if not self.serving:
             raise fail(errno.EACCES)
         if not self.layers.writable(parts):
             raise fail(errno.EROFS)

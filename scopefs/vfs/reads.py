@@ -124,8 +124,8 @@ class Reads:
         mount = self._mount
         while True:
             note = node.frozen if node.kind in (Kind.SCRATCH, Kind.REVISION) else mount.layers.note_of(node)
-            if not mount.view.usable or (note is None and node.left_view):
-                raise fail(errno.EACCES)  # revoked, or the note left the view under a held descriptor
+            if not mount.serving or (note is None and node.left_view):
+                raise fail(errno.EACCES)  # revoked, behind this mount's write, or the note left under a descriptor
             if note is None:
                 raise fail(errno.ENOENT)
             if not mount.shows(note.resource_id):

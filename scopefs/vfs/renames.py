@@ -161,7 +161,7 @@ class Renames:
         node.parts = dst
         node.committed_revision = revision_id
         try:
-            await mount.sync(since=asked)  # nothing to read when the save's own trip refreshed the view
+            await mount.sync(since=asked, after_write=True)  # nothing to read if the save's trip refreshed it
         finally:  # committed: the file renamed is the note, whatever the view (emptied if it cannot be read)
             self._commits.bind(node, resource_id)
             if node.opens == 0:
@@ -201,4 +201,4 @@ class Renames:
         note = layers.note_of(node)
         node.committed_revision = note.revision_id if note else None
         node.parts = dst
-        await mount.sync(after_write=True)  # if it fails, the view showing the note at ``src`` goes
+        await mount.sync(after_write=True)  # if it fails, the view showing the note at ``src`` serves nothing
