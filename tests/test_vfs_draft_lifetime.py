@@ -13,6 +13,7 @@ commit wait, as a busy mount does.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
+from tests.mountkit import catalog
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -224,6 +226,11 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await tool.create("private/notes", "held.md", b"held open throughout\n")
         held = await KernelFile.open(fs, await tool.ino("private/notes/held.md"))
+        pending = await KernelFile.open(fs, held.ino, os.O_WRONLY)
+        await pending.write(0, b"HELD")  # a writer whose close is still to come
+        writer = fs.commits.writer_of(fs.mount.node(held.ino))
+        assert writer is not None
+        writer.used -= 3600.0  # as if idle: the background settle would let go of it
         folder = await tool.folder("private/notes")
         if new:
             info, attr = await fs.create(folder, b"fresh.md", 0o600, os.O_WRONLY | os.O_CREAT,
@@ -246,12 +253,23 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
         assert await errno_of(fs.write(0, len(committed), b"lost?\n", ino, None)) == errno.EACCES
         assert node.draft is None
-        assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
+        assert await errno_of(fs.getattr(ino)) == errno.EACCES  # its size would be the replaced one's
+        assert await errno_of(fs.lookup(folder, path.rsplit("/", 1)[1].encode())) == errno.EACCES
         assert await errno_of(fs.create(folder, b".fresh.md.tmp", 0o600, os.O_WRONLY | os.O_CREAT,
                                         None)) == errno.EACCES  # type: ignore[arg-type]
         assert await errno_of(held.read()) == errno.EACCES
+        assert await errno_of(fs.fsync(0, False, ino)) == 0  # synced by the note's own resource
+        with catalog(scenario.cli.home) as conn:
+            assert conn.execute("SELECT count(*) FROM unsynced_revisions u JOIN revisions v USING (revision_id)"
+                                " WHERE v.content_sha256 = ?", (hashlib.sha256(committed).hexdigest(),)
+                                ).fetchall() == [(0,)]
+        await fs.commits.settle()
+        assert fs.commits.writer_of(fs.mount.node(held.ino)) is writer  # kept: its commit would be refused
+        dropped = fs.mount.node(held.ino).invalidations_queued
         await fs.mount.sync()  # the follower's refresh, which succeeds
-        assert await held.read() == b"held open throughout\n"
+        assert fs.mount.node(held.ino).invalidations_queued > dropped  # what the kernel kept meanwhile goes
+        await pending.flush()
+        assert await held.read() == b"HELD open throughout\n"
         assert await tool.ino(path) == ino
         assert await fs.read(0, 0, 4096, ino, None) == committed
         await fs.write(0, len(committed), b"and written after\n", ino, None)

@@ -84,10 +84,12 @@ class _View:
 
 
 class _Mount:
-    """What ``Follow._follow`` asks of a mount: its view's expiries, and ``sync`` (here: is the row there?)."""
+    """What ``Follow._follow`` asks of a mount: its view's expiries, whether it is suspended, and ``sync``
+    (here: is the row there?)."""
 
     def __init__(self, database: Path) -> None:
         self.view = _View()
+        self.suspended = False  # no write of its own the view lacks
         self.seen_at: float | None = None
         self._fresh = 0
         self._reader = apsw.Connection(str(database))
@@ -170,6 +172,7 @@ class _Expiring:
 
     def __init__(self, expiry: int) -> None:
         self.view = _View()
+        self.suspended = False
         self.seen_at: float | None = None
         self._expiry = expiry
 

@@ -193,7 +193,9 @@ class Commits:
             handle = self._mount.handles.get(fh)
             if handle is None:
                 self._writers.pop(ino, None)  # the kernel released it (a mount's first files may get RELEASE)
-            elif everything or handle.used < idle:
+            elif everything or (handle.used < idle and not self._mount.suspended):
+                # (not while the mount is suspended: its commit would be refused, its bytes dropped with
+                # nobody to tell; the process's own close is refused instead, or commits once resumed)
                 await self._let_go(handle.node)
 
     async def _let_go(self, node: Node, *, commit: bool = True) -> None:
@@ -400,7 +402,11 @@ class Commits:
             for cell in access.cells():
                 await mount.catalog(catalog_ops.sync, mount.home, access.in_cell(cell).agent_id, None)
             return
-        if not mount.serving:  # revoked, unreadable, lacking this mount's write: nothing says what is durable
+        if mount.suspended:  # the view may lack this note's last commit: synced by its own resource
+            if node.kind is Kind.NOTE and node.resource_id is not None:
+                await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(node.parts), node.resource_id)
+            return
+        if not mount.serving:  # revoked, or on its way out: nothing says what the closes committed is durable
             raise fail(errno.EACCES)
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
         if note is not None:

@@ -117,7 +117,7 @@ class ScopeFS(pyfuse3.Operations):
         super().__init__()
         self.mount = mount = MountState(home, session_id, view, gate=gate, owner=owner)
         self.queries = Queries(mount.layers.inodes, functools.partial(mount.catalog, search, home, session_id),
-                               lambda: mount.view, mount.sync, mount.shows)
+                               lambda: mount.view, mount.sync, mount.shows, lambda: mount.suspended)
         self.history = History(mount)
         self.reads = Reads(mount, self.queries, self.history)
         self.queries.expose = self.reads.expose
@@ -163,6 +163,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx, root_attributes=inode == pyfuse3.ROOT_INODE)
+        self.mount.check_current()
         return attributes(self.mount, self.mount.node(inode))
 
     @guarded
@@ -192,6 +193,7 @@ class ScopeFS(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes,
                      ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx)
+        self.mount.check_current()
         parent = self.mount.folder(parent_inode)
         if self.queries.covers(parent, name):
             node = await self.queries.lookup(parent, name)
@@ -229,6 +231,7 @@ class ScopeFS(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken, inode: int = 0,
                       ctx: pyfuse3.RequestContext | None = None) -> None:
         self.mount.admit(ctx)
+        self.mount.check_current()
         folder = self.mount.folder(inode)
         if folder.kind is Kind.HISTORY:
             await self.history.readdir(folder, start_id, token)

@@ -286,10 +286,31 @@ class MountState:
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
         await self._withdrawn_then_applied(new)
-        self._behind_own_write = False  # read after every write of this mount's that had returned
+        if self._behind_own_write:  # read after every write of this mount's that had returned
+            self._behind_own_write = False
+            self._resumed()
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
+
+    def _resumed(self) -> None:
+        """The view shows this mount's writes again. What the kernel kept meanwhile of the notes it
+        knows (the sizes and times of the view that lacked them, an empty new note) goes: the
+        changes the view itself brings do not say so for a revision this mount committed."""
+        for node in list(self.layers.by_resource.values()):
+            self.forget_pages(node)
+
+    def check_current(self) -> None:
+        """EACCES while the mount is ``suspended``: the names, sizes and times of the view applied are
+        the ones a write of its own changed (a new note absent, a moved one where it was)."""
+        if self._behind_own_write:
+            raise fail(errno.EACCES)
+
+    @property
+    def suspended(self) -> bool:
+        """Whether the view applied lacks a write of this mount's (``_refreshed``): nothing is served,
+        saved or made until a refresh succeeds."""
+        return self._behind_own_write
 
     def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
         """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the

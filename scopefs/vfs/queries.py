@@ -117,11 +117,13 @@ class Queries:
     """The query tree of one mount: a node per path the kernel knows, no more."""
 
     def __init__(self, inodes: Inodes, search: Search, view: Callable[[], VisibleView],
-                 sync: Callable[[], Awaitable[None]], shows: Callable[[str], bool]) -> None:
+                 sync: Callable[[], Awaitable[None]], shows: Callable[[str], bool],
+                 suspended: Callable[[], bool]) -> None:
         self._inodes = inodes
         self._search = search
         self._view = view
         self._shows = shows  # ``MountState.shows``: the view, but for notes on their way out of it
+        self._suspended = suspended  # ``MountState.suspended``: the view lacks a write of the mount's
         self._sync = sync
         self._known: dict[Parts, Node] = {}
         self._paths: dict[int, Parts] = {}  # inode -> its path in _known
@@ -177,6 +179,8 @@ class Queries:
         view = self._view()
         if not view.usable:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if self._suspended():
+            raise pyfuse3.FUSEError(errno.EACCES)  # the hits the view lacks may be this mount's own writes
         hits = tuple(hit for hit in outcome.hits if self._shows(hit.resource_id))
         return outcome if len(hits) == len(outcome.hits) else dataclasses.replace(outcome, hits=hits)
 

@@ -172,6 +172,8 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         await self._commits.commit(node)
+        if not mount.serving:  # the backup would be frozen to what the view shows: maybe what that commit replaced
+            raise fail(errno.EACCES)
         await mount.catalog(catalog_ops.check_remove, mount.home, mount.session_id, src)
         note = layers.note_of(node)
         assert node.resource_id is not None
