@@ -225,9 +225,12 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         await tool.create("private/notes", "held.md", b"held open throughout\n")
+        await tool.create("private/notes", "kept.md", b"as it was\n")
         held = await KernelFile.open(fs, await tool.ino("private/notes/held.md"))
         pending = await KernelFile.open(fs, held.ino, os.O_WRONLY)
-        await pending.write(0, b"HELD")  # a writer whose close is still to come
+        await pending.write(0, b"HELD")  # writers whose close is still to come
+        kept = await KernelFile.open(fs, await tool.ino("private/notes/kept.md"), os.O_WRONLY)
+        await kept.write(0, b"IS ")
         writer = fs.commits.writer_of(fs.mount.node(held.ino))
         assert writer is not None
         writer.used -= 3600.0  # as if idle: the background settle would let go of it
@@ -248,7 +251,7 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
             ino = opened.ino
         node = fs.mount.layers.inodes.get(ino)
         assert node is not None and node.draft is None and not armed  # committed, let go, not refreshed
-        assert fs.mount.view.usable and not fs.mount.serving
+        assert fs.mount.view.usable and fs.mount.suspended
         tool.check("the mount suspended")
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
         assert await errno_of(fs.write(0, len(committed), b"lost?\n", ino, None)) == errno.EACCES
@@ -258,17 +261,22 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         assert await errno_of(fs.create(folder, b".fresh.md.tmp", 0o600, os.O_WRONLY | os.O_CREAT,
                                         None)) == errno.EACCES  # type: ignore[arg-type]
         assert await errno_of(held.read()) == errno.EACCES
+        unsynced = ("SELECT count(*) FROM unsynced_revisions u JOIN revisions v USING (revision_id)"
+                    " WHERE v.content_sha256 = ?")
+        with catalog(scenario.cli.home) as conn:
+            assert conn.execute(unsynced, (hashlib.sha256(committed).hexdigest(),)).fetchall() == [(1,)]
         assert await errno_of(fs.fsync(0, False, ino)) == 0  # synced by the note's own resource
         with catalog(scenario.cli.home) as conn:
-            assert conn.execute("SELECT count(*) FROM unsynced_revisions u JOIN revisions v USING (revision_id)"
-                                " WHERE v.content_sha256 = ?", (hashlib.sha256(committed).hexdigest(),)
-                                ).fetchall() == [(0,)]
+            assert conn.execute(unsynced, (hashlib.sha256(committed).hexdigest(),)).fetchall() == [(0,)]
+        assert (await fs.getattr(pyfuse3.ROOT_INODE)).st_ino == pyfuse3.ROOT_INODE  # constant: a launch needs it
         await fs.commits.settle()
         assert fs.commits.writer_of(fs.mount.node(held.ino)) is writer  # kept: its commit would be refused
-        dropped = fs.mount.node(held.ino).invalidations_queued
-        await fs.mount.sync()  # the follower's refresh, which succeeds
-        assert fs.mount.node(held.ino).invalidations_queued > dropped  # what the kernel kept meanwhile goes
-        await pending.flush()
+        armed.append(True)
+        assert await errno_of(kept.flush()) == errno.EACCES  # its commit reads the view first, in vain:
+        assert fs.mount.suspended  # refused, its writer kept for a close once the mount resumes
+        await pending.flush()  # its commit reads the view first, and resumes the mount
+        assert fs.mount.serving
+        await kept.flush()
         assert await held.read() == b"HELD open throughout\n"
         assert await tool.ino(path) == ino
         assert await fs.read(0, 0, 4096, ino, None) == committed
@@ -279,6 +287,8 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
 
     run_alice_mount(scenario, script)
     assert as_alice(scenario, read_note, path) == committed + b"and written after\n"
+    assert as_alice(scenario, read_note, "private/notes/held.md") == b"HELD open throughout\n"
+    assert as_alice(scenario, read_note, "private/notes/kept.md") == b"IS it was\n"  # committed once resumed
 
 
 def test_a_rename_whose_view_cannot_be_read_suspends_the_mount_until_one_can(

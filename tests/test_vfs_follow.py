@@ -84,12 +84,12 @@ class _View:
 
 
 class _Mount:
-    """What ``Follow._follow`` asks of a mount: its view's expiries, whether it is suspended, and ``sync``
+    """What ``Follow._follow`` asks of a mount: its view's expiries, whether it is suspended or failing, and ``sync``
     (here: is the row there?)."""
 
     def __init__(self, database: Path) -> None:
         self.view = _View()
-        self.suspended = False  # no write of its own the view lacks
+        self.suspended = self.failing = False  # no write of its own the view lacks, no refresh failing
         self.seen_at: float | None = None
         self._fresh = 0
         self._reader = apsw.Connection(str(database))
@@ -172,7 +172,7 @@ class _Expiring:
 
     def __init__(self, expiry: int) -> None:
         self.view = _View()
-        self.suspended = False
+        self.suspended = self.failing = False
         self.seen_at: float | None = None
         self._expiry = expiry
 

@@ -36,6 +36,7 @@ now is, as a file descriptor follows its file across a rename.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import time
@@ -177,8 +178,9 @@ class Commits:
         try:
             await self.flush(handle)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await self._let_go(node, commit=False)  # refused or failed: none of it stays readable
+            if not self._mount.suspended:  # (suspended: kept for a close or a settle once it resumes)
+                with trio.CancelScope(shield=True):
+                    await self._let_go(node, commit=False)  # refused or failed: none of it stays readable
             raise
         if handle.wrote or node.draft is None or not node.draft.dirty:
             await self._let_go(node)
@@ -326,6 +328,9 @@ class Commits:
                 return
             if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
                 return
+            if mount.suspended:  # the view lacks a write of the mount's: read it again first (a commit
+                with contextlib.suppress(Exception):  # refreshes anyway, and holds no page lock)
+                    await mount.sync()
             if not mount.view.usable or mount.withheld(node.resource_id):
                 # Revoked with bytes not committed (or the note on its way out of the view):
                 # the close or fsync that asks must fail, never report success for data that is gone.

@@ -163,8 +163,10 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         self.mount.admit(ctx, root_attributes=inode == pyfuse3.ROOT_INODE)
-        self.mount.check_current()
-        return attributes(self.mount, self.mount.node(inode))
+        node = self.mount.node(inode)
+        if node.kind is not Kind.DIR:  # a folder's attributes are constant (the gate's launch needs the root's)
+            self.mount.check_current()
+        return attributes(self.mount, node)
 
     @guarded
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,

@@ -122,6 +122,7 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
+        self._failing_since: float | None = None  # the first of the refreshes failing since the last success
         # A write of this mount's to the catalog that the view applied lacks (the refresh after it failed):
         # nothing is served, saved or made until a refresh succeeds (``serving``, ``_refreshed``).
         self._behind_own_write = False
@@ -274,31 +275,26 @@ class MountState:
                 # applied, so open files and folders come back with it; the kernel's cache of this
                 # mount's own write holds what was written.
                 self._behind_own_write = True
-            if time.monotonic() - self._last_sync_ok > FAIL_CLOSED_S and old.usable:
+            now = time.monotonic()
+            if self._failing_since is None:
+                self._failing_since = now
+            if now - self._failing_since > FAIL_CLOSED_S and old.usable:  # unreadable that long, not once
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if wrote:  # done, so the call succeeded; the follower, woken by the write, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
                 return done
             raise
         self._last_sync_ok = time.monotonic()
+        self._failing_since = None
         if whole:
             self._read_whole_at = self._last_sync_ok
         self.refreshes[0 if whole else 1] += 1
         self._marked = None  # until the view it was taken for is the one applied
         await self._withdrawn_then_applied(new)
-        if self._behind_own_write:  # read after every write of this mount's that had returned
-            self._behind_own_write = False
-            self._resumed()
+        self._behind_own_write = False  # read after every write of this mount's that had returned
         self._fresh_since = began
         self._marked = (taken, new) if taken is not None else None
         return done
-
-    def _resumed(self) -> None:
-        """The view shows this mount's writes again. What the kernel kept meanwhile of the notes it
-        knows (the sizes and times of the view that lacked them, an empty new note) goes: the
-        changes the view itself brings do not say so for a revision this mount committed."""
-        for node in list(self.layers.by_resource.values()):
-            self.forget_pages(node)
 
     def check_current(self) -> None:
         """EACCES while the mount is ``suspended``: the names, sizes and times of the view applied are
@@ -309,8 +305,14 @@ class MountState:
     @property
     def suspended(self) -> bool:
         """Whether the view applied lacks a write of this mount's (``_refreshed``): nothing is served,
-        saved or made until a refresh succeeds."""
+        saved or made until a refresh succeeds. The kernel learns nothing of the view meanwhile (no
+        name, size or listing: ``check_current``), so nothing it keeps needs dropping after."""
         return self._behind_own_write
+
+    @property
+    def failing(self) -> bool:
+        """Whether the last refresh failed: the follower looks again soon (``vfs.follow``)."""
+        return self._failing_since is not None
 
     def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
         """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the
