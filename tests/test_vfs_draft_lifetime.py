@@ -192,9 +192,9 @@ def test_a_write_whose_load_a_commit_of_this_mount_overtook_starts_from_that_com
     _large_note_written(scenario, script, {0: b"WRITTEN", 1 << 20: b"OTHER"})
 
 
-def _refreshes_failing(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+def _refreshes_failing(monkeypatch: pytest.MonkeyPatch, *, patient: bool = True) -> list[bool]:
     """The mount's refreshes fail while the list returned holds something, each failure taking one item;
-    a view that cannot be read for a while is not emptied for that alone (``FAIL_CLOSED_S``)."""
+    if ``patient``, a view that cannot be read for a while is not emptied for that alone (``FAIL_CLOSED_S``)."""
     real_refresh = visible.refresh  # what the mount calls, by the name monkeypatched below
     armed: list[bool] = []
 
@@ -205,8 +205,29 @@ def _refreshes_failing(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         return real_refresh(home, view)
 
     monkeypatch.setattr(mount_module, "refresh", refresh)
-    monkeypatch.setattr(mount_module, "FAIL_CLOSED_S", 3600.0)
+    if patient:
+        monkeypatch.setattr(mount_module, "FAIL_CLOSED_S", 3600.0)
     return armed
+
+
+def test_one_failed_refresh_after_a_quiet_while_suspends_the_mount_but_keeps_its_view(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view is emptied once the catalog has been unreadable for ``FAIL_CLOSED_S``, counted from the
+    first failing refresh: not after one failure that follows a quiet while (a mount the follower reads
+    every ``FOLLOW_S``), which would detach every file held open for good."""
+    armed = _refreshes_failing(monkeypatch, patient=False)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        held = await KernelFile.open(fs, await tool.ino("private/notes/allergy.md"))
+        fs.mount._last_sync_ok -= 2 * mount_module.FAIL_CLOSED_S  # quiet for a while
+        await tool.create("private/notes", "saved.md", b"saved after a quiet while\n")
+        armed.append(True)
+        await tool.overwrite("private/notes/saved.md", b"saved again\n")
+        assert not armed and fs.mount.view.usable and fs.mount.suspended
+        await fs.mount.sync()
+        assert await held.read() == ALICE_FACT  # the same node: it never left the view
+
+    run_alice_mount(scenario, script)
 
 
 @pytest.mark.parametrize("which", ["a note the view showed", "a new note"])
