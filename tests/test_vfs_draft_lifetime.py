@@ -219,13 +219,26 @@ def test_one_failed_refresh_after_a_quiet_while_suspends_the_mount_but_keeps_its
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         held = await KernelFile.open(fs, await tool.ino("private/notes/allergy.md"))
-        fs.mount._last_sync_ok -= 2 * mount_module.FAIL_CLOSED_S  # quiet for a while
         await tool.create("private/notes", "saved.md", b"saved after a quiet while\n")
+        writer = await KernelFile.open(fs, held.ino, os.O_WRONLY)
+        await writer.write(0, b"W")
+        fs.mount._last_sync_ok -= 2 * mount_module.FAIL_CLOSED_S  # quiet for a while
         armed.append(True)
         await tool.overwrite("private/notes/saved.md", b"saved again\n")
         assert not armed and fs.mount.view.usable and fs.mount.suspended
-        await fs.mount.sync()
-        assert await held.read() == ALICE_FACT  # the same node: it never left the view
+        reads: list[bool] = []
+        failing_refresh = getattr(mount_module, "refresh")  # noqa: B009 - the one _refreshes_failing put there
+
+        def counted(home: Any, view: Any) -> Any:
+            reads.append(True)
+            return failing_refresh(home, view)
+        monkeypatch.setattr(mount_module, "refresh", counted)
+        assert await errno_of(writer.flush()) == errno.EACCES  # a refresh failed a moment ago: not again
+        assert reads == []
+        await trio.sleep(mount_module.RETRY_S)
+        await writer.flush()  # reads the view again, resumes, commits the writer's byte
+        assert reads and fs.mount.serving
+        assert await held.read() == b"W" + ALICE_FACT[1:]  # the same node: it never left the view
 
     run_alice_mount(scenario, script)
 
@@ -240,6 +253,7 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
     too: nothing says the commit is durable); nothing is lost, and the view stays applied, so files held
     open come back with it, and the note reads as committed, a write starting from the commit."""
     armed = _refreshes_failing(monkeypatch)
+    monkeypatch.setattr(mount_module, "RETRY_S", 0.0)  # every commit while suspended reads the view again
     new = which == "a new note"
     path = "private/notes/fresh.md" if new else "private/notes/allergy.md"
     committed = b"committed while the view could not be read\n"

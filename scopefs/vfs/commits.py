@@ -36,7 +36,6 @@ now is, as a file descriptor follows its file across a rename.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import time
@@ -328,9 +327,7 @@ class Commits:
                 return
             if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
                 return
-            if mount.suspended:  # the view lacks a write of the mount's: read it again first (a commit
-                with contextlib.suppress(Exception):  # refreshes anyway, and holds no page lock)
-                    await mount.sync()
+            await mount.resume()  # a commit refreshes anyway, and holds no page lock
             if not mount.view.usable or mount.withheld(node.resource_id):
                 # Revoked with bytes not committed (or the note on its way out of the view):
                 # the close or fsync that asks must fail, never report success for data that is gone.

@@ -106,7 +106,8 @@ class Follow:
             watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS, commit_events)
                                if watch is not None else (False, False))
             # While a refresh fails: soon again, for the view to resume, or be emptied in FAIL_CLOSED_S.
-            wait = FOLLOW_S if watching and not (mount.suspended or mount.failing) else POLL_S
+            soon = mount.suspended or (mount.failing and mount.view.usable)  # (emptied: no hurry)
+            wait = FOLLOW_S if watching and not soon else POLL_S
             if added:  # what was committed since the view was read reached no watch: look now
                 wait = 0.0
             for until in (mount.view.valid_until, mount.view.access.evidence_until):

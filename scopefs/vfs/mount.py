@@ -63,6 +63,7 @@ T = TypeVar("T")
 _COUNTED_AS_REFRESHING = contextvars.ContextVar("scopefs_counted_as_refreshing", default=False)
 
 FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
+RETRY_S = 0.1  # a suspended mount's commit reads the view again only this long after a refresh failed
 FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
 AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for another process's lock
 # Write-ahead log pages from which a commit of this mount checkpoints the log itself. Below it the
@@ -122,7 +123,8 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self._last_sync_ok = time.monotonic()
-        self._failing_since: float | None = None  # the first of the refreshes failing since the last success
+        self._failing_since: float | None = None  # when the first refresh failing since the last success began
+        self._failed_at = -math.inf  # when the last refresh failed
         # A write of this mount's to the catalog that the view applied lacks (the refresh after it failed):
         # nothing is served, saved or made until a refresh succeeds (``serving``, ``_refreshed``).
         self._behind_own_write = False
@@ -276,8 +278,9 @@ class MountState:
                 # mount's own write holds what was written.
                 self._behind_own_write = True
             now = time.monotonic()
-            if self._failing_since is None:
-                self._failing_since = now
+            self._failed_at = now
+            if self._failing_since is None:  # since the failing read began: a slow failure counts whole
+                self._failing_since = began / 1e9
             if now - self._failing_since > FAIL_CLOSED_S and old.usable:  # unreadable that long, not once
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if wrote:  # done, so the call succeeded; the follower, woken by the write, reads the view again
@@ -313,6 +316,14 @@ class MountState:
     def failing(self) -> bool:
         """Whether the last refresh failed: the follower looks again soon (``vfs.follow``)."""
         return self._failing_since is not None
+
+    async def resume(self) -> None:
+        """If suspended, read the view again, unless a refresh failed less than a follower's look ago
+        (a commit while suspended asks; so may every writer an unmount settles); errors are the next
+        refresh's to report."""
+        if self._behind_own_write and time.monotonic() - self._failed_at >= RETRY_S:
+            with contextlib.suppress(Exception):
+                await self.sync()
 
     def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
         """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the
