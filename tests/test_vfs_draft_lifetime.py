@@ -352,6 +352,29 @@ def test_a_rename_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
     assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
 
 
+def test_a_backup_rename_whose_commit_leaves_the_view_behind_is_refused_until_it_catches_up(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vim renames the note it is writing to its backup name: the rename commits the note's draft first,
+    and the refresh after that commit fails. The backup would be frozen to the revision the view shows,
+    the one that commit replaced: the rename is refused (the commit stands), and made once the view
+    reads again, the backup then holding what was committed."""
+    armed = _refreshes_failing(monkeypatch)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        writing = await KernelFile.open(fs, await tool.ino("private/notes/allergy.md"), os.O_WRONLY)
+        await writing.write(0, b"WRITTEN ")
+        armed.append(True)
+        assert await errno_of(fs.rename(folder, b"allergy.md", folder, b"allergy.md~", 0,
+                                        None)) == errno.EACCES  # type: ignore[arg-type]
+        assert not armed and fs.mount.suspended
+        await fs.mount.sync()
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        assert await KernelFile(fs, writing.ino).read() == b"WRITTEN " + ALICE_FACT[len(b"WRITTEN "):]
+
+    run_alice_mount(scenario, script)
+
+
 def test_a_file_renamed_over_a_note_is_that_note_even_when_the_view_cannot_be_read_after(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """An editor's save: a temp file renamed over the note commits it. The refresh after the commit fails,
