@@ -113,7 +113,7 @@ def _follow_alone(mount: object, watched: Path) -> Follow:
     return follow
 
 
-async def _until_seen(mount: _Mount | _Expiring) -> None:
+async def _until_seen(mount: _Mount | _Expiring | _Suspended) -> None:
     with trio.move_on_after(SEEN_BOUND_S):
         while mount.seen_at is None:  # noqa: ASYNC110 - set by the loop under test, which signals nothing
             await trio.sleep(0.01)
@@ -237,3 +237,41 @@ def test_the_watch_waits_for_an_idle_catalog_thread_but_is_never_starved(scenari
         home.close()
     assert idle_seen is not None
     assert busy_delay is not None, "the watch was starved by a catalog thread that never idled"
+
+
+class _Suspended:
+    """A mount whose view lacks a write of its own (``MountState.suspended``): its refreshes fail
+    ``failures`` times, then one succeeds, which resumes it (``seen_at``)."""
+
+    def __init__(self, failures: int) -> None:
+        self.view = _View()
+        self.suspended, self.failing = True, True
+        self.seen_at: float | None = None
+        self._failures = failures
+
+    async def sync(self, since: int | None = None) -> None:
+        if self._failures:
+            self._failures -= 1
+            raise OSError("injected: the catalog cannot be read yet")
+        if self.seen_at is None:
+            self.seen_at = time.monotonic()
+            self.suspended = self.failing = False
+
+
+def test_a_suspended_mount_looks_again_soon_though_nothing_wakes_it(tmp_path: Path, no_net: None) -> None:
+    """A mount suspended by a refresh that failed after its own write serves nothing until one
+    succeeds: the loop looks every ``POLL_S`` meanwhile, though no report comes and the net
+    (``FOLLOW_S``) is out of reach, and it resumes once the catalog reads."""
+    mount = _Suspended(failures=3)
+
+    async def main() -> None:
+        follow = _follow_alone(mount, tmp_path)  # a folder nothing writes into
+        assert follow._watch is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow._watch.run)
+            nursery.start_soon(follow._follow)
+            await _until_seen(mount)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert mount.seen_at is not None
