@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import apsw
@@ -119,6 +120,25 @@ async def _until_seen(mount: _Mount | _Expiring | _Suspended) -> None:
             await trio.sleep(0.01)
 
 
+def _seen_by_the_loop_alone(mount: _Mount | _Expiring | _Suspended, folder: Path,
+                            meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
+    """The loop alone, watching ``folder``, until ``mount`` notes what it must see; ``meanwhile`` runs
+    beside it (nothing else writes into the folder)."""
+    async def main() -> None:
+        follow = _follow_alone(mount, folder)
+        assert follow._watch is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow._watch.run)
+            nursery.start_soon(follow._follow)
+            if meanwhile is not None:
+                await meanwhile()
+            await _until_seen(mount)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert mount.seen_at is not None
+
+
 def test_a_commit_whose_fsync_is_slow_is_seen_without_the_net(tmp_path: Path, no_net: None) -> None:
     database = tmp_path / "state.sqlite"
     setup = apsw.Connection(str(database))
@@ -128,19 +148,12 @@ def test_a_commit_whose_fsync_is_slow_is_seen_without_the_net(tmp_path: Path, no
     mount = _Mount(database)
     fsync_s = 0.4
 
-    async def main() -> None:
-        follow = _follow_alone(mount, tmp_path)
-        assert follow._watch is not None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow._watch.run)
-            nursery.start_soon(follow._follow)
-            await trio.sleep(0.3)
-            await trio.run_process([sys.executable, "-c", SLOW_WRITER, str(database), str(fsync_s)])
-            await _until_seen(mount)
-            nursery.cancel_scope.cancel()
+    async def slow_write() -> None:
+        await trio.sleep(0.3)
+        await trio.run_process([sys.executable, "-c", SLOW_WRITER, str(database), str(fsync_s)])
 
-    trio.run(main)
-    assert mount.seen_at is not None  # by the look a second after the report: the net is out of reach
+    # seen by the look a second after the report: the net is out of reach
+    _seen_by_the_loop_alone(mount, tmp_path, slow_write)
 
 
 @pytest.mark.parametrize("until", ["evidence_until", "valid_until"])
@@ -154,17 +167,7 @@ def test_an_expiry_wakes_the_loop_when_nothing_else_does(tmp_path: Path, no_net:
     else:
         mount.view.valid_until = expiry
 
-    async def main() -> None:
-        follow = _follow_alone(mount, tmp_path)  # a folder nothing writes into
-        assert follow._watch is not None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow._watch.run)
-            nursery.start_soon(follow._follow)
-            await _until_seen(mount)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    assert mount.seen_at is not None
+    _seen_by_the_loop_alone(mount, tmp_path)  # a folder nothing writes into
 
 
 class _Expiring:
@@ -264,14 +267,4 @@ def test_a_suspended_mount_looks_again_soon_though_nothing_wakes_it(tmp_path: Pa
     (``FOLLOW_S``) is out of reach, and it resumes once the catalog reads."""
     mount = _Suspended(failures=3)
 
-    async def main() -> None:
-        follow = _follow_alone(mount, tmp_path)  # a folder nothing writes into
-        assert follow._watch is not None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow._watch.run)
-            nursery.start_soon(follow._follow)
-            await _until_seen(mount)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    assert mount.seen_at is not None
+    _seen_by_the_loop_alone(mount, tmp_path)  # a folder nothing writes into
