@@ -162,7 +162,7 @@ class Renames:
         node.committed_revision = revision_id
         try:
             await mount.sync(since=asked, after_write=True)  # nothing to read if the save's trip refreshed it
-        finally:  # committed: the file renamed is the note, whatever the view (emptied if it cannot be read)
+        finally:  # committed: the file renamed is the note, whatever the view (suspended if it cannot be read)
             self._commits.bind(node, resource_id)
             if node.opens == 0:
                 node.close_clean_draft()
