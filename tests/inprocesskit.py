@@ -3,7 +3,7 @@
 For tests that need to interleave a mount's requests with another
 session's writes exactly, or look at the mount's state between two
 requests: ``Tool`` makes the requests a tool's system calls would, and
-checks the node invariants (``scopefs.vfs.mount.inconsistencies``) after
+checks the node invariants (``scopefs.vfs.invariants.inconsistencies``) after
 each. There is no FUSE session, so the kernel's page cache is replaced by
 nothing (``no_kernel``). Real mounts are ``mountkit.py``.
 """
@@ -23,8 +23,8 @@ import trio
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.invariants import inconsistencies
 from scopefs.vfs.layers import Invalidation, Layers
-from scopefs.vfs.mount import inconsistencies
 from tests.conftest import Scenario
 
 

@@ -26,7 +26,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.schema import ensure_schema
 from scopefs.catalog.schema.state import STATE_SCHEMA
 from scopefs.catalog.visible import VisibleView, build
-from scopefs.vfs import mount as mount_module
+from scopefs.vfs import currency
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import Scenario
@@ -109,11 +109,11 @@ def test_a_woken_mount_answers_the_journal_by_its_mark_and_a_revocation_by_readi
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """Journal commits are answered by the mark; the revocation right after them is read and applied."""
     # The net that reads a view whole every few seconds would change the counts on a slow machine.
-    monkeypatch.setattr(mount_module, "FULL_REFRESH_S", 3600.0)
+    monkeypatch.setattr(currency, "FULL_REFRESH_S", 3600.0)
     async def script(fs: ScopeFS, tool: Tool) -> None:
         mount = fs.mount
         await mount.sync()
-        whole, by_mark = mount.refreshes
+        whole, by_mark = mount.currency.refreshes
         other = Home.open(scenario.cli.home)
         try:
             for _ in range(3):
@@ -121,13 +121,13 @@ def test_a_woken_mount_answers_the_journal_by_its_mark_and_a_revocation_by_readi
                              run_id="mount", operation="read", exposed=[Exposed("revision-x", "resource-x")],
                              audit=[AuditEvent("read", "allow", "allowed")])
                 await mount.sync()
-            assert mount.refreshes == [whole, by_mark + 3]
+            assert mount.currency.refreshes == [whole, by_mark + 3]
             assert mount.view.usable
             assert identity.revoke_binding(other.state(), scenario.alice_binding)
         finally:
             other.close()
         await mount.sync()
-        assert mount.refreshes == [whole + 1, by_mark + 3]
+        assert mount.currency.refreshes == [whole + 1, by_mark + 3]
         assert not usable(mount.view) and mount.view.problem is Reason.IDENTITY_REVOKED
         tool.check("the revocation")
 
@@ -148,17 +148,17 @@ def test_a_mark_never_outlives_an_expiry_or_the_net(scenario: Scenario, monkeypa
         mount = fs.mount
         await mount.sync()
         await mount.sync()
-        whole, by_mark = mount.refreshes
+        whole, by_mark = mount.currency.refreshes
         assert by_mark >= 1  # nothing moved: answered by the mark
         until = mount.view.valid_until
         assert until is not None  # the projection's end
-        monkeypatch.setattr(mount_module, "now_us", lambda: until)
+        monkeypatch.setattr(currency, "now_us", lambda: until)
         await mount.sync()
-        assert mount.refreshes == [whole + 1, by_mark]
+        assert mount.currency.refreshes == [whole + 1, by_mark]
         monkeypatch.undo()
-        monkeypatch.setattr(mount_module, "FULL_REFRESH_S", 0.0)
+        monkeypatch.setattr(currency, "FULL_REFRESH_S", 0.0)
         await mount.sync()
-        assert mount.refreshes == [whole + 2, by_mark]
+        assert mount.currency.refreshes == [whole + 2, by_mark]
 
     try:
         trio.run(script)

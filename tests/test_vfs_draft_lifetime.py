@@ -27,8 +27,8 @@ import trio.testing
 
 from scopefs.catalog import visible
 from scopefs.catalog.reader import read_note
+from scopefs.vfs import currency, reads
 from scopefs.vfs import mount as mount_module
-from scopefs.vfs import reads
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
@@ -206,7 +206,7 @@ def _refreshes_failing(monkeypatch: pytest.MonkeyPatch, *, patient: bool = True)
 
     monkeypatch.setattr(mount_module, "refresh", refresh)
     if patient:
-        monkeypatch.setattr(mount_module, "FAIL_CLOSED_S", 3600.0)
+        monkeypatch.setattr(currency, "FAIL_CLOSED_S", 3600.0)
     return armed
 
 
@@ -222,7 +222,7 @@ def test_one_failed_refresh_after_a_quiet_while_suspends_the_mount_but_keeps_its
         await tool.create("private/notes", "saved.md", b"saved after a quiet while\n")
         writer = await KernelFile.open(fs, held.ino, os.O_WRONLY)
         await writer.write(0, b"W")
-        fs.mount._last_sync_ok -= 2 * mount_module.FAIL_CLOSED_S  # quiet for a while
+        await trio.sleep(1.1 * currency.FAIL_CLOSED_S)  # quiet for a while: the last refresh is older than that
         armed.append(True)
         await tool.overwrite("private/notes/saved.md", b"saved again\n")
         assert not armed and fs.mount.view.usable and fs.mount.suspended
@@ -235,7 +235,7 @@ def test_one_failed_refresh_after_a_quiet_while_suspends_the_mount_but_keeps_its
         monkeypatch.setattr(mount_module, "refresh", counted)
         assert await errno_of(writer.flush()) == errno.EACCES  # a refresh failed a moment ago: not again
         assert reads == []
-        await trio.sleep(mount_module.RETRY_S)
+        await trio.sleep(currency.RETRY_S)
         await writer.flush()  # reads the view again, resumes, commits the writer's byte
         assert reads and fs.mount.serving
         assert await held.read() == b"W" + ALICE_FACT[1:]  # the same node: it never left the view
@@ -253,7 +253,7 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
     too: nothing says the commit is durable); nothing is lost, and the view stays applied, so files held
     open come back with it, and the note reads as committed, a write starting from the commit."""
     armed = _refreshes_failing(monkeypatch)
-    monkeypatch.setattr(mount_module, "RETRY_S", 0.0)  # every commit while suspended reads the view again
+    monkeypatch.setattr(currency, "RETRY_S", 0.0)  # every commit while suspended reads the view again
     new = which == "a new note"
     path = "private/notes/fresh.md" if new else "private/notes/allergy.md"
     committed = b"committed while the view could not be read\n"

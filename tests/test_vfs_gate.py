@@ -22,7 +22,7 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.gate import Gate, pid_namespace
-from scopefs.vfs.mount import inconsistencies
+from scopefs.vfs.invariants import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import errno_of
 

@@ -54,7 +54,7 @@ import trio.testing
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.mount import inconsistencies
+from scopefs.vfs.invariants import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario, artifact_path
 from tests.mountkit import Mounts, catalog, errno_of, mounts, wait_until  # noqa: F401
 

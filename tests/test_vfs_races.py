@@ -28,7 +28,7 @@ from scopefs.vfs import mount as mount_module
 from scopefs.vfs import watchdog
 from scopefs.vfs.errors import ANSWERING, guarded
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.mount import inconsistencies
+from scopefs.vfs.invariants import inconsistencies
 from scopefs.vfs.watchdog import Outcome
 from scopefs.writer.rename import rename_note
 from scopefs.writer.tombstone import delete_note

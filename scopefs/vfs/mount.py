@@ -37,7 +37,6 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.audit import AuditBacklog, AuditEvent
-from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.catalog.marks import Mark, mark
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
@@ -46,6 +45,7 @@ from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
 from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.content import Artifacts
+from scopefs.vfs.currency import Currency
 from scopefs.vfs.errors import ANSWERING
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
@@ -62,9 +62,6 @@ T = TypeVar("T")
 # Set in a handler's task while it is counted in ``MountState._handlers_refreshing``: counted once.
 _COUNTED_AS_REFRESHING = contextvars.ContextVar("scopefs_counted_as_refreshing", default=False)
 
-FAIL_CLOSED_S = 1.0  # a catalog unreadable for this long empties the view
-RETRY_S = 0.1  # a suspended mount's commit reads the view again only this long after a refresh failed
-FULL_REFRESH_S = 5.0  # the longest a view goes without being read whole, however quiet its databases
 AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for another process's lock
 # Write-ahead log pages from which a commit of this mount checkpoints the log itself. Below it the
 # follower does, on another thread, once a tick after this mount wrote (``vfs.follow``): a checkpoint
@@ -122,16 +119,7 @@ class MountState:
         self.wrote = False  # a catalog call changed rows since the follower last checkpointed
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
-        self._last_sync_ok = time.monotonic()
-        self._failing_since: float | None = None  # when the first refresh failing since the last success began
-        self._failed_at = -math.inf  # when the last refresh failed
-        # A write of this mount's to the catalog that the view applied lacks (the refresh after it failed):
-        # nothing is served, saved or made until a refresh succeeds (``serving``, ``_refreshed``).
-        self._behind_own_write = False
-        self._fresh_since = 0  # when the refresh behind the view applied last began (``sync``)
-        self._marked: tuple[Mark, VisibleView] | None = None  # the databases as the view applied was read
-        self._read_whole_at = time.monotonic()  # the last refresh that read the view, not only the mark
-        self.refreshes = [0, 0]  # [read whole, answered by the mark]: what following the catalog cost
+        self.currency = Currency()  # how current the view applied is (``vfs.currency``; ``sync``)
         # What the invalidation worker sends (``vfs.follow``), with the node whose counts it keeps.
         self._invalidations, self.invalidations = trio.open_memory_channel[Queued](math.inf)
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
@@ -201,19 +189,20 @@ class MountState:
         the catalog once per save, not once per save and once per wake.
 
         Fails closed: if the catalog cannot be read for longer than
-        ``FAIL_CLOSED_S``, the view is emptied until it can, because a
-        revocation the mount cannot see must not keep serving notes.
+        ``currency.FAIL_CLOSED_S``, the view is emptied until it can,
+        because a revocation the mount cannot see must not keep serving
+        notes.
 
         ``after_write``: this mount has just written the catalog (a rename,
         a commit). If the refresh fails, this returns all the same, the
         mount serving nothing until one succeeds (``_refreshed``).
         """
         asked = time.monotonic_ns() if since is None else since
-        if self._fresh_since > asked:
+        if self.currency.covers(asked):
             return
         with self.waiting_on_refresh():
             async with self._sync_lock:
-                if self._fresh_since > asked:  # the sync this one waited for covered it
+                if self.currency.covers(asked):  # the sync this one waited for covered it
                     return
                 await self._refreshed(None, after_write=after_write)
 
@@ -258,7 +247,7 @@ class MountState:
                 done.append(first())
             began = time.monotonic_ns()
             taken = mark(home)  # before anything is read: a commit landing meanwhile makes the next mark differ
-            if first is None and self._unmoved(taken, view):
+            if first is None and self.currency.unmoved(taken, view):
                 whole = False
                 return view
             return refresh(home, view)
@@ -266,76 +255,50 @@ class MountState:
         try:
             new = await self.catalog(fresh, self.home, old)
         except Exception as exc:
-            self._marked = None
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
+            # After a write of this mount's, the view applied shows what the write replaced (a note's
+            # older revision, a name moved, no new note), which no read, draft, save or name may take
+            # for what is there now: the mount is suspended (``serving``). The view stays applied, so
+            # open files and folders come back with it; the kernel's cache of this mount's own write
+            # holds what was written.
             wrote = bool(done) or after_write
-            if wrote:
-                # The view applied shows what this mount's write replaced (a note's older revision, a
-                # name moved, no new note), which no read, draft, save or name may take for what is
-                # there now: nothing is served, saved or made until a refresh succeeds. It stays
-                # applied, so open files and folders come back with it; the kernel's cache of this
-                # mount's own write holds what was written.
-                self._behind_own_write = True
-            now = time.monotonic()
-            self._failed_at = now
-            if self._failing_since is None:  # since the failing read began: a slow failure counts whole
-                self._failing_since = began / 1e9
-            if now - self._failing_since > FAIL_CLOSED_S and old.usable:  # unreadable that long, not once
+            if self.currency.failed(began, wrote=wrote) and old.usable:  # unreadable that long, not once
                 await self._withdrawn_then_applied(old.emptied(Reason.INVALID_CONTEXT))
             if wrote:  # done, so the call succeeded; the follower, woken by the write, reads the view again
                 log.warning("the view was not refreshed after a save (%s)", type(exc).__name__)
                 return done
             raise
-        self._last_sync_ok = time.monotonic()
-        self._failing_since = None
-        if whole:
-            self._read_whole_at = self._last_sync_ok
-        self.refreshes[0 if whole else 1] += 1
-        self._marked = None  # until the view it was taken for is the one applied
+        self.currency.read(whole=whole)
         await self._withdrawn_then_applied(new)
-        self._behind_own_write = False  # read after every write of this mount's that had returned
-        self._fresh_since = began
-        self._marked = (taken, new) if taken is not None else None
+        self.currency.applied(began, taken, new)  # read after every write of this mount's that had returned
         return done
 
     def check_current(self) -> None:
         """EACCES while the mount is ``suspended``: the names, sizes and times of the view applied are
         the ones a write of its own changed (a new note absent, a moved one where it was)."""
-        if self._behind_own_write:
+        if self.currency.suspended:
             raise fail(errno.EACCES)
 
     @property
     def suspended(self) -> bool:
-        """Whether the view applied lacks a write of this mount's (``_refreshed``): nothing is served,
+        """Whether the view applied lacks a write of this mount's (``vfs.currency``): nothing is served,
         saved or made until a refresh succeeds. The kernel learns nothing of the view meanwhile (no
         name, size or listing: ``check_current``), so nothing it keeps needs dropping after."""
-        return self._behind_own_write
+        return self.currency.suspended
 
     @property
     def failing(self) -> bool:
         """Whether the last refresh failed: the follower looks again soon (``vfs.follow``)."""
-        return self._failing_since is not None
+        return self.currency.failing
 
     async def resume(self) -> None:
-        """If suspended, read the view again, unless a refresh failed less than a follower's look ago
+        """If suspended, read the view again, unless a refresh failed less than ``currency.RETRY_S`` ago
         (a commit while suspended asks; so may every writer an unmount settles); errors are the next
         refresh's to report."""
-        if self._behind_own_write and time.monotonic() - self._failed_at >= RETRY_S:
+        if self.currency.suspended and self.currency.may_retry:
             with contextlib.suppress(Exception):
                 await self.sync()
-
-    def _unmoved(self, taken: Mark, view: VisibleView) -> bool:
-        """Whether ``view`` is still what a refresh would read (``catalog.marks``): it is the view the
-        last mark was taken for, no commit that can change a view came since, no expiry of it has
-        passed, and it was read whole less than ``FULL_REFRESH_S`` ago (a net, as ``vfs.follow``'s)."""
-        marked = self._marked
-        if marked is None or marked[1] is not view or not taken.same_as(marked[0]):
-            return False
-        if time.monotonic() - self._read_whole_at >= FULL_REFRESH_S:
-            return False
-        now = now_us()
-        return all(until is None or now < until for until in (view.valid_until, view.access.evidence_until))
 
     async def _withdrawn_then_applied(self, new: VisibleView) -> None:
         """Apply ``new`` once the kernel's pages of every note it no longer shows are gone.
@@ -399,7 +362,7 @@ class MountState:
     def withheld(self, resource_id: str | None) -> bool:
         """Whether ``resource_id`` is on its way out of the view (``_withdrawn_then_applied``), or the view
         lacks a write of this mount's (``_refreshed``)."""
-        return self._withholding_all or self._behind_own_write or resource_id in self._withheld
+        return self._withholding_all or self.currency.suspended or resource_id in self._withheld
 
     def _apply(self, new: VisibleView) -> None:
         old = self.view
@@ -543,7 +506,7 @@ class MountState:
     def serving(self) -> bool:
         """Whether the view may serve anything: usable, not on its way out (``_withdrawn_then_applied``),
         and showing every write of this mount's (``_refreshed``)."""
-        return self.view.usable and not self._withholding_all and not self._behind_own_write
+        return self.view.usable and not self._withholding_all and not self.currency.suspended
 
     def shows(self, resource_id: str) -> bool:
         """Whether the view still shows this resource (so its content may be served)."""
@@ -682,42 +645,3 @@ def _holds_content(node: Node) -> bool:
     """Whether the kernel may cache pages of ``node`` that hold content (a folder's are its listing,
     whose names go with the view's apply: ``Layers.apply``)."""
     return node.kind not in (Kind.DIR, Kind.QUERIES, Kind.HISTORY)
-
-
-def inconsistencies(mount: MountState) -> list[str]:
-    """The ``Node`` invariants (``vfs.inodes``) that do not hold right now, as inode-numbered lines.
-
-    For tests and debugging, between two awaits: an empty list means the
-    node table, the layers and the handle table agree. Names only inode
-    numbers and kinds, never a note's path.
-    """
-    found: list[str] = []
-    layers = mount.layers
-    opens: dict[int, int] = {}
-    for handle in mount.handles.all():
-        opens[handle.node.ino] = opens.get(handle.node.ino, 0) + 1
-    for node in layers.inodes.nodes.values():
-        where = f"inode {node.ino} ({node.kind.value})"
-        if node.resource_id is not None and node.kind is not Kind.NOTE:
-            found.append(f"{where}: a resource id on a non-note")
-        if (node.kind is Kind.NOTE and node.attached and node.resource_id is not None
-                and layers.by_resource.get(node.resource_id) is not node):
-            found.append(f"{where}: an attached note the resource map does not name")
-        if node.draft is not None and node.kind not in (Kind.NOTE, Kind.SCRATCH):
-            found.append(f"{where}: a draft on a folder or query node")
-        if node.frozen is not None and node.kind not in (Kind.SCRATCH, Kind.REVISION):
-            found.append(f"{where}: a frozen revision on something other than a scratch file or a revision")
-        if node.kind is Kind.REVISION and node.frozen is None:
-            found.append(f"{where}: a revision node without its revision")
-        if (node.query is not None) != (node.kind in (Kind.QUERIES, Kind.RESULTS)):
-            found.append(f"{where}: a query where there should be none, or none where there should be one")
-        if node.kind in (Kind.QUERIES, Kind.RESULTS, Kind.HISTORY, Kind.REVISION) and node.attached:
-            found.append(f"{where}: an attached query or history node")
-        if node.opens != opens.get(node.ino, 0):
-            found.append(f"{where}: {node.opens} opens counted, {opens.get(node.ino, 0)} handles")
-        if node.opens < 0 or node.lookups < 0:
-            found.append(f"{where}: a negative count")
-    for resource_id, node in layers.by_resource.items():
-        if node.resource_id != resource_id or layers.inodes.get(node.ino) is not node:
-            found.append(f"inode {node.ino}: the resource map names a node that is not that resource's")
-    return found
