@@ -352,6 +352,34 @@ def test_a_rename_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
     assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
 
 
+def test_a_search_under_way_when_the_mount_is_suspended_is_refused(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search that began before a save's refresh failed: its hits are checked against a view that
+    lacks this mount's own write (a hit on the new note unconfirmed, one on the replaced revision
+    quoting it), so it is refused as every request is while the mount is suspended, not answered
+    with fewer hits. Once a refresh succeeds, the same search answers."""
+    armed = _refreshes_failing(monkeypatch)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.ino(".search")
+        real = fs.queries._search
+
+        async def search_then_save(text: str, *, about: Any = None) -> Any:
+            outcome = await real(text, about=about)
+            armed.append(True)
+            await tool.create("private/notes", "meanwhile.md", b"saved while the search ran\n")
+            return outcome
+        monkeypatch.setattr(fs.queries, "_search", search_then_save)
+        assert await errno_of(fs.lookup(folder, b"hazelnuts")) == errno.EACCES
+        assert not armed and fs.mount.suspended
+        monkeypatch.setattr(fs.queries, "_search", real)
+        await fs.mount.sync()
+        assert fs.mount.serving
+        assert b"allergy.md" in await tool.read(".search/hazelnuts")
+
+    run_alice_mount(scenario, script)
+
+
 def test_a_backup_rename_whose_commit_leaves_the_view_behind_is_refused_until_it_catches_up(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """vim renames the note it is writing to its backup name: the rename commits the note's draft first,
