@@ -112,10 +112,13 @@ def test_a_refused_truncation_by_path_leaves_the_note_as_it_was(scenario: Scenar
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino = await tool.ino("private/notes/longer.md")
+        node = fs.mount.node(ino)
+        queued = node.invalidations_queued
         attr = pyfuse3.EntryAttributes()
         attr.st_size = len(ALICE_FACT)
         fields = SimpleNamespace(update_size=True)  # what the kernel's SETATTR of the size carries
         assert await errno_of(fs.setattr(ino, attr, fields, None, None)) == errno.EACCES  # type: ignore[arg-type]
+        assert node.invalidations_queued == queued + 1  # its pages dropped once, however many steps refused it
         assert await fs.read(0, 0, 4096, ino, None) == longer
         tool.check("the refused truncation")
 

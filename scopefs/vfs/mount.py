@@ -394,9 +394,17 @@ class MountState:
                 follower(old)
 
     def forget_pages(self, node: Node) -> None:
-        """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker)."""
+        """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker).
+
+        Not queued again while one of ``node``'s is queued and not begun
+        (``Node.invalidating``): every item queued with a node drops all of
+        its inode's pages, and that one begins after this call, so it drops
+        whatever the caller changed too. A refused commit asked three times
+        in a row (the refusal, the commit, a truncation by path).
+        """
         node.forget_pages()
-        self._queue(Invalidation(node.ino), node)
+        if not node.invalidating:
+            self._queue(Invalidation(node.ino), node)
 
     def shown_again(self, parts: Parts) -> None:
         """``parts`` shows again with no view change (its removal refused, or given up for a note that
