@@ -29,7 +29,7 @@ import trio
 
 from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
-from scopefs.vfs import mount as mount_module
+from scopefs.vfs import kernel as kernel_module
 from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.fs import ScopeFS
 from tests.conftest import ALICE_FACT, Scenario
@@ -126,16 +126,16 @@ def test_a_refused_invalidation_fails_the_mount_closed(scenario: Scenario, monke
         aborted.append(connection)
         return True
 
-    monkeypatch.setattr(mount_module, "abort", record)
-    monkeypatch.setattr(mount_module, "connection_of", lambda mountpoint: "77")
+    monkeypatch.setattr(kernel_module, "abort", record)
+    monkeypatch.setattr(kernel_module, "connection_of", lambda mountpoint: "77")
     home = Home.open(scenario.cli.home)
     fs = ScopeFS(home, scenario.alice_session, build(home, scenario.alice_session))
-    fs.mount.mountpoint = "/nowhere"  # as if mounted there
+    fs.mount.kernel.mountpoint = "/nowhere"  # as if mounted there
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await fs.background(nursery)
-            fs.mount.forget_pages(fs.mount.layers.root)
+            fs.mount.kernel.forget_pages(fs.mount.layers.root)
             with trio.fail_after(5):
                 while not aborted:  # noqa: ASYNC110 - the worker's record
                     await trio.sleep(0.01)

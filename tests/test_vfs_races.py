@@ -24,7 +24,7 @@ import trio
 
 from scopefs.catalog.errors import Denied
 from scopefs.catalog.reader import read_note
-from scopefs.vfs import mount as mount_module
+from scopefs.vfs import kernel as kernel_module
 from scopefs.vfs import watchdog
 from scopefs.vfs.errors import ANSWERING, guarded
 from scopefs.vfs.fs import ScopeFS
@@ -327,7 +327,7 @@ def stuck_drop(monkeypatch: pytest.MonkeyPatch, stall_s: float) -> StuckDrop:
     monkeypatch.setattr(watchdog, "HARD_STALL_S", 3600.0)
     monkeypatch.setattr(watchdog, "SAMPLE_S", 0.02)
     monkeypatch.setattr(watchdog, "_abandoned", [])
-    monkeypatch.setattr(mount_module, "requests_waiting", lambda connection: ANSWERING.count)
+    monkeypatch.setattr(kernel_module, "requests_waiting", lambda connection: ANSWERING.count)
     return StuckDrop()
 
 
@@ -345,7 +345,7 @@ def test_a_stuck_drop_before_a_view_is_applied_fails_closed_however_many_saves_w
         await fs.sync()
         drop.inos.add(await tool.ino(NOTE))
         failed: list[Outcome] = []
-        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        monkeypatch.setattr(fs.mount.kernel, "fail_closed", failed.append)
         monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         info, _ = await fs.create(await tool.folder(DIR), b"saved.md", 0o600, os.O_WRONLY | os.O_CREAT,
                                   None)  # type: ignore[arg-type]
@@ -381,7 +381,7 @@ def test_a_drop_before_a_view_is_applied_waits_while_a_request_not_waiting_on_th
 
         def fail_closed(outcome: Outcome) -> None:
             failed.append((outcome, answered.is_set()))
-        monkeypatch.setattr(fs.mount, "fail_closed", fail_closed)
+        monkeypatch.setattr(fs.mount.kernel, "fail_closed", fail_closed)
         monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         as_alice(scenario, delete_note, NOTE)
 
@@ -489,7 +489,7 @@ def test_a_stuck_drop_fails_closed_while_an_fsyncdir_waits_on_the_removal_that_r
         drop.inos.add(held.ino)
         await tool.unlink(DIR, "allergy.md")
         failed: list[Outcome] = []
-        monkeypatch.setattr(fs.mount, "fail_closed", failed.append)
+        monkeypatch.setattr(fs.mount.kernel, "fail_closed", failed.append)
         monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         folder = await tool.folder(DIR)
         with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends these
@@ -528,7 +528,7 @@ def test_a_stuck_drop_fails_closed_while_a_close_waits_to_let_go_of_a_draft_anot
 
         def fail_closed(outcome: Outcome) -> None:  # the close waits on the commit's lock by then
             failed.append((outcome, node.commit_lock.statistics().tasks_waiting))
-        monkeypatch.setattr(fs.mount, "fail_closed", fail_closed)
+        monkeypatch.setattr(fs.mount.kernel, "fail_closed", fail_closed)
         monkeypatch.setattr(pyfuse3, "invalidate_inode", drop.invalidate_inode)
         as_alice(scenario, delete_note, NOTE)
         with trio.fail_after(30):  # HARD_STALL_S would be an hour: only the stall bound ends these

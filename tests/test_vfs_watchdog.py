@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from scopefs.vfs import mount, watchdog
+from scopefs.vfs import kernel, watchdog
 from scopefs.vfs.errors import ANSWERING, guarded
-from scopefs.vfs.mount import MountState
+from scopefs.vfs.kernel import Kernel
 from scopefs.vfs.watchdog import Outcome, Progress, let_go, watched
 
 
@@ -156,10 +156,10 @@ def test_a_drop_waits_on_no_slot_of_the_shared_thread_limiter() -> None:
 def test_a_mount_is_busy_while_a_request_waits_that_is_not_itself_waiting_on_a_drop(
         monkeypatch: pytest.MonkeyPatch, waiting: int | None, answering: int, dropping: int, serving: bool,
         busy: bool) -> None:
-    monkeypatch.setattr(mount, "requests_waiting", lambda connection: waiting)
+    monkeypatch.setattr(kernel, "requests_waiting", lambda connection: waiting)
     monkeypatch.setattr(ANSWERING, "count", answering)
     state = types.SimpleNamespace(connection="7", answering=serving, _handlers_dropping=dropping)
-    assert MountState.busy(state) is busy  # type: ignore[arg-type]
+    assert Kernel.busy(state) is busy  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("answering", "dropping", "refreshing", "besides_refreshing", "busy"), [
@@ -171,11 +171,11 @@ def test_a_mount_is_busy_while_a_request_waits_that_is_not_itself_waiting_on_a_d
 def test_handlers_waiting_on_a_refresh_leave_the_mount_idle_only_for_that_refresh_s_drop(
         monkeypatch: pytest.MonkeyPatch, answering: int, dropping: int, refreshing: int,
         besides_refreshing: bool, busy: bool) -> None:
-    monkeypatch.setattr(mount, "requests_waiting", lambda connection: answering)  # the kernel counts the same
+    monkeypatch.setattr(kernel, "requests_waiting", lambda connection: answering)  # the kernel counts the same
     monkeypatch.setattr(ANSWERING, "count", answering)
     state = types.SimpleNamespace(connection="7", answering=True, _handlers_dropping=dropping,
                                   _handlers_refreshing=refreshing)
-    assert MountState.busy(state, besides_refreshing=besides_refreshing) is busy  # type: ignore[arg-type]
+    assert Kernel.busy(state, besides_refreshing=besides_refreshing) is busy  # type: ignore[arg-type]
 
 
 def test_a_handler_is_told_from_a_background_task() -> None:

@@ -303,7 +303,7 @@ class Commits:
                 await self.commit(node)
             except BaseException:
                 if node.opens == 0 and node.draft is draft:  # nor release it: the failed truncation goes now
-                    self._mount.forget_pages(node)
+                    self._mount.kernel.forget_pages(node)
                     draft.close()
                     node.draft = None
                 raise
@@ -315,7 +315,7 @@ class Commits:
         """Make a note's dirty draft its next revision (one writer transaction), synced to disk
         if ``durable``."""
         mount = self._mount
-        with mount.waiting_on_refresh():
+        with mount.kernel.waiting_on_refresh():
             await self._commit_locked(node, durable=durable)
 
     async def _commit_locked(self, node: Node, *, durable: bool) -> None:
@@ -341,7 +341,7 @@ class Commits:
             try:
                 saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
             except BaseException:
-                mount.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
+                mount.kernel.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
             if saved is None:
                 return
@@ -387,7 +387,7 @@ class Commits:
         """A commit of ``draft`` was refused: the bytes refused are not read back, from the kernel's
         cache or from the draft (``Draft.refused``), until what it holds is committed."""
         draft.refused = True
-        self._mount.forget_pages(node)
+        self._mount.kernel.forget_pages(node)
 
     def _cell_agent(self, parts: Parts) -> str:
         """The agent id of the cell that holds ``parts``: the session's agent's, or a shared pool's."""
@@ -527,7 +527,7 @@ class Commits:
             try:
                 await mount.catalog(catalog_ops.check_save, mount.home, mount.session_id, handle.node.parts)
             except BaseException:
-                mount.forget_pages(handle.node)
+                mount.kernel.forget_pages(handle.node)
                 raise
 
     async def release(self, fh: int, *, commit: bool = True) -> None:
@@ -549,12 +549,12 @@ class Commits:
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
             # Another close is committing the draft (this is the settle letting go of a writer that
             # looked idle while its commit waited for the catalog): the draft goes once it is done.
-            with mount.waiting_on_refresh():  # a FLUSH's let-go waits here as on a commit
+            with mount.kernel.waiting_on_refresh():  # a FLUSH's let-go waits here as on a commit
                 async with node.commit_lock:
                     pass
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
-                mount.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
+                mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
             node.draft.close()  # committed by flush
             node.draft = None
             if node.resource_id is None and layers.local.get(node.parts) is node:

@@ -37,8 +37,9 @@ from scopefs.catalog.readjournal import RUN_ID as JOURNAL_RUN_ID
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.commits import Commits
+from scopefs.vfs.kernel import Queued
 from scopefs.vfs.lean import Thrift
-from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState, Queued
+from scopefs.vfs.mount import AUDIT_WAIT_MS, MountState
 from scopefs.vfs.pages import GONE
 from scopefs.vfs.reads import RECHECK_S, Reads
 from scopefs.vfs.removals import Removals
@@ -351,7 +352,7 @@ class Follow:
         """Send invalidations from their own thread, never from a handler, all that are queued
         in one trip; if the kernel refuses one, or one is stuck (``vfs.watchdog``), the mount fails
         closed (``vfs.abort``)."""
-        channel = self._mount.invalidations
+        channel = self._mount.kernel.invalidations
         async for item in channel:
             batch = [item]
             while True:
@@ -359,9 +360,9 @@ class Follow:
                     batch.append(channel.receive_nowait())
                 except trio.WouldBlock:
                     break
-            outcome = await watched(functools.partial(_send_invalidations, batch), self._mount.busy)
+            outcome = await watched(functools.partial(_send_invalidations, batch), self._mount.kernel.busy)
             if outcome is not Outcome.DONE:
-                self._mount.fail_closed(outcome)
+                self._mount.kernel.fail_closed(outcome)
 
 
 def _seconds_until(when_us: int | None) -> float:

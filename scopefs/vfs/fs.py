@@ -200,7 +200,7 @@ class ScopeFS(pyfuse3.Operations):
         if self.queries.covers(parent, name):
             node = await self.queries.lookup(parent, name)
             if node.kind is Kind.RESULTS:  # new results: the kernel keeps no page of the last ones
-                await self.mount.drop_pages_now([node], in_handler=True)
+                await self.mount.kernel.drop_pages_now([node], in_handler=True)
         elif self.history.covers(parent, name):
             node = await self.history.lookup(parent, name)
         else:
@@ -269,7 +269,7 @@ class ScopeFS(pyfuse3.Operations):
         # not drop the entry the rename is about to give it; a rename refused leaves the absent entry to drop.
         taken = self._named_here(parent_inode_new, _text(name_new))
         try:
-            with self.mount.waiting_on_refresh():  # a rename holds folder locks only, never a note's page
+            with self.mount.kernel.waiting_on_refresh():  # a rename holds folder locks only, never a note's page
                 await self.renames.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
         except BaseException:
             if taken is not None:

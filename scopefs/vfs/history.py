@@ -338,7 +338,7 @@ class History:
                 if node.frozen is not None and node.frozen.revision_id not in listed.by_id
                 and node.ino not in self._dropped_gone]
         if gone:
-            await self._mount.drop_pages_now(gone, in_handler=True)
+            await self._mount.kernel.drop_pages_now(gone, in_handler=True)
             # Marked only now, and only while the revisions last read still lack them: a lookup meanwhile
             # drops them too rather than answer before they are gone, and one shown again meanwhile
             # (``_child``, ``check``) may have its pages cached again. Unmarked, a node is dropped again.
@@ -391,7 +391,7 @@ class History:
         self._lists.pop(resource_id, None)
         self._expiry.pop(resource_id, None)
         for node in self._revision_nodes.get(resource_id, {}).values():
-            self._mount.forget_pages(node)
+            self._mount.kernel.forget_pages(node)
         if parts is not None:
             folder = self._known.get((HISTORY, *parts))
             if folder is not None and folder.kind is Kind.HISTORY:
@@ -409,7 +409,7 @@ class History:
             if taken is not None and taken[1] is not None:
                 self._listings.pop(folder.ino, None)
             list_again(folder.ino)
-            self._mount.forget_pages(folder)
+            self._mount.kernel.forget_pages(folder)
 
     async def expire(self) -> None:
         """Forever: when a listed revision's validity runs out, its pages and its name go at once.

@@ -4,7 +4,10 @@ Everything above (``reads``, ``commits``, ``renames``, ``removals``,
 ``folders``, ``follow``, and the pyfuse3 adapter ``fs``) reaches the
 catalog, the view, the handle table and the kernel's caches only through
 a ``MountState``, so each of those rooms imports this one and none imports
-another one's caller.
+another one's caller. Two parts of that state are rooms of their own,
+held here: how current the view is (``vfs.currency``) and the kernel's
+side of the mount, its connection and the drops queued for it
+(``vfs.kernel``).
 
 Three locks, always taken in this order (S3QL's rule, for the same
 reason: a fixed order cannot deadlock):
@@ -22,15 +25,12 @@ a check and the change it guards are written with no await in between
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import functools
 import logging
-import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -42,25 +42,21 @@ from scopefs.catalog.marks import Mark, mark
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
-from scopefs.vfs.abort import abort, connection_of, requests_waiting
 from scopefs.vfs.absences import NO_INODE
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.currency import Currency
-from scopefs.vfs.errors import ANSWERING
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import Handle, HandleTable
 from scopefs.vfs.historytree import is_history_path
 from scopefs.vfs.inodes import Kind, Node, copied_from
+from scopefs.vfs.kernel import Kernel
 from scopefs.vfs.layers import Invalidation, Layers, changed_notes
 from scopefs.vfs.names import BadName, confusable, decode
-from scopefs.vfs.pages import drop_pages_of, list_again
+from scopefs.vfs.pages import list_again
 from scopefs.vfs.querytree import Results, is_query_path
-from scopefs.vfs.watchdog import Outcome, watched
 
 log = logging.getLogger("scopefs.vfs")
 T = TypeVar("T")
-# Set in a handler's task while it is counted in ``MountState._handlers_refreshing``: counted once.
-_COUNTED_AS_REFRESHING = contextvars.ContextVar("scopefs_counted_as_refreshing", default=False)
 
 AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for another process's lock
 # Write-ahead log pages from which a commit of this mount checkpoints the log itself. Below it the
@@ -68,14 +64,6 @@ AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for an
 # syncs the disk twice, and the commit that crossed SQLite's threshold (1,000 pages) paid for it
 # inside a save's close, or ahead of the view's refresh.
 WAL_BACKSTOP_PAGES = 8_192
-
-
-@dataclass(frozen=True, eq=False)
-class Queued:
-    """An invalidation waiting for the worker, and the node whose pages it drops (``Node.invalidating``)."""
-
-    item: Invalidation
-    node: Node | None
 
 
 def fail(code: int) -> pyfuse3.FUSEError:
@@ -91,15 +79,7 @@ class MountState:
         self.home = home
         self.session_id = session_id
         self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
-        self.mountpoint: str | None = None  # set once mounted (``vfs.server``): to abort its connection
-        # its FUSE connection's number, looked up once mounted: failing closed then asks no file system
-        self.connection: str | None = None
-        self.abandoned = False  # a worker was left stuck in the kernel (``vfs.watchdog``): never close the session
-        self.answering = True  # until the server's loop stops: requests still waiting then get no answer
-        self._handlers_dropping = 0  # handlers waiting in ``drop_pages_now``: requests that hold no lock of a drop
-        # Handlers that may wait on a refresh of the view (``waiting_on_refresh``): none holds a lock of
-        # the pages a refresh drops (``_withdrawn_then_applied``).
-        self._handlers_refreshing = 0
+        self.kernel = Kernel()  # its connection, the drops queued for it, when to cut it (``vfs.kernel``)
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
         self.handles = HandleTable()
@@ -120,8 +100,6 @@ class MountState:
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
         self.currency = Currency()  # how current the view applied is (``vfs.currency``; ``sync``)
-        # What the invalidation worker sends (``vfs.follow``), with the node whose counts it keeps.
-        self._invalidations, self.invalidations = trio.open_memory_channel[Queued](math.inf)
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
         # on this thread, before any request sees the new view.
         self.view_followers: list[Callable[[VisibleView], None]] = []
@@ -200,7 +178,7 @@ class MountState:
         asked = time.monotonic_ns() if since is None else since
         if self.currency.covers(asked):
             return
-        with self.waiting_on_refresh():
+        with self.kernel.waiting_on_refresh():
             async with self._sync_lock:
                 if self.currency.covers(asked):  # the sync this one waited for covered it
                     return
@@ -211,26 +189,9 @@ class MountState:
         and the view that shows it (a trip is a tenth of a millisecond or more). If ``fn`` raises,
         nothing is read; if the refresh fails, this returns all the same (the commit stands), the mount
         serving nothing until a refresh succeeds (``_refreshed``)."""
-        with self.waiting_on_refresh():
+        with self.kernel.waiting_on_refresh():
             async with self._sync_lock:
                 return (await self._refreshed(functools.partial(fn, *args, **kwargs)))[0]
-
-    @contextlib.contextmanager
-    def waiting_on_refresh(self) -> Iterator[None]:
-        """Count the calling handler (if it is one, and once) among those that may wait on a refresh
-        in this block: the drop a refresh makes before its view is applied waits on no lock of theirs
-        (``_withdrawn_then_applied``). Also around a wait for a commit, which refreshes (a node's
-        ``commit_lock``), and around a rename's whole handler, which holds folder locks only."""
-        if not ANSWERING.in_handler() or _COUNTED_AS_REFRESHING.get():
-            yield
-            return
-        counted = _COUNTED_AS_REFRESHING.set(True)
-        self._handlers_refreshing += 1
-        try:
-            yield
-        finally:
-            self._handlers_refreshing -= 1
-            _COUNTED_AS_REFRESHING.reset(counted)
 
     async def _refreshed(self, first: Callable[[], T] | None, *, after_write: bool = False) -> list[T]:
         """Run ``first`` (if any; its result is the list's one item), then refresh the view, on the
@@ -321,7 +282,7 @@ class MountState:
         therefore left to the worker's drop after the apply, and its
         ``READ``s are refused from here on (``Node.left_view``). So the
         handlers waiting on the refresh do not make the mount busy for this
-        drop (``busy``): a drop that is stuck fails the mount closed within
+        drop (``Kernel.busy``): a drop that is stuck fails the mount closed within
         ``watchdog.STALL_S`` however many saves wait on it. If the drop
         fails otherwise, the view is still applied: the worker's drops follow
         it, as before.
@@ -336,7 +297,7 @@ class MountState:
             if holders:  # the kernel caches pages only of inodes it was given
                 self._withheld, self._withholding_all = frozenset(leaving), everything
                 try:
-                    await self.drop_pages_now(holders, for_refresh=True)
+                    await self.kernel.drop_pages_now(holders, for_refresh=True)
                 finally:
                     self._withheld, self._withholding_all = frozenset(), False
         finally:
@@ -377,7 +338,7 @@ class MountState:
                 list_again(item.ino)
                 if item.listing_grew:
                     continue  # its cached pages may stay (``Layers._listings_changed`` says why)
-            self._queue(item, node)
+            self.kernel.queue(item, node)
         if self.view is not old:
             # Local copies of notes (a backup taken by rename, a draft loaded
             # from a note) must not outlive the note's place in the view,
@@ -385,26 +346,13 @@ class MountState:
             for node in self.layers.local.values():
                 source = copied_from(node)
                 if source is not None and not self.shows(source):
-                    self.forget_pages(node)
+                    self.kernel.forget_pages(node)
             for node in self.layers.inodes.results.values():
                 if isinstance(node.query, Results) and not (
                         self.view.usable and node.query.quoted <= self.view.by_resource.keys()):
-                    self.forget_pages(node)
+                    self.kernel.forget_pages(node)
             for follower in self.view_followers:
                 follower(old)
-
-    def forget_pages(self, node: Node) -> None:
-        """The kernel must drop ``node``'s pages and attributes (queued for the invalidation worker).
-
-        Not queued again while one of ``node``'s is queued and not begun
-        (``Node.invalidating``): every item queued with a node drops all of
-        its inode's pages, and that one begins after this call, so it drops
-        whatever the caller changed too. A refused commit asked three times
-        in a row (the refusal, the commit, a truncation by path).
-        """
-        node.forget_pages()
-        if not node.invalidating:
-            self._queue(Invalidation(node.ino), node)
 
     def shown_again(self, parts: Parts) -> None:
         """``parts`` shows again with no view change (its removal refused, or given up for a note that
@@ -419,8 +367,8 @@ class MountState:
         its folder's listing, pages too, as for any folder that lost a name (``_apply``)."""
         folder = self._list_again(node.parts[:-1])
         if folder is not None:
-            self._queue(Invalidation(folder.ino), folder)
-            self._queue(Invalidation(node.ino, folder.ino, node.parts[-1]), node)
+            self.kernel.queue(Invalidation(folder.ino), folder)
+            self.kernel.queue(Invalidation(node.ino, folder.ino, node.parts[-1]), node)
 
     def _list_again(self, folder_parts: Parts) -> Node | None:
         """Move the folder's mtime and drop its attributes now, if the kernel knows it; the folder."""
@@ -433,61 +381,7 @@ class MountState:
     def drop_absence(self, folder_ino: int, name: str) -> None:
         """The kernel must forget that ``name`` is absent from the folder (queued for the invalidation
         worker): the record of it was taken out for a change that did not happen."""
-        self._queue(Invalidation(NO_INODE, folder_ino, name), None)
-
-    def _queue(self, item: Invalidation, node: Node | None) -> None:
-        if node is not None:
-            node.invalidations_queued += 1  # until its sending begins, READs keep to the revision it had
-        self._invalidations.send_nowait(Queued(item, node))
-
-    def fail_closed(self, outcome: Outcome) -> None:
-        """The kernel kept something it was told to drop, or a drop is stuck: end the connection
-        (``vfs.abort``)."""
-        self.abandoned = self.abandoned or outcome is Outcome.STUCK
-        if self.mountpoint is None:
-            return  # not mounted: no kernel holds anything of this view
-        if not abort(self.connection or connection_of(self.mountpoint)):
-            pyfuse3.terminate()  # at least stop answering; the caches go with the unmount
-
-    def busy(self, *, besides_refreshing: bool = False) -> bool:
-        """Whether a request of this mount is waiting, in the kernel or in a handler, besides the handlers
-        that wait on a drop themselves (``vfs.watchdog``); True if the kernel's count cannot be read. Never
-        once the loop stopped answering: a drop waiting on a lock held for a request then waits for good.
-
-        ``besides_refreshing``: the handlers that wait on a refresh do not count either. Only for the
-        drop a refresh makes before its view is applied (``_withdrawn_then_applied``): they wait on it,
-        and hold no lock of the pages it drops. The invalidation worker's drops may wait on theirs (a
-        rename's folder, while its handler waits on the refresh that queued the drop)."""
-        if not self.answering:
-            return False
-        waiting = requests_waiting(self.connection)
-        waiting_on_drops = self._handlers_dropping + (self._handlers_refreshing if besides_refreshing else 0)
-        return waiting is None or max(waiting, ANSWERING.count) > waiting_on_drops
-
-    async def drop_pages_now(self, nodes: Iterable[Node], *, in_handler: bool = False,
-                             for_refresh: bool = False) -> None:
-        """Drop the kernel's pages of ``nodes`` and return once they are gone (not queued); if the kernel
-        refuses, or the drop is stuck (``vfs.watchdog``), the mount fails closed. ``in_handler``: the
-        caller is a request's handler, which waits on the drop rather than holding its lock.
-        ``for_refresh``: the caller is a refresh, on which handlers may wait (``busy``).
-
-        On a worker: an invalidation can wait on a page that a READ in
-        flight holds, and this loop answers that READ meanwhile.
-        """
-        inos = []
-        for node in nodes:  # a folder's pages are its cached listing
-            node.forget_pages()
-            inos.append(node.ino)
-        if not inos:
-            return
-        self._handlers_dropping += in_handler
-        try:
-            busy = functools.partial(self.busy, besides_refreshing=for_refresh)
-            outcome = await watched(functools.partial(drop_pages_of, inos), busy)
-        finally:
-            self._handlers_dropping -= in_handler
-        if outcome is not Outcome.DONE:
-            self.fail_closed(outcome)
+        self.kernel.queue(Invalidation(NO_INODE, folder_ino, name), None)
 
     async def dismissed(self, pid_namespace: int) -> None:
         """A sandbox is gone: drop every page the kernel holds of this mount (``vfs.gate`` says why).
@@ -495,14 +389,14 @@ class MountState:
         Reads come by inode, without an open, so the mount cannot tell which
         sandbox brought a page in: all of them go.
         """
-        await self.drop_pages_now(list(self.layers.inodes.nodes.values()))
+        await self.kernel.drop_pages_now(list(self.layers.inodes.nodes.values()))
 
     async def close_view(self) -> None:
         """Before the connection to the kernel closes (a stop by signal): no sandbox is admitted any
         more, so nothing can bring a page back, and then no page of the view may outlive the connection."""
         if self.gate is not None:
             self.gate.dismiss_all()
-        await self.drop_pages_now(list(self.layers.inodes.nodes.values()))
+        await self.kernel.drop_pages_now(list(self.layers.inodes.nodes.values()))
 
     def event(self, operation: str, decision: str, reason: Reason, note: VisibleNote) -> AuditEvent:
         return self.view.access.event(operation, decision, reason, store_id=note.store_id,

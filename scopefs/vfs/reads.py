@@ -153,7 +153,7 @@ class Reads:
             # Pages of an older revision may still be cached beside the ones
             # this READ brings in: they go (on the invalidation worker: this
             # READ holds pages that dropping them would wait for).
-            mount.forget_pages(node)
+            mount.kernel.forget_pages(node)
             node.stale_pages = False
         node.cached_revision = note.revision_id
         node.verified = (note, stamp)
@@ -270,7 +270,7 @@ class Reads:
                 reader = self._readers.pop(node.ino, None)
                 if reader is not None:
                     reader.close()
-                mount.forget_pages(node)
+                mount.kernel.forget_pages(node)
 
     def drop_readers(self) -> None:
         """Close every reader (the mount is going): the kernel asks nothing more."""
@@ -303,7 +303,7 @@ class Reads:
             own = mount.layers.by_resource.get(note.resource_id)
             for node in (own, opened if opened is not own else None):
                 if node is not None:
-                    mount.forget_pages(node)
+                    mount.kernel.forget_pages(node)
                     reader = self._readers.pop(node.ino, None)
                     if reader is not None:
                         reader.close()

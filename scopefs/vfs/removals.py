@@ -71,7 +71,7 @@ class Removals:
         for parts, removal in due:
             if removal.in_flight:
                 if prefix is not None:
-                    with mount.waiting_on_refresh():  # behind another settle's commit and refresh
+                    with mount.kernel.waiting_on_refresh():  # behind another settle's commit and refresh
                         await removal.settled.wait()
                 continue
             if layers.removed.get(parts) is not removal:

@@ -87,7 +87,7 @@ async def _run(fs: ScopeFS, mountpoint: str, on_ready: Callable[[], None] | None
         if on_ready is not None:
             nursery.start_soon(_announce, mountpoint, on_ready)
         await pyfuse3.main(poll_ns=POLL_NS, on_wait=latency.touch)
-        fs.mount.answering = False
+        fs.mount.kernel.answering = False
         nursery.cancel_scope.cancel()
     await fs.shutdown()
 
@@ -112,10 +112,10 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     latency = CpuLatency(bound_us, explicit=bool(setting))  # before the mount: it never fails one
     fs = ScopeFS(home, session_id, build(home, session_id), gate=gate, owner=owner)
     pyfuse3.init(fs, mountpoint, set(MOUNT_OPTIONS | extra_options))
-    fs.mount.mountpoint = mountpoint
-    fs.mount.connection = connection_of(mountpoint)
+    fs.mount.kernel.mountpoint = mountpoint
+    fs.mount.kernel.connection = connection_of(mountpoint)
     ensure_control()
-    if requests_waiting(fs.mount.connection) is None:
+    if requests_waiting(fs.mount.kernel.connection) is None:
         log.warning("the kernel's count of this mount's requests cannot be read: a stuck drop from its "
                     "caches is told from a busy mount only after %d s", HARD_STALL_S)
     try:
@@ -123,7 +123,7 @@ def serve(home: Home, session_id: str, mountpoint: str, *, on_ready: Callable[[]
     finally:
         latency.close()
         # A worker abandoned in libfuse would use a closed session once let go; the abort usually lets it go.
-        if not fs.mount.abandoned or let_go(LET_GO_S):
+        if not fs.mount.kernel.abandoned or let_go(LET_GO_S):
             pyfuse3.close(unmount=fs.terminated)
         else:
             log.error("a drop from the kernel's caches is still stuck: the aborted mount stays until unmounted")

@@ -18,7 +18,7 @@ background) or being answered by a handler (``errors.ANSWERING``: the
 kernel leaves out what it sends whatever happens, a mapping's written
 pages), not counting handlers that wait on a drop themselves (nor, for
 the drop a refresh of the view makes, the handlers that wait on that
-refresh: ``MountState.busy``). A client that keeps the mount busy puts
+refresh: ``Kernel.busy``). A client that keeps the mount busy puts
 that off, for ``HARD_STALL_S`` at most. A gap between two looks counts
 as busy: the loop was held, the worker may not have run. Nothing can
 free the abandoned thread but the holder, or the abort of the connection
