@@ -1,16 +1,19 @@
 """The rules of ``vfs.currency`` alone, on a clock the test moves: when a failing catalog empties the
 view, when a mount is suspended and when it may read again.
 
-The same rules are shown on mounts in ``test_vfs_draft_lifetime.py`` and
-``test_vfs_fail_closed.py``; here each boundary is exact, at no cost.
+The same rules are shown on mounts in ``test_vfs_draft_lifetime.py``,
+``test_vfs_fail_closed.py`` and ``test_marks.py``; here the clock is the
+test's, so a boundary is checked where it lies, at no cost.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from scopefs.catalog.marks import Mark
 from scopefs.vfs import currency
 from scopefs.vfs.currency import FAIL_CLOSED_S, RETRY_S, Currency
 
@@ -49,17 +52,18 @@ def test_failures_empty_the_view_only_once_the_first_of_them_is_fail_closed_s_ol
     record = Currency()
     clock.now += 3600  # a quiet hour since the last read: it does not count
     first = clock.ns()
-    clock.now += 0.01
+    clock.now += 0.25
     assert not record.failed(first, wrote=False)
     assert record.failing and not record.suspended
-    clock.now += FAIL_CLOSED_S - 0.02  # still within FAIL_CLOSED_S of the first failure's start
+    clock.now = first / 1e9 + FAIL_CLOSED_S  # exactly FAIL_CLOSED_S after the first failure began: not yet
     assert not record.failed(clock.ns(), wrote=False)
-    clock.now += 0.02
+    clock.now += 0.25
     assert record.failed(clock.ns(), wrote=False)
     record.read(whole=True)  # a success starts the count again
     assert not failing(record)
-    clock.now += 0.01
-    assert not record.failed(clock.ns() - int(0.01e9), wrote=False)
+    began = clock.ns()
+    clock.now += 0.25
+    assert not record.failed(began, wrote=False)
 
 
 def test_one_failure_slower_than_fail_closed_s_empties_the_view_at_once(clock: Clock) -> None:
@@ -101,3 +105,15 @@ def test_a_view_covers_what_was_asked_before_its_refresh_began(clock: Clock) -> 
     record.applied(clock.ns(), None, object())  # type: ignore[arg-type]  # only kept, never read here
     assert record.covers(asked)
     assert not record.covers(clock.ns())  # a refresh that began at the very moment asked is not after it
+
+
+def test_a_failed_call_forgets_the_mark_so_the_next_refresh_reads_whole(clock: Clock) -> None:
+    """A commit or a refresh that failed may have written: the view is not trusted by its mark after."""
+    record = Currency()
+    view: Any = SimpleNamespace(valid_until=None, access=SimpleNamespace(evidence_until=None))
+    state: Any = object()  # a mark compares its connections by identity only
+    record.applied(clock.ns(), Mark(state, 7, ()), view)
+    assert record.unmoved(Mark(state, 7, ()), view)
+    assert not record.unmoved(Mark(state, 8, ()), view)  # a commit came since
+    record.forget_mark()
+    assert not record.unmoved(Mark(state, 7, ()), view)

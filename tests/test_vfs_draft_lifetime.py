@@ -357,8 +357,8 @@ def test_a_rename_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
 
 def test_a_search_under_way_when_the_mount_is_suspended_is_refused(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A search that began before a save's refresh failed: its hits are checked against a view that
-    lacks this mount's own write (a hit on the new note unconfirmed, one on the replaced revision
+    """A search that began before a save's refresh failed: its hits would be checked against a view
+    that lacks this mount's own write (a hit on a new note left out, one on a replaced revision
     quoting it), so it is refused as every request is while the mount is suspended, not answered
     with fewer hits. Once a refresh succeeds, the same search answers."""
     armed = _refreshes_failing(monkeypatch)

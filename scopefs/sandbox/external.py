@@ -101,7 +101,7 @@ async def end_with_session(home_root: Path, session_id: str, *,
 
     A positive answer from the catalog ends the mount; a catalog that
     cannot be read does not (the view itself is emptied meanwhile,
-    ``vfs.mount``), so a passing fault never unmounts a live session.
+    ``vfs.currency``), so a passing fault never unmounts a live session.
     The check has a home of its own: the mount's connections belong to
     its catalog thread.
     """

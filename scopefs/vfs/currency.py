@@ -23,8 +23,10 @@ is stated once, beside the clock it reads:
   expiry of that view has passed and it was read whole less than
   ``FULL_REFRESH_S`` ago (a net, as the follower's).
 
-Everything here runs on the trio thread between two awaits; nothing is
-awaited or read from a database.
+Nothing here awaits or reads a database. The record is written on the
+trio thread, by a refresh that holds ``MountState._sync_lock``; ``unmoved``
+reads it on the catalog thread, inside such a refresh, so nothing writes
+it meanwhile.
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class Currency:
     def failed(self, began_ns: int, *, wrote: bool) -> bool:
         """Record a refresh that began at ``began_ns`` and failed; ``wrote``: right after a write of the
         mount's own, which the view applied therefore lacks. Whether the view must now be emptied: the
-        catalog has been unreadable for ``FAIL_CLOSED_S`` (a single slow failure counts whole)."""
-        self._marked = None
+        catalog has been unreadable for ``FAIL_CLOSED_S`` (a single slow failure counts whole).
+        The caller has forgotten the mark (``forget_mark``)."""
         if wrote:
             self.suspended = True
         now = time.monotonic()
@@ -84,6 +86,11 @@ class Currency:
         if self._failing_since is None:
             self._failing_since = began_ns / 1e9
         return now - self._failing_since > FAIL_CLOSED_S
+
+    def forget_mark(self) -> None:
+        """Whatever a call on the catalog thread did before it failed (a commit, a refresh) may have
+        changed the databases: the next refresh reads the view whole, not by the mark."""
+        self._marked = None
 
     def read(self, *, whole: bool) -> None:
         """Record a refresh that succeeded, before its view is applied (``applied``). ``whole``: it

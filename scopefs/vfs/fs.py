@@ -5,8 +5,10 @@
 its admitted sandboxes), and hands the request to the room that owns it:
 
     mount.py      the lowest floor: the view's layers, the handle table, the
-                  catalog thread, the kernel's invalidations, the checks
-                  every request makes, and the order of the three locks
+                  catalog thread, the view refreshed and applied, the checks
+                  every request makes, and the order of the three locks;
+                  with how current the view is (currency.py) and the
+                  kernel's side, its drops and when to cut it (kernel.py)
     attributes.py what stat and statfs say
     reads.py      serving only verified bytes, by inode
     commits.py    drafts, and the one revision each close makes of them

@@ -216,6 +216,7 @@ class MountState:
         try:
             new = await self.catalog(fresh, self.home, old)
         except Exception as exc:
+            self.currency.forget_mark()  # whatever failed may have written: the next refresh reads whole
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             # After a write of this mount's, the view applied shows what the write replaced (a note's
