@@ -50,7 +50,7 @@ def commit(home: Home, session_id: str, parts: Parts, source: BinaryIO, expected
     """A draft's content (``Draft.reader``, opened by the caller on the thread that owns the draft) as
     the next revision of the note at ``parts`` (of ``expected_resource_id``, if given); synced to disk only
     if ``durable`` (an ``fsync``), as POSIX asks (``writer.transaction``); its search rows follow once the
-    mount is idle, or when a search asks first (``Commits.index``)."""
+    mount is idle, or when a search asks first (``Owed.index``)."""
     return write_parts(home, session_id, parts, source, expected_resource_id=expected_resource_id,
                        durable=durable, defer_index=True, in_memory=True)
 

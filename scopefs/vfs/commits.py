@@ -12,10 +12,11 @@ process, and listed as unsynced so that recovery can roll it back if a
 power loss takes it); ``fsync``/``fdatasync`` of the note commits durably,
 or makes what earlier closes committed durable (``sync``), and ``fsync``
 of a folder does that for every note of the mount's cells. Every half minute and at unmount one ``syncfs``
-makes what closes committed here durable (``write_back``), as the kernel
-would have written it back by then anyway. The audit rows of unsynced
-commits wait in the outbox and are drained in batches (``drain``, from
-``vfs.follow``).
+makes what closes committed here durable, as the kernel would have
+written it back by then anyway. The audit rows of unsynced commits wait
+in the outbox and are drained in batches; the search rows follow once the
+saves pause (``vfs.owed`` keeps what each save leaves to do, and
+``vfs.follow`` does it).
 
 No ``open`` reaches the mount (``vfs.fs``): a file opened for writing
 shows up with its first ``WRITE`` or truncation, by inode, and the mount
@@ -44,9 +45,7 @@ from collections.abc import Container
 import pyfuse3
 import trio
 
-from scopefs.catalog.db import BUSY_TIMEOUT_MS
 from scopefs.catalog.errors import Conflict, Denied
-from scopefs.catalog.index import catch_up
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.catalog.visible import VisibleNote
@@ -55,15 +54,13 @@ from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, child_name, fail
+from scopefs.vfs.owed import Owed
 from scopefs.vfs.reads import Reads
 from scopefs.vfs.scratch import is_scratch
-from scopefs.writer import unsynced
 from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
-INDEX_IDLE_S = 0.5  # how long no save committed here before the index catches up with the saves made here
-INDEX_STEP = 32  # revisions indexed per catalog call while catching up: a save arriving waits for one step at most
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
 # committed and let go
 
@@ -76,10 +73,7 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        self._undrained: set[str] = set()  # cells whose outbox holds audit rows of saves made here
-        self._unsynced: set[str] = set()  # cells with revisions committed here without a sync
-        self._unindexed: dict[str, set[str]] = {}  # cell -> its stores with revisions saved here without search rows
-        self._last_commit = 0.0  # time.monotonic() of the last save committed here
+        self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
@@ -374,13 +368,7 @@ class Commits:
                 self._refused(node, draft)
             raise
         draft.refused = False  # what it holds now is committed
-        if not durable:
-            self._undrained.add(cell_agent)
-            self._unsynced.add(cell_agent)
-        # Queued by the commit's own store, not the view's note: a refresh that failed after the commit leaves
-        # a new note out of the view, and its store would never be caught up (idle or at unmount).
-        self._unindexed.setdefault(cell_agent, set()).add(saved.store_id)
-        self._last_commit = time.monotonic()
+        self.owed.saved(cell_agent, saved.store_id, durable=durable)
         return saved
 
     def _refused(self, node: Node, draft: Draft) -> None:
@@ -413,53 +401,6 @@ class Commits:
         note = mount.layers.note_of(node) if node.kind is Kind.NOTE else None
         if note is not None:
             await mount.catalog(catalog_ops.sync, mount.home, self._cell_agent(note.parts), note.resource_id)
-
-    async def write_back(self) -> None:
-        """Make the closes committed here so far durable in one ``syncfs`` (``writer.unsynced``)."""
-        cells, self._unsynced = self._unsynced, set()
-        if not cells:
-            return
-        try:
-            started = await trio.to_thread.run_sync(unsynced.write_back, self._mount.home)
-            await self._mount.catalog(catalog_ops.forget_before, self._mount.home, cells, started)
-        except BaseException:
-            self._unsynced |= cells
-            raise
-
-    async def index(self, *, everything: bool = False) -> None:
-        """Make the search rows of the saves committed here (``catalog.index.catch_up``), once no save
-        came for ``INDEX_IDLE_S``, a step at a time so that a save never waits behind the whole queue;
-        ``everything`` at unmount. A search made meanwhile catches its stores up itself."""
-        mount = self._mount
-        while self._unindexed and (everything or time.monotonic() - self._last_commit >= INDEX_IDLE_S):
-            cell, stores = next(iter(self._unindexed.items()))
-            working = frozenset(stores)
-            # Only the stores saved to here: another scope's queue is not this mount's to work (nor to wait for).
-            taken = await mount.catalog(catch_up, mount.home, cell, working,
-                                        limit=None if everything else INDEX_STEP)
-            if everything or taken < INDEX_STEP:
-                stores -= working  # a save meanwhile may have named another store: it stays queued here
-                if not stores:
-                    self._unindexed.pop(cell, None)
-
-    def drain_later(self, cells: set[str]) -> None:
-        """Have the next ``drain`` deliver these cells' outboxes too (a drain made by a catalog call
-        could not: ``catalog.audit.AuditBacklog``)."""
-        self._undrained |= cells
-
-    async def drain(self, *, wait_ms: int = BUSY_TIMEOUT_MS) -> bool:
-        """Deliver the audit rows of the saves made here since the last drain; False if some stay in the
-        outbox for the next drain (a database stayed locked for ``wait_ms``, or failed)."""
-        cells, self._undrained = self._undrained, set()
-        if not cells:
-            return True
-        try:
-            left = await self._mount.catalog(catalog_ops.drain, self._mount.home, cells, wait_ms=wait_ms)
-        except BaseException:
-            self._undrained |= cells
-            raise
-        self._undrained |= left
-        return not left
 
     async def _commit_following(self, node: Node, draft: Draft, parts: Parts, expected: str | None,
                                 durable: bool) -> WriteResult:

@@ -81,7 +81,7 @@ class Follow:
         nursery.start_soon(self._settle)
         nursery.start_soon(self._watch_artifacts)
         nursery.start_soon(self._every, TICK_S, self._tick)
-        nursery.start_soon(self._every, WRITEBACK_S, self._commits.write_back)
+        nursery.start_soon(self._every, WRITEBACK_S, self._commits.owed.write_back)
         nursery.start_soon(self._invalidate)
 
     async def _follow(self) -> None:
@@ -184,7 +184,7 @@ class Follow:
         await self._round(functools.partial(self.flush_audit, reads=not streaming))
         if not streaming:
             await self._round(self.index_verified)
-        await self._round(self._commits.index)
+        await self._round(self._commits.owed.index)
         await self._round(self.checkpoint)
         if self._thrift.due():  # last: an index round just done is not "quiet", the next look may be
             # SQLite's page caches first: they are most of what a woken mount grew by.
@@ -222,8 +222,8 @@ class Follow:
         await self._removals.settle(everything=True)
         await self.flush_audit(patient=True)
         await self._round(self.index_verified)  # a read deferred it (``_reads_streaming``): its rows come back
-        await self._round(functools.partial(self._commits.index, everything=True))
-        await self._round(self._commits.write_back)
+        await self._round(functools.partial(self._commits.owed.index, everything=True))
+        await self._round(self._commits.owed.write_back)
         self._reads.drop_readers()
         self._reads.close_journal()  # after the last flush: what it could not record stays for ``replay``
         self._mount.artifacts.close()
@@ -250,9 +250,9 @@ class Follow:
         """
         wait_ms = BUSY_TIMEOUT_MS if patient else AUDIT_WAIT_MS
         backlog = self._mount.audit_backlog
-        self._commits.drain_later(backlog.take_drains())
+        self._commits.owed.drain_later(backlog.take_drains())
         try:
-            if not await self._commits.drain(wait_ms=wait_ms):
+            if not await self._commits.owed.drain(wait_ms=wait_ms):
                 log.warning("save audit not drained yet: the rows wait in the outbox")
         except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox: the next round, or doctor
             log.warning("save audit not drained (%s)", type(exc).__name__)

@@ -12,6 +12,7 @@ its admitted sandboxes), and hands the request to the room that owns it:
     attributes.py what stat and statfs say
     reads.py      serving only verified bytes, by inode
     commits.py    drafts, and the one revision each close makes of them
+    owed.py       what those saves leave to do between requests
     renames.py    renames, as editors and ``mv`` use them
     removals.py   unlink, and the tombstones it becomes after a grace period
     folders.py    mkdir, rmdir, readdir
