@@ -12,6 +12,7 @@ mark.
 from __future__ import annotations
 
 import re
+import time
 
 import apsw
 import pytest
@@ -130,6 +131,30 @@ def test_a_woken_mount_answers_the_journal_by_its_mark_and_a_revocation_by_readi
         assert mount.currency.refreshes == [whole + 1, by_mark + 3]
         assert not usable(mount.view) and mount.view.problem is Reason.IDENTITY_REVOKED
         tool.check("the revocation")
+
+    run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_commit_that_fails_makes_the_next_refresh_read_the_view_whole(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a failed commit did before it failed may have changed what a view is read from: the next
+    refresh reads the view whole, not by the mark taken before the commit."""
+    monkeypatch.setattr(currency, "FULL_REFRESH_S", 3600.0)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        mount = fs.mount
+        await mount.sync()
+        await mount.sync(since=time.monotonic_ns())
+        whole, by_mark = mount.currency.refreshes
+        assert by_mark >= 1  # nothing moved: answered by the mark
+
+        def failing_commit() -> None:
+            raise OSError("injected: the commit failed")
+        with pytest.raises(OSError):
+            await mount.commit_and_sync(failing_commit)
+        await mount.sync(since=time.monotonic_ns())
+        assert mount.currency.refreshes == [whole + 1, by_mark]
 
     run_alice_mount(scenario, script)
 

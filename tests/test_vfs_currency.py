@@ -15,7 +15,7 @@ import pytest
 
 from scopefs.catalog.marks import Mark
 from scopefs.vfs import currency
-from scopefs.vfs.currency import FAIL_CLOSED_S, RETRY_S, Currency
+from scopefs.vfs.currency import FAIL_CLOSED_S, Currency
 
 
 class Clock:
@@ -85,15 +85,17 @@ def test_a_failure_after_a_write_suspends_until_a_view_is_applied(clock: Clock) 
     assert not suspended(record) and not failing(record)
 
 
-def test_a_suspended_mount_reads_again_only_retry_s_after_the_last_failure(clock: Clock) -> None:
+def test_a_suspended_mount_reads_again_only_retry_s_after_the_last_failure(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(currency, "RETRY_S", 0.125)  # a binary fraction: the sums below are exact
     record = Currency()
     record.failed(clock.ns(), wrote=True)
     assert not record.may_retry
-    clock.now += RETRY_S / 2
+    clock.now += 0.0625
     record.failed(clock.ns(), wrote=False)  # the follower's read failed too: counted from this one
-    clock.now += RETRY_S * 0.9
+    clock.now += 0.0625
     assert not record.may_retry
-    clock.now += RETRY_S * 0.1
+    clock.now += 0.0625  # exactly RETRY_S after the last failure
     assert record.may_retry
 
 

@@ -75,9 +75,10 @@ class Kernel:
         its inode's pages, and that one begins after this call, so it drops
         whatever the caller changed too. A refused commit asked three times
         in a row (the refusal, the commit, a truncation by path). An item
-        that never begins (its batch failed, or its worker was abandoned
-        stuck) would leave the node skipped for good, but both fail the
-        mount closed (``fail_closed``): nothing is served after.
+        that never begins (an unexpected error stopped its batch, or its
+        worker was abandoned stuck) would leave the node skipped for good,
+        but both fail the mount closed (``fail_closed``): nothing is served
+        after.
         """
         node.forget_pages()
         if not node.invalidating:

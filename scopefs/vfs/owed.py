@@ -14,7 +14,9 @@ than once per save:
   the state database (``drain``).
 
 ``vfs.follow`` pays them on its ticks and at unmount; ``Commits.save``
-records each one (``saved``). A debt whose payment fails stays owed.
+records each save's (``saved``), and the follower adds the outboxes other
+catalog calls could not drain (``drain_later``). A debt whose payment
+fails stays owed.
 """
 
 from __future__ import annotations
