@@ -159,3 +159,19 @@ class Tool:
     async def unlink(self, folder: str, name: str) -> None:
         await self.fs.unlink(await self.folder(folder), name.encode(), None)  # type: ignore[arg-type]
         self.check(f"unlink {name}")
+
+
+def listed_in_pieces(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], list[int]]:
+    """READDIR's answers, noted as (name, offset of the next); each piece takes as many names as the one
+    number in the second list says (one, to begin with), as a listing read in pieces would."""
+    listed: list[tuple[str, int]] = []
+    room = [1]
+
+    def readdir_reply(token: object, name: bytes, attr: object, next_id: int) -> bool:
+        if not room[0]:
+            return False
+        room[0] -= 1
+        listed.append((name.decode(), next_id))
+        return True
+    monkeypatch.setattr(pyfuse3, "readdir_reply", readdir_reply)
+    return listed, room

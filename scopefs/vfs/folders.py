@@ -4,7 +4,8 @@ Folders exist in the catalog only through their notes. ``mkdir`` makes one
 in this mount's overlay, where it stays until it holds a note or is
 removed; ``rmdir`` of a folder of the view settles the removals of its
 notes first, and the folder goes with them. A listing is taken whole when
-it starts, so entries do not shift under a reader that asks in pieces.
+it starts, so entries do not shift under a reader that asks in pieces
+(``vfs.listings``: one snapshot per listing).
 
 No ``opendir`` reaches the mount (``vfs.fs``): the kernel lists a folder
 by inode, with the caller's context (checked by the gate like any other
@@ -15,18 +16,16 @@ request), and keeps the listing it was given until the mount drops it
 from __future__ import annotations
 
 import errno
-from collections import OrderedDict
 
 import pyfuse3
 
 from scopefs.catalog.paths import Parts
+from scopefs.vfs import listings
 from scopefs.vfs.attributes import attributes
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, fail
 from scopefs.vfs.readahead import AHEAD_NOTES
 from scopefs.vfs.removals import Removals
-
-KEEP_LISTINGS = 64  # listings being read in pieces, the oldest forgotten first
 
 
 class Folders:
@@ -35,7 +34,7 @@ class Folders:
     def __init__(self, mount: MountState, removals: Removals) -> None:
         self._mount = mount
         self._removals = removals
-        self._listings: OrderedDict[int, list[str]] = OrderedDict()  # folder inode -> names, as listed first
+        self._listings: listings.Listings[list[str]] = listings.Listings()  # names, as each listing began
 
     def _read_ahead(self, parts: Parts, names: list[str]) -> None:
         """A folder listed afresh is about to be walked: ask the disk for its notes (``vfs.readahead``)."""
@@ -89,18 +88,19 @@ class Folders:
         node = mount.folder(ino)
         if node.kind is Kind.QUERIES:
             return  # lists nothing: a listing must never run a search
-        names = self._listings.get(ino)
         parts: Parts = node.parts
-        if start_id == 0 or names is None:
-            names = self._listings[ino] = mount.layers.names(node.parts)
-            while len(self._listings) > KEEP_LISTINGS:
-                self._listings.popitem(last=False)
+        found = self._listings.find(ino, start_id)
+        if found is None:
+            names = mount.layers.names(parts)
+            number = self._listings.start(ino, names)
             self._read_ahead(parts, names)
-        self._listings.move_to_end(ino)
-        for index in range(start_id, len(names)):
+        else:
+            number, names = found
+        for index in range(listings.place(start_id), len(names)):
             child = mount.layers.lookup(parts + (names[index],))
             if child is None:
                 continue
-            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(mount, child), index + 1):
+            next_at = listings.offset(number, index + 1)
+            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(mount, child), next_at):
                 return
             child.lookups += 1

@@ -66,7 +66,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -77,6 +76,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.history import Revision, revisions_shown
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.visible import VisibleNote, VisibleView
+from scopefs.vfs import listings
 from scopefs.vfs.attributes import attributes
 from scopefs.vfs.historytree import HISTORY, revision_name, view_parts
 from scopefs.vfs.inodes import Kind, Node
@@ -86,7 +86,6 @@ from scopefs.vfs.pages import list_again
 
 log = logging.getLogger("scopefs.vfs")
 
-KEEP_LISTINGS = 64  # listings being read in pieces, the oldest forgotten first
 IDLE_EXPIRY_S = 60.0  # how long ``expire`` sleeps when no listed revision runs out: a net
 
 
@@ -111,10 +110,11 @@ class Listed:
                    default=None)
 
 
-def _offsets(names: list[str], listed: Listed | None) -> list[tuple[str, int]]:
-    """A listing's names with the offset each one's successor starts from. In a note's folder that is
-    the revision's number, which nothing moves: a listing whose rest is read afresh (a revision went or
-    came meanwhile, ``_drop``) goes on after the last revision it answered, none skipped, none twice."""
+def _places(names: list[str], listed: Listed | None) -> list[tuple[str, int]]:
+    """A listing's names with the place each one's successor starts from (``vfs.listings``). In a
+    note's folder that is the revision's number, which nothing moves: a listing whose rest is read
+    afresh (a revision went or came meanwhile, ``_drop``) goes on after the last revision it answered,
+    none skipped, none twice."""
     if listed is None:
         return [(name, index) for index, name in enumerate(names, start=1)]
     return sorted(((name, listed.by_name[name].revision_no) for name in names), key=lambda entry: entry[1])
@@ -130,9 +130,9 @@ class History:
         self._lists: dict[str, Listed] = {}  # resource id -> its revisions, as last read
         self._revision_nodes: dict[str, dict[int, Node]] = {}  # resource id -> its REVISION nodes
         self._resource_of: dict[int, str] = {}  # a REVISION node's inode -> its resource id
-        # folder inode -> its names as listed first, and, for a note's folder, the revisions they were
-        # read with: the rest of a listing read in pieces answers from these, as its start did
-        self._listings: OrderedDict[int, tuple[list[str], Listed | None]] = OrderedDict()
+        # Each listing's names as it began, and, for a note's folder, the revisions they were read with:
+        # the rest of a listing read in pieces answers from these, as its start did.
+        self._listings: listings.Listings[tuple[list[str], Listed | None]] = listings.Listings()
         self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
         # REVISION nodes whose revision went and whose pages were dropped since (``_without_gone``)
         self._dropped_gone: set[int] = set()
@@ -237,7 +237,7 @@ class History:
         if parts is None or self._mount.layers.inodes.get(ino) is not None:
             return
         del self._paths[ino]
-        self._listings.pop(ino, None)
+        self._listings.drop(ino)
         node = self._known.get(parts)
         if node is not None and node.ino == ino:
             del self._known[parts]
@@ -254,21 +254,23 @@ class History:
     # -- listings --------------------------------------------------------------
 
     async def readdir(self, node: Node, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        """List a folder of the tree; a listing is taken whole when it starts (``vfs.folders``)."""
-        taken = self._listings.get(node.ino)
-        if start_id == 0 or taken is None:
-            taken = self._listings[node.ino] = await self._names(node)
-            while len(self._listings) > KEEP_LISTINGS:
-                self._listings.popitem(last=False)
-        self._listings.move_to_end(node.ino)
+        """List a folder of the tree; a listing is taken whole when it starts (``vfs.listings``)."""
+        found = self._listings.find(node.ino, start_id)
+        if found is None:
+            taken = await self._names(node)
+            number = self._listings.start(node.ino, taken)
+        else:
+            number, taken = found
         names, listed = taken
-        for name, offset in _offsets(names, listed):
-            if offset <= start_id:
+        after = listings.place(start_id)
+        for name, place in _places(names, listed):
+            if place <= after:
                 continue
             child = self._child(node, name, listed)
             if child is None:
                 continue
-            if not pyfuse3.readdir_reply(token, name.encode(), attributes(self._mount, child), offset):
+            next_at = listings.offset(number, place)
+            if not pyfuse3.readdir_reply(token, name.encode(), attributes(self._mount, child), next_at):
                 return
             child.lookups += 1
 
@@ -402,12 +404,10 @@ class History:
         listings on the worker (``MountState._apply`` says why)."""
         for folder in folders:
             folder.listing_version += 1
-            taken = self._listings.get(folder.ino)
-            # A note's revisions are read again by the rest of a listing begun (its offsets, revision
-            # numbers, keep its place); a folder's names are not: that rest goes on from the names it
-            # began with (offsets by index), each looked up in the view now, so none that stays is skipped.
-            if taken is not None and taken[1] is not None:
-                self._listings.pop(folder.ino, None)
+            # A note's revisions are read again by the rest of a listing begun (its places, revision
+            # numbers, keep it where it was); a folder's names are not: that rest goes on from the names
+            # it began with (places by index), each looked up in the view now, so none that stays is skipped.
+            self._listings.drop(folder.ino, lambda taken: taken[1] is not None)
             list_again(folder.ino)
             self._mount.kernel.forget_pages(folder)
 

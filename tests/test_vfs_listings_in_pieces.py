@@ -1,0 +1,86 @@
+"""Listings read in pieces each go on in the names they began with (``vfs.listings``).
+
+No OPENDIR reaches a mount, so a listing is known only by the offsets it
+was given. Two listings of one folder read in pieces at once, with the
+view moving between them, used to share one snapshot per folder: the
+second replaced the first one's, and the first one's next piece skipped a
+note that stayed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scopefs.vfs import listings
+from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.listings import KEEP, Listings
+from scopefs.writer.tombstone import delete_note
+from scopefs.writer.transaction import write_note
+from tests.conftest import Scenario
+from tests.inprocesskit import Tool, as_alice, listed_in_pieces, no_kernel, run_alice_mount
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+@pytest.mark.parametrize("folder_path", ["private/notes", ".history/private/notes"])
+def test_two_listings_read_in_pieces_each_go_on_in_their_own_names(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, folder_path: str) -> None:
+    """Listing A answers one note; another session deletes it; listing B of the same folder starts and
+    answers the names left. A's next piece goes on in A's names, each looked up in the view now: the
+    notes that stayed are answered, none skipped (before, B's names had replaced A's, and A's place in
+    them was one too far: b.md was skipped)."""
+    for name in ("b.md", "c.md"):
+        as_alice(scenario, write_note, f"private/notes/{name}", b"one more note\n")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await fs.sync()
+        folder = await tool.ino(folder_path)
+        listed, room = listed_in_pieces(monkeypatch)
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["allergy.md"]
+        a_goes_on_at = listed[-1][1]
+        as_alice(scenario, delete_note, "private/notes/allergy.md")
+        await fs.sync()
+        listed.clear()
+        room[0] = 10
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["b.md", "c.md"]
+        listed.clear()
+        room[0] = 10
+        await fs.readdir(0, a_goes_on_at, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["b.md", "c.md"]
+        tool.check("two listings in pieces")
+
+    run_alice_mount(scenario, script)
+
+
+def test_a_listing_is_found_again_only_by_its_own_offsets() -> None:
+    kept: Listings[str] = Listings()
+    first = kept.start(7, "first")
+    second = kept.start(7, "second")
+    assert first != second
+    assert kept.find(7, listings.offset(first, 3)) == (first, "first")
+    assert kept.find(7, listings.offset(second, 1)) == (second, "second")
+    assert listings.place(listings.offset(second, 5)) == 5
+    assert kept.find(7, 0) is None  # every listing starts at 0: a new one
+    assert kept.find(8, listings.offset(first, 3)) is None  # another folder's listing
+    kept.drop(7, lambda snapshot: snapshot == "first")
+    assert kept.find(7, listings.offset(first, 3)) is None
+    assert kept.find(7, listings.offset(second, 1)) == (second, "second")
+
+
+def test_the_least_recently_read_listing_is_forgotten_first() -> None:
+    kept: Listings[int] = Listings()
+    numbers = [kept.start(1, n) for n in range(KEEP)]
+    assert kept.find(1, listings.offset(numbers[0], 1)) is not None  # read again: kept longest now
+    kept.start(1, KEEP)
+    assert kept.find(1, listings.offset(numbers[1], 1)) is None
+    assert kept.find(1, listings.offset(numbers[0], 1)) is not None
+
+
+def test_listing_numbers_wrap_and_offsets_stay_positive_64_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept: Listings[str] = Listings()
+    monkeypatch.setattr(kept, "_last", (1 << 30) - 2)
+    last = kept.start(1, "last")
+    wrapped = kept.start(1, "wrapped")
+    assert (last, wrapped) == ((1 << 30) - 1, 1)
+    assert 0 < listings.offset(last, (1 << listings.PLACE_BITS) - 1) < 1 << 63
