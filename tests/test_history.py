@@ -42,6 +42,7 @@ from scopefs.catalog.clock import now_us
 from scopefs.catalog.home import Home
 from scopefs.catalog.policies import add_entry
 from scopefs.catalog.policy import AudienceKind, Effect, Op
+from scopefs.vfs import listings
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
@@ -598,6 +599,7 @@ def test_a_listing_read_in_pieces_continues_from_the_revisions_it_started_with(
         listed, room = listed_in_pieces(monkeypatch)
         await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
         assert [name for name, _ in listed] == ["r1.md"]
+        assert listings.place(listed[-1][1]) == 1  # a note's folder goes on by revision number
         scenario.cli.j("write", scenario.alice_session, ALLERGY, stdin=b"a fourth revision, written meanwhile\n")
         room[0] = 10
         await fs.readdir(0, listed[-1][1], None, folder)  # type: ignore[arg-type]

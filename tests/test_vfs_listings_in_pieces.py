@@ -53,34 +53,44 @@ def test_two_listings_read_in_pieces_each_go_on_in_their_own_names(
     run_alice_mount(scenario, script)
 
 
+def at(number: int, place: int) -> int:
+    """``listings.offset``, for places that fit."""
+    found = listings.offset(number, place)
+    assert found is not None
+    return found
+
+
 def test_a_listing_is_found_again_only_by_its_own_offsets() -> None:
     kept: Listings[str] = Listings()
     first = kept.start(7, "first")
     second = kept.start(7, "second")
     assert first != second
-    assert kept.find(7, listings.offset(first, 3)) == (first, "first")
-    assert kept.find(7, listings.offset(second, 1)) == (second, "second")
-    assert listings.place(listings.offset(second, 5)) == 5
+    assert kept.find(7, at(first, 3)) == (first, "first")
+    assert kept.find(7, at(second, 1)) == (second, "second")
+    assert listings.place(at(second, 5)) == 5
     assert kept.find(7, 0) is None  # every listing starts at 0: a new one
-    assert kept.find(8, listings.offset(first, 3)) is None  # another folder's listing
+    assert kept.find(8, at(first, 3)) is None  # another folder's listing
     kept.drop(7, lambda snapshot: snapshot == "first")
-    assert kept.find(7, listings.offset(first, 3)) is None
-    assert kept.find(7, listings.offset(second, 1)) == (second, "second")
+    assert kept.find(7, at(first, 3)) is None
+    assert kept.find(7, at(second, 1)) == (second, "second")
 
 
 def test_the_least_recently_read_listing_is_forgotten_first() -> None:
     kept: Listings[int] = Listings()
     numbers = [kept.start(1, n) for n in range(KEEP)]
-    assert kept.find(1, listings.offset(numbers[0], 1)) is not None  # read again: kept longest now
+    assert kept.find(1, at(numbers[0], 1)) is not None  # read again: kept longest now
     kept.start(1, KEEP)
-    assert kept.find(1, listings.offset(numbers[1], 1)) is None
-    assert kept.find(1, listings.offset(numbers[0], 1)) is not None
+    assert kept.find(1, at(numbers[1], 1)) is None
+    assert kept.find(1, at(numbers[0], 1)) is not None
 
 
-def test_listing_numbers_wrap_and_offsets_stay_positive_64_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offsets_fit_a_32_bit_program_s_off_t() -> None:
+    """A 32-bit program's ``readdir`` drops an entry whose offset does not fit its ``off_t``: numbers
+    wrap, and a place that does not fit ends the listing (None) rather than answering such an offset."""
     kept: Listings[str] = Listings()
-    monkeypatch.setattr(kept, "_last", (1 << 30) - 2)
-    last = kept.start(1, "last")
-    wrapped = kept.start(1, "wrapped")
-    assert (last, wrapped) == ((1 << 30) - 1, 1)
-    assert 0 < listings.offset(last, (1 << listings.PLACE_BITS) - 1) < 1 << 63
+    numbers = [kept.start(1, str(n)) for n in range(300)]
+    assert set(numbers) == set(range(1, 128))  # 127 numbers, then the first again
+    largest = listings.offset(max(numbers), listings.MAX_PLACE)
+    assert largest is not None and 0 < largest < 1 << 31
+    assert listings.place(largest) == listings.MAX_PLACE
+    assert listings.offset(1, listings.MAX_PLACE + 1) is None

@@ -101,6 +101,7 @@ class Folders:
             if child is None:
                 continue
             next_at = listings.offset(number, index + 1)
-            if not pyfuse3.readdir_reply(token, names[index].encode(), attributes(mount, child), next_at):
+            if next_at is None or not pyfuse3.readdir_reply(token, names[index].encode(),
+                                                            attributes(mount, child), next_at):
                 return
             child.lookups += 1

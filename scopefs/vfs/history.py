@@ -270,7 +270,8 @@ class History:
             if child is None:
                 continue
             next_at = listings.offset(number, place)
-            if not pyfuse3.readdir_reply(token, name.encode(), attributes(self._mount, child), next_at):
+            if next_at is None or not pyfuse3.readdir_reply(token, name.encode(), attributes(self._mount, child),
+                                                            next_at):
                 return
             child.lookups += 1
 

@@ -18,8 +18,17 @@ the snapshot below. The kernel hands those offsets back as they are (and
 also to a reader it serves from its cached copy of a listing, which then
 goes on in that listing's snapshot).
 
+Offsets stay below 2**31, as ext4 keeps its own for 32-bit callers: FUSE
+passes them through unchanged, and a 32-bit program's ``readdir`` drops
+(or fails on) an entry whose offset does not fit its ``off_t``. So numbers
+wrap at 127, and a place above ``MAX_PLACE`` (16,777,215 names in one
+folder, or a note's revision of that number in ``.history``) ends the
+listing there rather than answering an offset that would not fit.
+
 ``KEEP`` snapshots are kept, the least recently read forgotten first; a
-listing whose snapshot was forgotten goes on from its place in a fresh one.
+listing whose snapshot was forgotten (or whose number a newer listing of
+the same folder took, 127 listings later) goes on from its place in a
+fresh one, as every listing did before snapshots were per listing.
 """
 
 from __future__ import annotations
@@ -31,9 +40,9 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 KEEP = 64  # listings being read in pieces, the least recently read forgotten first
-PLACE_BITS = 32  # an offset's place in its listing's snapshot; the listing's number is above
-_PLACES = (1 << PLACE_BITS) - 1
-_NUMBERS = 1 << 30  # numbers wrap below this: an offset stays a positive signed 64-bit value
+PLACE_BITS = 24  # an offset's place in its listing's snapshot; the listing's number is above
+MAX_PLACE = (1 << PLACE_BITS) - 1
+_NUMBERS = 1 << 7  # numbers wrap below this: an offset stays below 2**31 (the module docstring says why)
 
 
 class Listings(Generic[T]):
@@ -68,11 +77,12 @@ class Listings(Generic[T]):
             del self._taken[number]
 
 
-def offset(number: int, place: int) -> int:
-    """The offset a listing answers for the entry whose successor is at ``place`` (from 1)."""
-    return (number << PLACE_BITS) | place
+def offset(number: int, place: int) -> int | None:
+    """The offset a listing answers for the entry whose successor is at ``place`` (from 1); None if the
+    place does not fit (``MAX_PLACE``): the listing ends before that entry."""
+    return (number << PLACE_BITS) | place if place <= MAX_PLACE else None
 
 
 def place(offset: int) -> int:
     """Where in its listing's snapshot the piece that starts at ``offset`` goes on (0: the start)."""
-    return offset & _PLACES
+    return offset & MAX_PLACE
