@@ -53,6 +53,34 @@ def test_two_listings_read_in_pieces_each_go_on_in_their_own_names(
     run_alice_mount(scenario, script)
 
 
+@pytest.mark.usefixtures(no_kernel.__name__)
+def test_a_listing_whose_snapshot_was_forgotten_goes_on_from_its_place_in_a_fresh_one(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KEEP`` listings begun since forget the first one's snapshot: its next piece goes on from its
+    place in the folder's names now, neither failing nor starting again."""
+    for name in ("b.md", "c.md"):
+        as_alice(scenario, write_note, f"private/notes/{name}", b"one more note\n")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.ino("private/notes")
+        listed, room = listed_in_pieces(monkeypatch)
+        await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["allergy.md"]
+        goes_on_at = listed[-1][1]
+        for _ in range(KEEP):
+            room[0] = 1
+            await fs.readdir(0, 0, None, folder)  # type: ignore[arg-type]
+        listed.clear()
+        room[0] = 10
+        await fs.readdir(0, goes_on_at, None, folder)  # type: ignore[arg-type]
+        assert [name for name, _ in listed] == ["b.md", "c.md"]
+        assert all(listings.place(next_at) in (2, 3) for _, next_at in listed)
+        assert listed[0][1] >> listings.PLACE_BITS != goes_on_at >> listings.PLACE_BITS  # a fresh snapshot's
+        tool.check("a forgotten listing's rest")
+
+    run_alice_mount(scenario, script)
+
+
 def at(number: int, place: int) -> int:
     """``listings.offset``, for places that fit."""
     found = listings.offset(number, place)
