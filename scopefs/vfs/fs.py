@@ -300,8 +300,10 @@ class ScopeFS(pyfuse3.Operations):
             if handle.node.deposit is not None:
                 raise fail(errno.EACCES)  # a deposit is never read back, not even by its writer
             return await self.reads.read(handle, off, size)
-        self.mount.admit(ctx)
-        return await self.reads.read_inode(self.mount.node(inode), off, size)
+        caller = self.mount.opener(ctx)  # EACCES unless admitted (``admit``)
+        node = self.mount.node(inode)
+        node.touched_from = caller  # whose a later writeback of a mapping of it is (``writeback_opener``)
+        return await self.reads.read_inode(node, off, size)
 
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -349,7 +351,7 @@ class ScopeFS(pyfuse3.Operations):
             node = mount.node(inode)
             found = self.commits.writer_of(node)
             if found is None:
-                handle = await self.commits.writer(node, mount.opener(ctx))
+                handle = await self.commits.writer(node, mount.writeback_opener(node, ctx))
             else:
                 handle = found
                 if not mount.allows(ctx):  # the kernel writing back a mapping: the writer's sandbox must be in

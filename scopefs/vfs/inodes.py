@@ -107,6 +107,10 @@ class Node:
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
     deposit: str | None = None  # a postbox deposit being written (its message handle): never named, never read
+    # On a sandbox's mount: the admitted pid namespace of the last request that read it, or of the
+    # last handle given to write it. The kernel's writeback of a shared mapping's dirty pages comes
+    # without a caller, and is taken as that namespace's (``MountState.writeback_opener``).
+    touched_from: int | None = None
 
     @property
     def invalidating(self) -> bool:
@@ -122,7 +126,9 @@ class Node:
         whose bytes then stayed cached for good, cut to the new size (a CI
         failure: a second mount served them for as long as it was read).
         While the drop sweeps, one read may see both revisions; once it has
-        swept them all, only the new one is left.
+        swept them all, only the new one is left. A revision this mount
+        committed from the node's own draft is served at once
+        (``Reads._keeps_to_old``): the kernel's pages hold what was written.
         """
         return self.invalidations_queued > self.invalidations_begun
 

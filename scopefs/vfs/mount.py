@@ -449,7 +449,8 @@ class MountState:
         return self.gate is None or self.gate.allows(ctx, root_attributes=root_attributes)
 
     def opener(self, ctx: pyfuse3.RequestContext | None) -> int | None:
-        """For a handle about to be given out: the admitted pid namespace asking (EACCES if none)."""
+        """The admitted pid namespace asking (EACCES if none): for a handle about to be given out, and for
+        a ``READ``, whose node keeps it (``writeback_opener``)."""
         if self.gate is None:
             return None
         namespace = self.gate.namespace_of(ctx)
@@ -466,7 +467,33 @@ class MountState:
         after that would outlive the dismissal's revocation.
         """
         self.check_opener(handle.pid_namespace)
+        if handle.writable:
+            handle.node.touched_from = handle.pid_namespace
         return self.handles.give(handle)
+
+    def writeback_opener(self, node: Node, ctx: pyfuse3.RequestContext | None) -> int | None:
+        """For a writer about to be made by a ``WRITE``: the admitted pid namespace it belongs to.
+
+        The caller's, as ``opener``; or, when the kernel writes back a
+        shared mapping's dirty pages (a ``WRITE`` with no caller: pid 0,
+        uid 0), the namespace of the last request that read the node or
+        of the last handle given to write it, if that namespace is still
+        admitted. No request says who mapped a file or dirtied its pages
+        (no open reaches the mount, and a write to a cached page sends
+        nothing), and the writer that wrote before may be gone: any close
+        commits and lets go of it, and Python's ``mmap`` closes a duplicate
+        of its descriptor when the mapping goes. Without this, a sandbox's
+        writes through a mapping failed EACCES (fsx found it). A page gets
+        dirty only through a descriptor opened for writing, which the
+        modes give the session uid alone; the gate's limit for a host
+        process of that uid is the one README's boundary section states
+        for pages the kernel serves from its cache.
+        """
+        if (ctx is not None and ctx.pid == 0 and ctx.uid == 0 and node.touched_from is not None
+                and not self.allows(ctx)):
+            self.check_opener(node.touched_from)
+            return node.touched_from
+        return self.opener(ctx)
 
     def check_handle(self, handle: Handle) -> None:
         """Reads and writes need the pid namespace that opened the handle to be admitted still."""

@@ -136,7 +136,10 @@ class Reads:
                     # Pages of the revision it serves may still be cached until the invalidation
                     # queued for them begins: READs keep to it until then, so no page of the new
                     # one is cached beside old ones no drop is on its way to (``Node.invalidating``).
-                    or (node.invalidating and reader.note.resource_id == note.resource_id)):
+                    # Not after this mount's own commit of the node: what the kernel caches then is
+                    # what was written, the new revision's bytes, and a close that returned must be
+                    # read back (``_keeps_to_old``).
+                    or self._keeps_to_old(node, reader, note)):
                 self._readers.move_to_end(node.ino)
                 return reader
             verifying = self._verifying.get(node.ino)
@@ -171,6 +174,24 @@ class Reads:
         while len(self._readers) > KEEP_READERS:
             self._readers.popitem(last=False)[1].close()
         return reader
+
+    @staticmethod
+    def _keeps_to_old(node: Node, reader: Reader, note: VisibleNote) -> bool:
+        """Whether a ``READ`` of ``node`` is still answered from the revision ``reader`` serves, though
+        the view shows ``note``: only while the drop of the old revision's pages waits to begin, and
+        only when ``note`` came from elsewhere.
+
+        After this mount committed ``note`` from this node's draft, the
+        kernel's pages of the node are what the writes left there (FUSE
+        writes through its cache, and truncates it): the new revision's
+        bytes. The queued drop still comes, so that nothing a tool wrote
+        stays cached unverified. Answering the old revision meanwhile would
+        hand a process that closed and opened again the bytes its close
+        replaced, cut short where the old revision ended (fsx found it:
+        close, open, read).
+        """
+        return (node.invalidating and reader.note.resource_id == note.resource_id
+                and note.revision_id != node.committed_revision)
 
     async def _verify(self, node: Node, note: VisibleNote) -> tuple[int, Stamp, bytes | None]:
         """An open descriptor of ``note``'s artifact whose whole content matched the catalog, and that
