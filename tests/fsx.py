@@ -19,7 +19,10 @@ Exit 0 with a JSON summary on stdout when every check held; exit 1 with the
 failed check and the operations before it on stderr. The written bytes are
 fsx's kind of pattern (the operation's number plus a seeded byte at odd
 offsets), so a byte that lands in the wrong place or from the wrong write
-shows as a mismatch.
+shows as a mismatch. As with fsx, a mapped access past the end of a file
+that the file system cut short behind the model's back kills the process
+with SIGBUS rather than failing a check: a test worker that dies in a
+mapped operation has found that.
 """
 
 from __future__ import annotations

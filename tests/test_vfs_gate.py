@@ -97,11 +97,15 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
         mine = pid_namespace(os.getpid())
         assert mine is not None
         me = context(SESSION_UID, os.getpid())
-        writeback = context(SESSION_UID, 0)  # the kernel writing back a mapping: no caller of its own
+        writeback = context(0, 0)  # the kernel writing back a mapping: no credentials at all (FUSE's nocreds)
         gate.admit(mine)
         assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT
         assert await fs.write(0, 0, b"changed", ino, me) == len(b"changed")  # makes the writer's handle
         assert await fs.write(0, 0, b"changed", ino, writeback) == len(b"changed")  # through that handle
+        # A caller the gate refuses is not the kernel's writeback, writer or not: the session uid from a
+        # pid namespace this server cannot see, or root.
+        assert await errno_of(fs.write(0, 0, b"changed", ino, context(SESSION_UID, 0))) == errno.EACCES
+        assert await errno_of(fs.write(0, 0, b"changed", ino, context(0, os.getpid()))) == errno.EACCES
         gate.dismiss(mine)
         assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES
         assert await errno_of(fs.write(0, 0, b"changed", ino, me)) == errno.EACCES
@@ -112,6 +116,33 @@ def test_a_handle_stops_working_when_its_namespace_is_dismissed(scenario: Scenar
         gate.admit(mine)
         assert await errno_of(fs.write(0, 0, b"changed", ino, writeback)) == errno.EACCES
         assert await fs.read(0, 0, 4096, ino, me) == b"changed" + ALICE_FACT[7:]  # the new sandbox reads
+        gate.dismiss(mine)
+
+    _run(scenario, test)
+
+
+def test_a_writeback_with_no_writer_is_the_sandbox_s_that_last_read_the_file_while_it_is_admitted(
+        scenario: Scenario) -> None:
+    """The kernel writes a mapping's dirty pages back with no caller, possibly after every writer went (a
+    close lets it go). Only a sandbox whose request read the file, or was given its writer, and only while
+    it is admitted, gets it: never a file nobody admitted touched, never a sandbox dismissed since, even
+    under its number again."""
+    async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
+        mine = pid_namespace(os.getpid())
+        assert mine is not None
+        me = context(SESSION_UID, os.getpid())
+        writeback = context(0, 0)
+        assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES  # not admitted: refused,
+        gate.admit(mine)
+        assert await errno_of(fs.write(0, 0, b"mapped", ino, writeback)) == errno.EACCES  # so not touched
+        assert await fs.read(0, 0, 4096, ino, me) == ALICE_FACT
+        assert await fs.write(0, 0, b"mapped", ino, writeback) == len(b"mapped")  # the reader's sandbox's
+        await fs.flush(0, ino, me)  # committed; the writer goes
+        assert await fs.read(0, 0, 4096, ino, me) == b"mapped" + ALICE_FACT[6:]
+        gate.dismiss(mine)
+        assert await errno_of(fs.write(0, 0, b"MAPPED", ino, writeback)) == errno.EACCES
+        gate.admit(mine)  # the kernel reuses a freed namespace's number for the next sandbox
+        assert await errno_of(fs.write(0, 0, b"MAPPED", ino, writeback)) == errno.EACCES
         gate.dismiss(mine)
 
     _run(scenario, test)

@@ -339,7 +339,7 @@ class Commits:
                 raise
             if saved is None:
                 return
-            node.committed_revision = saved.revision_id  # the view shows it already (``commit_and_sync``)
+            node.committed_revision = node.written_revision = saved.revision_id  # shown already (``commit_and_sync``)
             self.bind(node, saved.resource_id)
 
     async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None, *,

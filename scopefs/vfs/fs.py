@@ -98,7 +98,7 @@ from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import HandleTable
 from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState, fail, is_writeback
 from scopefs.vfs.names import BadName, decode
 from scopefs.vfs.queries import Queries
 from scopefs.vfs.reads import Reads
@@ -154,8 +154,12 @@ class ScopeFS(pyfuse3.Operations):
         await self.follow.shutdown()
 
     def _revoke(self, pid_namespace: int) -> None:
-        """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``)."""
+        """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``), and no
+        writeback is taken as its any more, even once the kernel gives its number to another sandbox."""
         self.mount.handles.revoke(pid_namespace)
+        for node in self.mount.layers.inodes.nodes.values():
+            if node.touched_from == pid_namespace:
+                node.touched_from = None
 
     async def close_view(self) -> None:
         """Before the server lets go of the kernel (``vfs.server``): see ``MountState.close_view``."""
@@ -182,7 +186,9 @@ class ScopeFS(pyfuse3.Operations):
             # An O_TRUNC open arrives as a truncation to 0 without a handle, like truncate(2) by path:
             # it starts a writer whose close commits; a path truncation to any other size commits now.
             by_path = fh is None and attr.st_size > 0
-            if not fh and not by_path:
+            # A create's handle that a close already let go (any close of the inode commits) is no
+            # handle any more: the truncation needs a writer like one by inode, or no close commits it.
+            if not by_path and (not fh or self.mount.handles.get(fh) is None):
                 await self.commits.writer(node, self.mount.opener(ctx), truncate=attr.st_size == 0)
             await self.commits.truncate(node, attr.st_size, by_path=by_path)
         return attributes(self.mount, node)  # chmod, chown and times: accepted, ignored (Caveats)
@@ -302,8 +308,9 @@ class ScopeFS(pyfuse3.Operations):
             return await self.reads.read(handle, off, size)
         caller = self.mount.opener(ctx)  # EACCES unless admitted (``admit``)
         node = self.mount.node(inode)
+        data = await self.reads.read_inode(node, off, size)
         node.touched_from = caller  # whose a later writeback of a mapping of it is (``writeback_opener``)
-        return await self.reads.read_inode(node, off, size)
+        return data
 
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -354,7 +361,9 @@ class ScopeFS(pyfuse3.Operations):
                 handle = await self.commits.writer(node, mount.writeback_opener(node, ctx))
             else:
                 handle = found
-                if not mount.allows(ctx):  # the kernel writing back a mapping: the writer's sandbox must be in
+                if not mount.allows(ctx):  # only the kernel writing back a mapping, for the writer's sandbox
+                    if not is_writeback(ctx):
+                        raise fail(errno.EACCES)
                     mount.check_handle(handle)
         return self.commits.write(handle, off, buf)
 

@@ -103,6 +103,9 @@ class Node:
     listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     committed_revision: str | None = None  # the last revision this mount committed for it
+    # The last revision this mount committed from its draft (a close, an fsync, a truncation, a written
+    # file renamed over a note): the kernel's pages of it hold that revision's bytes (``vfs.reads``).
+    written_revision: str | None = None
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
@@ -127,8 +130,9 @@ class Node:
         failure: a second mount served them for as long as it was read).
         While the drop sweeps, one read may see both revisions; once it has
         swept them all, only the new one is left. A revision this mount
-        committed from the node's own draft is served at once
-        (``Reads._keeps_to_old``): the kernel's pages hold what was written.
+        committed from the node's own draft (``written_revision``) is
+        served at once (``Reads._keeps_to_old``): the kernel's pages hold
+        what was written.
         """
         return self.invalidations_queued > self.invalidations_begun
 

@@ -489,8 +489,7 @@ class MountState:
         process of that uid is the one README's boundary section states
         for pages the kernel serves from its cache.
         """
-        if (ctx is not None and ctx.pid == 0 and ctx.uid == 0 and node.touched_from is not None
-                and not self.allows(ctx)):
+        if is_writeback(ctx) and node.touched_from is not None and not self.allows(ctx):
             self.check_opener(node.touched_from)
             return node.touched_from
         return self.opener(ctx)
@@ -547,6 +546,12 @@ class MountState:
         if found is None:
             raise fail(errno.ENOENT)
         return parts, found
+
+
+def is_writeback(ctx: pyfuse3.RequestContext | None) -> bool:
+    """Whether a request comes with no caller at all, as the kernel's writeback of a mapping's
+    dirty pages does (FUSE sends it without credentials: uid 0, pid 0)."""
+    return ctx is not None and ctx.pid == 0 and ctx.uid == 0
 
 
 def child_name(name: bytes) -> str:

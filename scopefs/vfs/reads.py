@@ -181,17 +181,18 @@ class Reads:
         the view shows ``note``: only while the drop of the old revision's pages waits to begin, and
         only when ``note`` came from elsewhere.
 
-        After this mount committed ``note`` from this node's draft, the
-        kernel's pages of the node are what the writes left there (FUSE
-        writes through its cache, and truncates it): the new revision's
-        bytes. The queued drop still comes, so that nothing a tool wrote
+        After this mount committed ``note`` from this node's draft
+        (``Node.written_revision``; not a rename's, which may take another
+        session's revision along), the kernel's pages of the node are what
+        the writes left there (FUSE writes through its cache, and truncates
+        it): the new revision's bytes. The queued drop still comes, so that nothing a tool wrote
         stays cached unverified. Answering the old revision meanwhile would
         hand a process that closed and opened again the bytes its close
         replaced, cut short where the old revision ended (fsx found it:
         close, open, read).
         """
         return (node.invalidating and reader.note.resource_id == note.resource_id
-                and note.revision_id != node.committed_revision)
+                and note.revision_id != node.written_revision)
 
     async def _verify(self, node: Node, note: VisibleNote) -> tuple[int, Stamp, bytes | None]:
         """An open descriptor of ``note``'s artifact whose whole content matched the catalog, and that

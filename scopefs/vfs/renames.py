@@ -156,6 +156,7 @@ class Renames:
             resource_id, revision_id = current.resource_id, current.revision_id
         else:
             resource_id, revision_id = saved.resource_id, saved.revision_id
+            node.written_revision = revision_id  # its pages are what was written (``Reads._keeps_to_old``)
         layers.drop_local(src)
         self._replace_target(target, dst)
         node.parts = dst
