@@ -7,7 +7,7 @@ truncations of one file, each checked against a model, the file closed and
 opened again every ten operations. Through a mount every close after a
 write is a commit, so the checks here go further than fsx's: at every close the
 catalog's active revision is the model, and another session's mount shows
-it within the bound of issue 14's point 3. The same seed run on the disk
+it soon after (issue 14's point 3 asks for a second). The same seed run on the disk
 gives the same bytes, so the final file is compared with the disk's.
 
 What it found: a close followed at once by an open and a read was answered
@@ -129,7 +129,7 @@ def test_fsx_inside_scopefs_run_at_memory(scenario: Scenario, tmp_path: Path) ->
     assert live_notes(scenario.cli.home, scenario.conversation)["fsx-run.md"].active_sha256 == _sha(final)
 
 
-# -- what fsx found, pinned -------------------------------------------------------------------
+# -- what fsx found, and a review of its fixes, pinned ------------------------------------------
 
 
 def test_a_truncation_through_a_created_file_whose_handle_a_close_let_go_is_committed(

@@ -22,6 +22,7 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.visible import build
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.gate import Gate, pid_namespace
+from scopefs.vfs.inodes import Node
 from scopefs.vfs.invariants import inconsistencies
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import errno_of
@@ -143,6 +144,32 @@ def test_a_writeback_with_no_writer_is_the_sandbox_s_that_last_read_the_file_whi
         assert await errno_of(fs.write(0, 0, b"MAPPED", ino, writeback)) == errno.EACCES
         gate.admit(mine)  # the kernel reuses a freed namespace's number for the next sandbox
         assert await errno_of(fs.write(0, 0, b"MAPPED", ino, writeback)) == errno.EACCES
+        gate.dismiss(mine)
+
+    _run(scenario, test)
+
+
+def test_a_read_whose_sandbox_is_dismissed_while_it_verifies_is_refused_and_vouches_for_nothing(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A READ awaits (a verification, a hash); a dismissal meanwhile revokes its sandbox. Its bytes are then
+    refused, and it must not leave its namespace behind for writebacks: the next sandbox may get the number."""
+    async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
+        mine = pid_namespace(os.getpid())
+        assert mine is not None
+        me, writeback = context(SESSION_UID, os.getpid()), context(0, 0)
+        read_inode = fs.reads.read_inode
+
+        async def dismissed_meanwhile(node: Node, off: int, size: int) -> bytes:
+            data = await read_inode(node, off, size)
+            gate.dismiss(mine)
+            return data
+
+        gate.admit(mine)
+        monkeypatch.setattr(fs.reads, "read_inode", dismissed_meanwhile)
+        assert await errno_of(fs.read(0, 0, 4096, ino, me)) == errno.EACCES
+        monkeypatch.undo()
+        gate.admit(mine)  # the next sandbox, under the same number
+        assert await errno_of(fs.write(0, 0, b"mapped", ino, writeback)) == errno.EACCES
         gate.dismiss(mine)
 
     _run(scenario, test)

@@ -104,6 +104,29 @@ def test_rmdir_waits_for_a_removal_in_flight_under_it(scenario: Scenario) -> Non
         _read(scenario, NOTES[0])
 
 
+def test_a_rename_onto_a_note_whose_removal_is_in_flight_waits_for_it(scenario: Scenario) -> None:
+    """``mv a b`` about a second after ``rm b``, while the settle commits b's tombstone: the old code answered
+    EAGAIN, which ``mv`` does not retry (the tree exerciser's single writer could meet it)."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await _fill_and_remove(fs, tool, NOTES[:1])  # n0.md unlinked, its grace over
+        await tool.create("private/many", "moved.md", b"moved onto n0\n")
+        (removal,) = fs.mount.layers.removed.values()
+        folder = await tool.folder("private/many")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.removals.settle)
+            while not removal.in_flight:  # noqa: ASYNC110 - the flag is the settle's own; nothing signals it
+                await trio.lowlevel.checkpoint()
+            await fs.rename(folder, b"moved.md", folder, NOTES[0].encode(), 0, None)  # type: ignore[arg-type]
+            assert removal.settled.is_set()
+        tool.check("the rename")
+        assert fs.mount.layers.names(FOLDER) == [NOTES[0]]
+
+    run_alice_mount(scenario, script)
+    assert _read(scenario, NOTES[0]) == b"moved onto n0\n"
+    with pytest.raises(Denied):
+        _read(scenario, "moved.md")
+
+
 def test_rmdir_of_a_folder_whose_removal_was_refused_is_not_empty(scenario: Scenario,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A tombstone the catalog refuses leaves the note, and so its folder: rmdir answers ENOTEMPTY."""

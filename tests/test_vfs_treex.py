@@ -25,8 +25,6 @@ from tests.conftest import Scenario
 from tests.mountkit import Mounts, live_notes, mounts, second_group_session, wait_until  # noqa: F401
 from tests.treex import Model, TreeExerciser, interleaved_writes, tree_of
 
-pytestmark = pytest.mark.slow
-
 
 def _in_catalog(scenario: Scenario, folder: str) -> dict[str, str | None]:
     """The live notes of the group's store under ``folder``, by path below it: their active revision's hash."""
@@ -39,6 +37,7 @@ def _hashes(files: dict[str, bytes]) -> dict[str, str | None]:
     return {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_one_writer_s_tree_is_what_another_session_and_the_catalog_show(
         scenario: Scenario, mounts: Mounts, seed: int) -> None:
@@ -49,7 +48,7 @@ def test_one_writer_s_tree_is_what_another_session_and_the_catalog_show(
     def others_see(model: Model) -> None:
         nonlocal checkpoints
         checkpoints += 1
-        wait_until(lambda: tree_of(reader) == model.files or (not model.files and tree_of(reader) is None))
+        wait_until(lambda: tree_of(reader) == model.files)
         wait_until(lambda: _in_catalog(scenario, "tree") == _hashes(model.files))
 
     done = TreeExerciser(writer, seed=seed, checkpoint_every=25, checkpoint=others_see).run(300)
@@ -57,6 +56,7 @@ def test_one_writer_s_tree_is_what_another_session_and_the_catalog_show(
     assert {"create", "overwrite", "append", "write_middle", "save_by_rename", "rename", "unlink"} <= done.keys()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_two_sessions_writing_one_folder_at_once_converge(scenario: Scenario, mounts: Mounts, seed: int) -> None:
     roots = [mounts.mount(scenario.group_session) / "channel" / "tree",
@@ -66,7 +66,9 @@ def test_two_sessions_writing_one_folder_at_once_converge(scenario: Scenario, mo
     wait_until(lambda: (roots[1] / "started.md").exists())
 
     outcomes = interleaved_writes(roots, seed=seed, operations=400)
-    assert sum(count for what, count in outcomes.items() if what.endswith(" ok")) > 150  # not all refused
+    changed = sum(count for what, count in outcomes.items()
+                  if what.endswith(" ok") and not what.startswith(("read", "pause")))
+    assert changed > 100  # most changes went through: the writers did not just refuse each other
 
     def converged() -> bool:
         first, second = tree_of(roots[0]), tree_of(roots[1])

@@ -270,9 +270,10 @@ class TreeExerciser:
 # -- several writers at once ---------------------------------------------------------------------
 
 # What a writer may meet when another changed the tree under it and its view has not caught up yet: the
-# note is gone (ENOENT), taken (EEXIST), or removed here while another put a different note at its name
-# (EAGAIN: ``vfs.commits``'s create), or a folder that still holds another's note (ENOTEMPTY).
-RACED = frozenset({errno.ENOENT, errno.EEXIST, errno.EAGAIN, errno.ENOTEMPTY})
+# note is gone (ENOENT), taken (EEXIST), removed here while another put a different note at its name
+# (EAGAIN: ``vfs.commits``'s create), or tombstoned by the other under an open descriptor (EACCES, on a
+# mount without a gate: ``vfs.fs``'s Caveats).
+RACED = frozenset({errno.ENOENT, errno.EEXIST, errno.EAGAIN, errno.EACCES})
 
 
 def tree_of(root: Path) -> dict[str, bytes] | None:

@@ -337,7 +337,9 @@ class Commits:
             except BaseException:
                 mount.kernel.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
                 raise
-            if saved is None:
+            if saved is None:  # the draft holds exactly the revision the view shows: so do the kernel's pages
+                shown = mount.layers.note_of(node)
+                node.written_revision = shown.revision_id if shown is not None else node.written_revision
                 return
             node.committed_revision = node.written_revision = saved.revision_id  # shown already (``commit_and_sync``)
             self.bind(node, saved.resource_id)

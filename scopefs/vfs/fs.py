@@ -157,9 +157,7 @@ class ScopeFS(pyfuse3.Operations):
         """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``), and no
         writeback is taken as its any more, even once the kernel gives its number to another sandbox."""
         self.mount.handles.revoke(pid_namespace)
-        for node in self.mount.layers.inodes.nodes.values():
-            if node.touched_from == pid_namespace:
-                node.touched_from = None
+        self.mount.forget_namespace(pid_namespace)
 
     async def close_view(self) -> None:
         """Before the server lets go of the kernel (``vfs.server``): see ``MountState.close_view``."""
@@ -309,7 +307,7 @@ class ScopeFS(pyfuse3.Operations):
         caller = self.mount.opener(ctx)  # EACCES unless admitted (``admit``)
         node = self.mount.node(inode)
         data = await self.reads.read_inode(node, off, size)
-        node.touched_from = caller  # whose a later writeback of a mapping of it is (``writeback_opener``)
+        self.mount.read_by(node, caller)
         return data
 
     @guarded

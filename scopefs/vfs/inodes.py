@@ -102,7 +102,9 @@ class Node:
     invalidations_begun: int = 0
     listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
-    committed_revision: str | None = None  # the last revision this mount committed for it
+    # The revision this mount last committed for it, or, after a rename here, the one the view shows at
+    # the new name (maybe another session's): a draft loaded before a commit of this mount starts over.
+    committed_revision: str | None = None
     # The last revision this mount committed from its draft (a close, an fsync, a truncation, a written
     # file renamed over a note): the kernel's pages of it hold that revision's bytes (``vfs.reads``).
     written_revision: str | None = None

@@ -494,6 +494,24 @@ class MountState:
             return node.touched_from
         return self.opener(ctx)
 
+    def read_by(self, node: Node, caller: int | None) -> None:
+        """A ``READ`` of ``node`` from the admitted namespace ``caller`` is about to be answered.
+
+        Checked again, since the read may have awaited (a verification, a
+        hash) and a dismissal meanwhile revokes what that sandbox holds: its
+        bytes are refused, as through its handles. Kept as the namespace a
+        later writeback of the node's pages is taken as (``writeback_opener``).
+        """
+        self.check_opener(caller)
+        node.touched_from = caller
+
+    def forget_namespace(self, pid_namespace: int) -> None:
+        """A sandbox is gone: no writeback is taken as its any more, even once the kernel gives its
+        namespace's number to another sandbox."""
+        for node in self.layers.inodes.nodes.values():
+            if node.touched_from == pid_namespace:
+                node.touched_from = None
+
     def check_handle(self, handle: Handle) -> None:
         """Reads and writes need the pid namespace that opened the handle to be admitted still."""
         self.check_opener(handle.pid_namespace)
@@ -549,8 +567,9 @@ class MountState:
 
 
 def is_writeback(ctx: pyfuse3.RequestContext | None) -> bool:
-    """Whether a request comes with no caller at all, as the kernel's writeback of a mapping's
-    dirty pages does (FUSE sends it without credentials: uid 0, pid 0)."""
+    """Whether a request carries no credentials, as the kernel's writeback of a mapping's dirty pages
+    does (uid 0, pid 0). Root calling from a pid namespace this server cannot see looks the same; root
+    is trusted anyway (it can read and write the home itself)."""
     return ctx is not None and ctx.pid == 0 and ctx.uid == 0
 
 

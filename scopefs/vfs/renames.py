@@ -191,7 +191,18 @@ class Renames:
         await self._commits.commit(node)
         removal = layers.removed.get(dst)
         if removal is not None and removal.in_flight:
-            raise fail(errno.EAGAIN)
+            # A note unlinked at ``dst`` about a second ago is being tombstoned right now: ``mv`` does
+            # not retry, so wait for it, as ``rmdir`` does, then rename onto what is there by then.
+            with mount.kernel.waiting_on_refresh():
+                await removal.settled.wait()
+            if node.parts != src or layers.lookup(src) is not node:
+                raise fail(errno.ENOENT)  # moved or removed meanwhile (its own name is this rename's)
+            target = layers.lookup(dst)
+            if target is not None and target.kind is Kind.DIR:
+                raise fail(errno.EISDIR)  # a folder came at the name meanwhile
+            removal = layers.removed.get(dst)
+            if removal is not None and removal.in_flight:
+                raise fail(errno.EAGAIN)  # another unlink and settle meanwhile: let the tool try again
         if target is not None and target.resource_id is not None:
             replacing: str | None = target.resource_id
         else:  # a local file, or nothing, at the destination: nothing of the catalog's but an unlinked note
