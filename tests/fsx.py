@@ -77,10 +77,16 @@ class Exerciser:
     ``on_reopen`` is called with the model's bytes while the file is closed,
     between every close and the next open: a mount has committed by then, so
     a caller can check what other sessions and the catalog see.
+
+    ``descriptors`` above 1 keeps that many descriptors of the file open,
+    each operation going through one of them at random and each reopen
+    closing and opening the one just used (the others stay open: on a disk
+    that close commits nothing, through a mount it commits what every
+    descriptor wrote). The final check closes them all.
     """
 
     def __init__(self, path: str, *, seed: int, max_length: int = 256 * 1024, max_op: int = 64 * 1024,
-                 reopen_every: int = 10, mapped: bool = True,
+                 reopen_every: int = 10, mapped: bool = True, descriptors: int = 1,
                  on_reopen: Callable[[bytes], None] | None = None) -> None:
         self.path = path
         self.rng = random.Random(seed)
@@ -98,6 +104,7 @@ class Exerciser:
         self.counts = collections.Counter[str]()
         self.reopens = 0
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.fds = [self.fd] + [os.open(path, os.O_RDWR) for _ in range(descriptors - 1)]
 
     # -- the run --------------------------------------------------------------------------
 
@@ -105,6 +112,8 @@ class Exerciser:
         doing = "the first open"
         try:
             for number in range(1, operations + 1):
+                if len(self.fds) > 1:
+                    self.fd = self.rng.choice(self.fds)
                 name = self.rng.choice(self.names)
                 doing = f"operation {number} ({name})"
                 offset, size = getattr(self, "_" + name)(number)
@@ -115,21 +124,27 @@ class Exerciser:
                     doing = f"the reopen after operation {number}"
                     self.reopen(doing)
             doing = "the final check"
+            for fd in self.fds:
+                if fd != self.fd:
+                    os.close(fd)
+            self.fds = [self.fd]
             self.reopen(doing)
         except OSError as error:
             raise Mismatch(self._report(f"{doing} failed: {error!r}")) from error
         finally:
-            if self.fd >= 0:
-                os.close(self.fd)
+            for fd in self.fds:
+                if fd >= 0:
+                    os.close(fd)
         return Summary(operations, self.reopens, len(self.model), dict(sorted(self.counts.items())))
 
     def reopen(self, when: str) -> None:
         """Close (a mount commits here), let the caller look, open again, check every byte."""
+        which = self.fds.index(self.fd)
         os.close(self.fd)
-        self.fd = -1
+        self.fd = self.fds[which] = -1
         if self.on_reopen is not None:
             self.on_reopen(bytes(self.model))
-        self.fd = os.open(self.path, os.O_RDWR)
+        self.fd = self.fds[which] = os.open(self.path, os.O_RDWR)
         self.reopens += 1
         self._check_size(when)
         self._check(0, os.pread(self.fd, len(self.model) + 1, 0), when, whole=True)
@@ -237,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--max-op", type=int, default=64 * 1024)
     parser.add_argument("-c", "--reopen", type=int, default=10, help="close and open again every N operations")
     parser.add_argument("--no-mapped", action="store_true", help="no mapped reads or writes (fsx -R -W)")
+    parser.add_argument("-d", "--descriptors", type=int, default=1, help="descriptors kept open at once")
     args = parser.parse_args(argv)
     exerciser = Exerciser(args.path, seed=args.seed, max_length=args.max_length, max_op=args.max_op,
-                          reopen_every=args.reopen, mapped=not args.no_mapped)
+                          reopen_every=args.reopen, mapped=not args.no_mapped, descriptors=args.descriptors)
     try:
         summary = exerciser.run(args.operations)
     except Mismatch as failure:

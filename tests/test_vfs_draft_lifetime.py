@@ -27,7 +27,7 @@ import trio.testing
 
 from scopefs.catalog import visible
 from scopefs.catalog.reader import read_note
-from scopefs.vfs import currency, reads
+from scopefs.vfs import catalog_ops, currency, reads
 from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
@@ -70,6 +70,43 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
     run_alice_mount(scenario, script)
     assert closed == [True]
     assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
+
+
+def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``touch f; echo x > f``: the kernel does not wait for the RELEASE of touch's create, so the shell's
+    truncation and write can come while that release commits the empty note. The old code let them land
+    in the releasing handle's draft, which the release then closed once its commit (of the bytes it had
+    read before) was done: the write was lost, and its close said nothing (fsx found it inside
+    ``scopefs run``, where the timing falls that way about once in seven runs)."""
+    written = b"written while the release committed\n"
+    read_the_draft, go_on = threading.Event(), threading.Event()
+    commit = catalog_ops.commit
+
+    def commit_held(*args: Any, **kwargs: Any) -> Any:
+        done = commit(*args, **kwargs)  # the draft's bytes are read and committed: hold the thread here
+        read_the_draft.set()
+        go_on.wait()
+        return done
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, attributes = await fs.create(folder, b"touched.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                           None)  # type: ignore[arg-type]
+        await fs.flush(info.fh, attributes.st_ino, None)  # touch's close: nothing written, nothing committed
+        monkeypatch.setattr(catalog_ops, "commit", commit_held)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.release, info.fh)  # commits the empty note
+            await trio.to_thread.run_sync(read_the_draft.wait)
+            shell = await KernelFile.open(fs, attributes.st_ino, os.O_WRONLY | os.O_TRUNC)
+            await shell.write(0, written)
+            go_on.set()
+        monkeypatch.undo()
+        await shell.flush()
+        tool.check("the release and the shell's close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/touched.md") == written
 
 
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:

@@ -55,7 +55,8 @@ def _bytes_of(path: Path) -> bytes | None:
 def _on_disk(tmp_path: Path, seed: int, operations: int, sizes: dict[str, int]) -> bytes:
     """The bytes the same run leaves in a file on the disk: what the mount must end with."""
     where = tmp_path / f"disk-{seed}"
-    fsx.Exerciser(str(where), seed=seed, max_length=sizes["max_length"], max_op=sizes["max_op"]).run(operations)
+    fsx.Exerciser(str(where), seed=seed, max_length=sizes["max_length"], max_op=sizes["max_op"],
+                  descriptors=sizes.get("descriptors", 1)).run(operations)
     return where.read_bytes()
 
 
@@ -85,8 +86,9 @@ def test_the_exerciser_finds_a_size_changed_behind_its_back(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed, operations, sizes", [(1, 1000, SMALL), (2, 1000, SMALL), (3, 200, LARGE)],
-                         ids=["small-1", "small-2", "large"])
+@pytest.mark.parametrize("seed, operations, sizes", [(1, 1000, SMALL), (2, 1000, SMALL), (3, 200, LARGE),
+                                                     (4, 600, {**SMALL, "descriptors": 3})],
+                         ids=["small-1", "small-2", "large", "three-descriptors"])
 def test_fsx_reopening_every_ten_operations_commits_each_close_and_reads_back_every_byte(
         scenario: Scenario, mounts: Mounts, tmp_path: Path, seed: int, operations: int,
         sizes: dict[str, int]) -> None:
@@ -106,7 +108,8 @@ def test_fsx_reopening_every_ten_operations_commits_each_close_and_reads_back_ev
         wait_until(lambda: _bytes_of(reader / "channel" / name) == model)
 
     summary = fsx.Exerciser(str(writer / "channel" / name), seed=seed, max_length=sizes["max_length"],
-                            max_op=sizes["max_op"], on_reopen=committed_and_shown).run(operations)
+                            max_op=sizes["max_op"], descriptors=sizes.get("descriptors", 1),
+                            on_reopen=committed_and_shown).run(operations)
     assert summary.reopens == operations // 10 + 1 == closes
     assert set(summary.by_operation) == set(fsx.OPERATIONS)
     final = _on_disk(tmp_path, seed, operations, sizes)

@@ -482,6 +482,11 @@ class Commits:
         if handle is None:
             return
         node = handle.node
+        if self._writers.get(node.ino) == fh:
+            # From here on, writes by inode make a writer of their own. Found through this handle, they
+            # would land in the draft this release may close below without committing them (the kernel
+            # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
+            del self._writers[node.ino]
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
