@@ -26,6 +26,7 @@ import trio
 import trio.testing
 
 from scopefs.catalog import visible
+from scopefs.catalog.errors import Denied
 from scopefs.catalog.reader import read_note
 from scopefs.vfs import catalog_ops, currency, reads
 from scopefs.vfs import mount as mount_module
@@ -72,6 +73,32 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
     assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
 
 
+def _commits_held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """From now on, each commit holds the catalog thread once it has read the draft and committed it:
+    the first event is set then, and the thread goes on when the second is."""
+    read_the_draft, go_on = threading.Event(), threading.Event()
+    commit = catalog_ops.commit
+
+    def commit_held(*args: Any, **kwargs: Any) -> Any:
+        done = commit(*args, **kwargs)
+        read_the_draft.set()
+        go_on.wait()
+        return done
+
+    monkeypatch.setattr(catalog_ops, "commit", commit_held)
+    return read_the_draft, go_on
+
+
+async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
+    """``touch private/notes/touched.md``'s create and close (nothing written, so nothing committed yet):
+    the folder's inode, the file's handle (for its RELEASE) and its inode."""
+    folder = await tool.folder("private/notes")
+    info, attributes = await fs.create(folder, b"touched.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                       None)  # type: ignore[arg-type]
+    await fs.flush(info.fh, attributes.st_ino, None)
+    return folder, info.fh, attributes.st_ino
+
+
 def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """``touch f; echo x > f``: the kernel does not wait for the RELEASE of touch's create, so the shell's
@@ -80,25 +107,14 @@ def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
     read before) was done: the write was lost, and its close said nothing (fsx found it inside
     ``scopefs run``, where the timing falls that way about once in seven runs)."""
     written = b"written while the release committed\n"
-    read_the_draft, go_on = threading.Event(), threading.Event()
-    commit = catalog_ops.commit
-
-    def commit_held(*args: Any, **kwargs: Any) -> Any:
-        done = commit(*args, **kwargs)  # the draft's bytes are read and committed: hold the thread here
-        read_the_draft.set()
-        go_on.wait()
-        return done
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        folder = await tool.folder("private/notes")
-        info, attributes = await fs.create(folder, b"touched.md", 0o600, os.O_WRONLY | os.O_CREAT,
-                                           None)  # type: ignore[arg-type]
-        await fs.flush(info.fh, attributes.st_ino, None)  # touch's close: nothing written, nothing committed
-        monkeypatch.setattr(catalog_ops, "commit", commit_held)
+        _, fh, ino = await _touched(fs, tool)
+        read_the_draft, go_on = _commits_held(monkeypatch)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.release, info.fh)  # commits the empty note
+            nursery.start_soon(fs.release, fh)  # commits the empty note
             await trio.to_thread.run_sync(read_the_draft.wait)
-            shell = await KernelFile.open(fs, attributes.st_ino, os.O_WRONLY | os.O_TRUNC)
+            shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
             await shell.write(0, written)
             go_on.set()
         monkeypatch.undo()
@@ -107,6 +123,31 @@ def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
 
     run_alice_mount(scenario, script)
     assert as_alice(scenario, read_note, "private/notes/touched.md") == written
+
+
+def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``touch f; rm f``: the unlink can come while the release of touch's create commits the empty note.
+    The old code removed only the local file and answered; the commit then made the note, which showed
+    again and stayed in the catalog."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, _ = await _touched(fs, tool)
+        read_the_draft, go_on = _commits_held(monkeypatch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.release, fh)
+            await trio.to_thread.run_sync(read_the_draft.wait)
+            nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
+            await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
+            go_on.set()
+        monkeypatch.undo()
+        assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
+        await fs.removals.settle(everything=True)  # its grace cut short: the tombstone
+        assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
+        tool.check("the release and the unlink")
+
+    run_alice_mount(scenario, script)
+    with pytest.raises(Denied):
+        as_alice(scenario, read_note, "private/notes/touched.md")
 
 
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:
