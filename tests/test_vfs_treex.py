@@ -17,6 +17,7 @@ byte.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,16 @@ def test_the_tree_exerciser_finds_a_note_changed_behind_its_back(tmp_path: Path)
 
     with pytest.raises(AssertionError, match=r"holds other bytes than were written"):
         TreeExerciser(root, seed=1, checkpoint_every=10, checkpoint=meddle).run(100)
+
+
+@pytest.mark.slow
+def test_the_tree_exerciser_inside_scopefs_run_leaves_its_tree_in_the_catalog(scenario: Scenario) -> None:
+    """The sandbox's own python3 runs the exerciser on ``/memory`` (each step checked inside); once the run
+    and its mount end, the catalog holds exactly the tree it reported."""
+    exerciser = Path(__file__).with_name("treex.py").read_bytes()
+    result = scenario.cli("run", scenario.group_session, "--", "python3", "-", "channel/tree", "-N", "300",
+                          "-S", "5", stdin=exerciser, timeout=240)
+    assert result.code == 0, f"the tree exerciser failed in the sandbox: {result.err}"
+    reported = json.loads(result.out)
+    assert reported["by_operation"]["touch"] > 0 and reported["by_operation"]["save_by_rename"] > 0
+    assert _in_catalog(scenario, "tree") == reported["files"]

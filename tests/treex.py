@@ -4,8 +4,8 @@
 folder of notes: a seeded, reproducible sequence of what tools do to a
 tree (create, overwrite with ``O_TRUNC``, append, write in the middle of a
 reopened file, save through a temporary name renamed over the note,
-rename, remove, make and remove folders), each applied to the real tree
-and to a model (path -> bytes, and the empty folders), and after every
+rename, remove, make and remove folders, ``touch``), each applied to the
+real tree and to a model (path -> bytes, and the folders), and after every
 operation the names it touched, a file's bytes or a folder's listing
 checked against the model. Every ``checkpoint_every`` operations the
 caller gets the model to compare with what others see (another session's
@@ -69,7 +69,7 @@ class TreeExerciser:
         self.counts = collections.Counter[str]()
         root.mkdir(exist_ok=True)
         self.operations = {
-            "create": self._create, "overwrite": self._overwrite, "append": self._append,
+            "create": self._create, "touch": self._touch, "overwrite": self._overwrite, "append": self._append,
             "write_middle": self._write_middle, "save_by_rename": self._save_by_rename,
             "rename": self._rename, "unlink": self._unlink, "mkdir": self._mkdir, "rmdir": self._rmdir,
         }
@@ -108,6 +108,18 @@ class TreeExerciser:
         self.model.files[path] = data
         self._check_file(path, f"create {path}")
         return f"create {path} ({len(data)} bytes)"
+
+    def _touch(self, number: int) -> str | None:
+        """``touch``: a new empty file, closed unwritten. A mount commits it when the kernel releases it,
+        which it does not wait for: whatever comes next may race that commit."""
+        path = self._free_name()
+        if path is None:
+            return None
+        self._parent_made(path)
+        os.close(os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self.model.files[path] = b""
+        self._check_file(path, f"touch {path}")
+        return f"touch {path}"
 
     def _overwrite(self, number: int) -> str | None:
         path = self._existing()
@@ -350,3 +362,31 @@ def interleaved_writes(roots: list[Path], *, seed: int, operations: int) -> coll
         log.append(f"{number:5d} {name} by {writer}: {path.relative_to(root)} -> {outcome}")
         outcomes[f"{name} {outcome}"] += 1
     return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 tests/treex.py ROOT -N OPERATIONS -S SEED``: exit 0 and the final tree's hashes as JSON
+    (for a caller outside a sandbox to compare with the catalog), or exit 1 and the failed check."""
+    import argparse
+    import hashlib
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="the folder to exercise (made if missing)")
+    parser.add_argument("-N", "--operations", type=int, default=300)
+    parser.add_argument("-S", "--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    exerciser = TreeExerciser(args.root, seed=args.seed)
+    try:
+        counts = exerciser.run(args.operations)
+    except TreeMismatch as failure:
+        print(f"treex: seed {args.seed}: {failure}", file=sys.stderr)
+        return 1
+    files = {path: hashlib.sha256(data).hexdigest() for path, data in sorted(exerciser.model.files.items())}
+    print(json.dumps({"by_operation": counts, "files": files}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
