@@ -95,52 +95,46 @@ class TreeExerciser:
     # -- the operations: each returns what it did, or None if it had nothing to act on --------
 
     def _create(self, number: int) -> str | None:
-        path = self._free_name()
-        if path is None:
-            return None
-        data = self._data(number)
-        self._parent_made(path)
-        fd = os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        self.model.files[path] = data
-        self._check_file(path, f"create {path}")
-        return f"create {path} ({len(data)} bytes)"
+        return self._new(number, "create")
 
     def _touch(self, number: int) -> str | None:
         """``touch``: a new empty file, closed unwritten. A mount commits it when the kernel releases it,
         which it does not wait for: whatever comes next may race that commit."""
+        return self._new(number, "touch")
+
+    def _new(self, number: int, how: str) -> str | None:
         path = self._free_name()
         if path is None:
             return None
+        data = self._data(number) if how == "create" else b""
         self._parent_made(path)
-        os.close(os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        self.model.files[path] = b""
-        self._check_file(path, f"touch {path}")
-        return f"touch {path}"
+        fd = os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if data:
+                os.write(fd, data)
+        finally:
+            os.close(fd)
+        self.model.files[path] = data
+        self._check_file(path, f"{how} {path}")
+        return f"{how} {path} ({len(data)} bytes)"
 
     def _overwrite(self, number: int) -> str | None:
-        path = self._existing()
-        if path is None:
-            return None
-        data = self._data(number)
-        (self.root / path).write_bytes(data)
-        self.model.files[path] = data
-        self._check_file(path, f"overwrite {path}")
-        return f"overwrite {path} ({len(data)} bytes)"
+        return self._rewrite(number, "overwrite")
 
     def _append(self, number: int) -> str | None:
+        return self._rewrite(number, "append")
+
+    def _rewrite(self, number: int, how: str) -> str | None:
+        """An existing note overwritten (``O_TRUNC``, as a shell's ``>``) or appended to (``>>``)."""
         path = self._existing()
         if path is None:
             return None
         data = self._data(number)
-        with open(self.root / path, "ab") as out:
+        with open(self.root / path, "ab" if how == "append" else "wb") as out:
             out.write(data)
-        self.model.files[path] += data
-        self._check_file(path, f"append {path}")
-        return f"append {path} ({len(data)} bytes)"
+        self.model.files[path] = self.model.files[path] + data if how == "append" else data
+        self._check_file(path, f"{how} {path}")
+        return f"{how} {path} ({len(data)} bytes)"
 
     def _write_middle(self, number: int) -> str | None:
         path = self._existing()
