@@ -12,11 +12,12 @@ commit wait, as a busy mount does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -73,20 +74,30 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
     assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
 
 
-def _commits_held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """From now on, each commit holds the catalog thread once it has read the draft and committed it:
-    the first event is set then, and the thread goes on when the second is."""
+@contextlib.contextmanager
+def _commits_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """For the block, each commit holds the catalog thread once it has read the draft and committed it:
+    the first event is set then, and the thread goes on when the second is (at the latest as the block
+    ends, so a failing test cannot leave the thread parked)."""
     read_the_draft, go_on = threading.Event(), threading.Event()
     commit = catalog_ops.commit
 
     def commit_held(*args: Any, **kwargs: Any) -> Any:
         done = commit(*args, **kwargs)
         read_the_draft.set()
-        go_on.wait()
+        assert go_on.wait(timeout=60), "the test never let the catalog thread go on"
         return done
 
-    monkeypatch.setattr(catalog_ops, "commit", commit_held)
-    return read_the_draft, go_on
+    with monkeypatch.context() as patch:  # undoes only this, not the fixtures' own patches
+        patch.setattr(catalog_ops, "commit", commit_held)
+        try:
+            yield read_the_draft, go_on
+        finally:
+            go_on.set()
+
+
+async def _draft_read(read_the_draft: threading.Event) -> None:
+    assert await trio.to_thread.run_sync(read_the_draft.wait, 60), "no commit read the draft"
 
 
 async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
@@ -110,14 +121,13 @@ def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         _, fh, ino = await _touched(fs, tool)
-        read_the_draft, go_on = _commits_held(monkeypatch)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.release, fh)  # commits the empty note
-            await trio.to_thread.run_sync(read_the_draft.wait)
-            shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
-            await shell.write(0, written)
-            go_on.set()
-        monkeypatch.undo()
+        with _commits_held(monkeypatch) as (read_the_draft, go_on):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)  # commits the empty note
+                await _draft_read(read_the_draft)
+                shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
+                await shell.write(0, written)
+                go_on.set()
         await shell.flush()
         tool.check("the release and the shell's close")
 
@@ -132,14 +142,13 @@ def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
     again and stayed in the catalog."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
-        read_the_draft, go_on = _commits_held(monkeypatch)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.release, fh)
-            await trio.to_thread.run_sync(read_the_draft.wait)
-            nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
-            await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
-            go_on.set()
-        monkeypatch.undo()
+        with _commits_held(monkeypatch) as (read_the_draft, go_on):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)
+                await _draft_read(read_the_draft)
+                nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
+                await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
+                go_on.set()
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
         await fs.removals.settle(everything=True)  # its grace cut short: the tombstone
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
@@ -148,6 +157,39 @@ def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
     run_alice_mount(scenario, script)
     with pytest.raises(Denied):
         as_alice(scenario, read_note, "private/notes/touched.md")
+
+
+@pytest.mark.parametrize("move", ["a note onto it", "it to a backup name"])
+def test_a_rename_while_a_created_file_s_release_commits_waits_for_that_commit(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, move: str) -> None:
+    """``touch f; mv g f`` and ``touch f; mv f f~`` while the release of touch's create commits the empty
+    note. The old code renamed onto a name the catalog was about to take (EAGAIN for ``mv``, or, with the
+    rename first on the catalog thread, the moved note saved over with the empty bytes), and renamed the
+    file to a backup name that the commit then took back."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, _ = await _touched(fs, tool)
+        old, new = (b"allergy.md", b"touched.md") if move == "a note onto it" else (b"touched.md", b"touched.md~")
+        with _commits_held(monkeypatch) as (read_the_draft, go_on):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)
+                await _draft_read(read_the_draft)
+                nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
+                await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
+                go_on.set()
+        await trio.sleep(1.1)  # a rename to a backup name removes the note after its grace
+        await fs.removals.settle(everything=True)
+        tool.check("the release and the rename")
+        names = fs.mount.layers.names(("private", "notes"))
+        assert names == (["touched.md"] if move == "a note onto it" else ["allergy.md", "touched.md~"])
+
+    run_alice_mount(scenario, script)
+    if move == "a note onto it":
+        assert as_alice(scenario, read_note, "private/notes/touched.md") == ALICE_FACT
+        with pytest.raises(Denied):
+            as_alice(scenario, read_note, "private/notes/allergy.md")
+    else:
+        with pytest.raises(Denied):
+            as_alice(scenario, read_note, "private/notes/touched.md")
 
 
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:

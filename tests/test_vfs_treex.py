@@ -99,5 +99,5 @@ def test_the_tree_exerciser_inside_scopefs_run_leaves_its_tree_in_the_catalog(sc
                           "-S", "5", stdin=exerciser, timeout=240)
     assert result.code == 0, f"the tree exerciser failed in the sandbox: {result.err}"
     reported = json.loads(result.out)
-    assert reported["by_operation"]["touch"] > 0 and reported["by_operation"]["save_by_rename"] > 0
+    assert reported["by_operation"].get("touch", 0) > 0 and reported["by_operation"].get("save_by_rename", 0) > 0
     assert _in_catalog(scenario, "tree") == reported["files"]

@@ -492,7 +492,8 @@ class Commits:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
-        mount.handles.take(fh)  # only now: until here the handle counted in ``opens`` was in the table
+        if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
+            return  # table; gone, another release of it (a settle's let-go while this one committed) counted it
         node.opens -= 1
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
             # Another close is committing the draft (this is the settle letting go of a writer that

@@ -521,6 +521,24 @@ class MountState:
         if self.gate is not None and not self.gate.holds(pid_namespace):
             raise fail(errno.EACCES)
 
+    async def first_commit_done(self, node: Node | None) -> bool:
+        """Wait for ``node``'s first commit if one is under way; True if this waited.
+
+        A created file closed unwritten is committed when the kernel
+        releases it, which it does not wait for (``touch f; rm f``,
+        ``touch f; mv g f``, ``touch f; mv f f~``). A name change made
+        meanwhile would act on a local file that is about to become the
+        catalog's note, which would then show again, or be saved over what
+        was moved to its name. The caller looks its names up again after.
+        """
+        if (node is None or node.kind is not Kind.NOTE or not node.commit_lock.locked()
+                or self.layers.local.get(node.parts) is not node):
+            return False
+        with self.kernel.waiting_on_refresh():  # behind that commit's refresh
+            async with node.commit_lock:
+                pass
+        return True
+
     # -- nodes by number and name ----------------------------------------------
 
     def node(self, ino: int) -> Node:

@@ -36,14 +36,10 @@ class Removals:
         if node.kind is Kind.DIR:
             raise fail(errno.EISDIR)
         mount.check_writable(parts)
-        if layers.local.get(parts) is node and node.kind is Kind.NOTE and node.commit_lock.locked():
-            # Its first commit is under way (``touch f; rm f``: the kernel does not wait for the
-            # create's RELEASE, which commits the empty note). Removed only here, the note that commit
-            # makes would show again: wait for it, then remove what is there by then.
-            with mount.kernel.waiting_on_refresh():
-                async with node.commit_lock:
-                    pass
+        if await mount.first_commit_done(node):  # removed only here, the note it makes would show again
             parts, node = mount.existing(parent_ino, name)
+            if node.kind is Kind.DIR:
+                raise fail(errno.EISDIR)
         if layers.local.get(parts) is node:  # scratch, or a note never committed
             layers.drop_local(parts)
             layers.detach(node)

@@ -49,6 +49,11 @@ class Renames:
         old_parent, new_parent = mount.folder(parent_ino_old), mount.folder(parent_ino_new)
         dst_name = child_name(name_new)
         dst = new_parent.parts + (dst_name,)
+        # Either name may be a created file whose first commit is under way: moved or saved over
+        # meanwhile, the note that commit makes would come back, or be saved over what was moved.
+        waited = await mount.first_commit_done(node)
+        if await mount.first_commit_done(layers.lookup(dst)) or waited:
+            src, node = mount.existing(parent_ino_old, name_old)
         check_fits(dst, folder=node.kind is Kind.DIR)
         mount.check_writable(src)
         mount.check_writable(dst)
