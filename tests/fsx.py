@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import mmap
@@ -134,7 +135,8 @@ class Exerciser:
         finally:
             for fd in self.fds:
                 if fd >= 0:
-                    os.close(fd)
+                    with contextlib.suppress(OSError):  # a close may fail too (a mount commits there):
+                        os.close(fd)  # the first failure is the one reported
         return Summary(operations, self.reopens, len(self.model), dict(sorted(self.counts.items())))
 
     def reopen(self, when: str) -> None:
