@@ -29,6 +29,7 @@ import trio.testing
 from scopefs.catalog import visible
 from scopefs.catalog.errors import Denied
 from scopefs.catalog.reader import read_note
+from scopefs.catalog.reasons import Reason
 from scopefs.vfs import catalog_ops, currency, reads
 from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
@@ -77,8 +78,8 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
 @contextlib.contextmanager
 def _commits_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
     """For the block, each commit holds the catalog thread once it has read the draft and committed it:
-    the first event is set then, and the thread goes on when the second is (at the latest as the block
-    ends, so a failing test cannot leave the thread parked)."""
+    the first event is set then, and the thread goes on when the second is. A test sets it in a
+    ``finally`` inside its nursery, which cannot end while a task waits on the parked thread."""
     read_the_draft, go_on = threading.Event(), threading.Event()
     commit = catalog_ops.commit
 
@@ -124,10 +125,12 @@ def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
         with _commits_held(monkeypatch) as (read_the_draft, go_on):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fs.release, fh)  # commits the empty note
-                await _draft_read(read_the_draft)
-                shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
-                await shell.write(0, written)
-                go_on.set()
+                try:
+                    await _draft_read(read_the_draft)
+                    shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
+                    await shell.write(0, written)
+                finally:
+                    go_on.set()
         await shell.flush()
         tool.check("the release and the shell's close")
 
@@ -145,10 +148,12 @@ def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
         with _commits_held(monkeypatch) as (read_the_draft, go_on):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fs.release, fh)
-                await _draft_read(read_the_draft)
-                nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
-                await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
-                go_on.set()
+                try:
+                    await _draft_read(read_the_draft)
+                    nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
+                    await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
+                finally:
+                    go_on.set()
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
         await fs.removals.settle(everything=True)  # its grace cut short: the tombstone
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
@@ -172,12 +177,13 @@ def test_a_rename_while_a_created_file_s_release_commits_waits_for_that_commit(
         with _commits_held(monkeypatch) as (read_the_draft, go_on):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fs.release, fh)
-                await _draft_read(read_the_draft)
-                nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
-                await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
-                go_on.set()
-        await trio.sleep(1.1)  # a rename to a backup name removes the note after its grace
-        await fs.removals.settle(everything=True)
+                try:
+                    await _draft_read(read_the_draft)
+                    nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
+                    await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
+                finally:
+                    go_on.set()
+        await fs.removals.settle(everything=True)  # a rename to a backup name removes the note: now
         tool.check("the release and the rename")
         names = fs.mount.layers.names(("private", "notes"))
         assert names == (["touched.md"] if move == "a note onto it" else ["allergy.md", "touched.md~"])
@@ -190,6 +196,47 @@ def test_a_rename_while_a_created_file_s_release_commits_waits_for_that_commit(
     else:
         with pytest.raises(Denied):
             as_alice(scenario, read_note, "private/notes/touched.md")
+
+
+def test_a_rename_waiting_on_a_first_commit_that_is_refused_finds_nothing_to_move(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release's commit of a created file is refused; a rename that waited for it must not commit the
+    file that never was (an empty note at the new name), as the code between two reviews did."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, _ = await _touched(fs, tool)
+        failing, go_on = threading.Event(), threading.Event()
+        commit = catalog_ops.commit
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if failing.is_set():
+                return commit(*args, **kwargs)  # only the release's commit is refused
+            failing.set()
+            assert go_on.wait(timeout=60)
+            raise Denied(Reason.EXPLICIT_DENY)
+
+        moved: list[int] = []
+
+        async def move() -> None:
+            moved.append(await errno_of(fs.rename(folder, b"touched.md", folder, b"moved.md", 0,
+                                                  None)))  # type: ignore[arg-type]
+
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", refused)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)
+                try:
+                    assert await trio.to_thread.run_sync(failing.wait, 60)
+                    nursery.start_soon(move)
+                    await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
+                finally:
+                    go_on.set()
+        assert moved == [errno.ENOENT]
+        assert not {"touched.md", "moved.md"} & set(fs.mount.layers.names(("private", "notes")))
+        tool.check("the refused release and the rename")
+
+    run_alice_mount(scenario, script)
+    with pytest.raises(Denied):
+        as_alice(scenario, read_note, "private/notes/moved.md")
 
 
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:

@@ -526,7 +526,8 @@ class MountState:
 
         A created file closed unwritten is committed when the kernel
         releases it, which it does not wait for (``touch f; rm f``,
-        ``touch f; mv g f``, ``touch f; mv f f~``). A name change made
+        ``touch f; mv g f``, ``touch f; mv f f~``), or when the settle
+        lets go of a writer left idle. A name change made
         meanwhile would act on a local file that is about to become the
         catalog's note, which would then show again, or be saved over what
         was moved to its name. The caller looks its names up again after.

@@ -40,6 +40,7 @@ class Removals:
             parts, node = mount.existing(parent_ino, name)
             if node.kind is Kind.DIR:
                 raise fail(errno.EISDIR)
+            mount.check_writable(parts)  # EACCES while suspended (the commit's refresh failed)
         if layers.local.get(parts) is node:  # scratch, or a note never committed
             layers.drop_local(parts)
             layers.detach(node)

@@ -46,14 +46,15 @@ class Renames:
         if flags & RENAME_EXCHANGE:
             raise fail(errno.EINVAL)
         src, node = mount.existing(parent_ino_old, name_old)
+        # Either name may be a created file whose first commit is under way: moved or saved over
+        # meanwhile, the note that commit makes would come back, or be saved over what was moved.
+        at_dst = layers.lookup(mount.folder(parent_ino_new).parts + (child_name(name_new),))
+        waited = await mount.first_commit_done(node)
+        if await mount.first_commit_done(at_dst) or waited:
+            src, node = mount.existing(parent_ino_old, name_old)  # and the folders' paths below, as they are now
         old_parent, new_parent = mount.folder(parent_ino_old), mount.folder(parent_ino_new)
         dst_name = child_name(name_new)
         dst = new_parent.parts + (dst_name,)
-        # Either name may be a created file whose first commit is under way: moved or saved over
-        # meanwhile, the note that commit makes would come back, or be saved over what was moved.
-        waited = await mount.first_commit_done(node)
-        if await mount.first_commit_done(layers.lookup(dst)) or waited:
-            src, node = mount.existing(parent_ino_old, name_old)
         check_fits(dst, folder=node.kind is Kind.DIR)
         mount.check_writable(src)
         mount.check_writable(dst)
@@ -126,6 +127,8 @@ class Renames:
             self._commits.bind(node, frozen.resource_id)
             return
         async with node.commit_lock:  # a close of the same file commits it too: one at a time
+            if node.resource_id is None and (not node.attached or layers.local.get(src) is not node):
+                raise fail(errno.ENOENT)  # let go meanwhile: its first commit was refused, so it never was
             if node.resource_id is None:
                 await self._commit_local(node, src, dst, target, removal)
                 return
