@@ -315,14 +315,16 @@ def interleaved_writes(roots: list[Path], *, seed: int, operations: int) -> coll
         writer = rng.randrange(len(roots))
         root = roots[writer]
         path, other = root / any_name(), root / any_name()
-        name = rng.choice(("create", "overwrite", "append", "save_by_rename", "rename", "unlink", "read", "pause"))
+        name = rng.choice(("create", "touch", "overwrite", "append", "save_by_rename", "rename", "unlink", "read",
+                           "pause"))
         data = f"operation {number} by {writer}: {rng.getrandbits(64):016x}\n".encode() * rng.randrange(1, 30)
         try:
-            if name == "create":
+            if name in ("create", "touch"):
                 path.parent.mkdir(exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 try:
-                    os.write(fd, data)
+                    if name == "create":
+                        os.write(fd, data)
                 finally:
                     os.close(fd)
             elif name in ("overwrite", "append"):
