@@ -498,9 +498,7 @@ class Commits:
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
             # Another close is committing the draft (this is the settle letting go of a writer that
             # looked idle while its commit waited for the catalog): the draft goes once it is done.
-            with mount.kernel.waiting_on_refresh():  # a FLUSH's let-go waits here as on a commit
-                async with node.commit_lock:
-                    pass
+            await mount.commit_over(node)  # a FLUSH's let-go waits here as on a commit
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages

@@ -535,10 +535,15 @@ class MountState:
         if (node is None or node.kind is not Kind.NOTE or not node.commit_lock.locked()
                 or self.layers.local.get(node.parts) is not node):
             return False
-        with self.kernel.waiting_on_refresh():  # behind that commit's refresh
+        await self.commit_over(node)
+        return True
+
+    async def commit_over(self, node: Node) -> None:
+        """Until the commit of ``node`` under way (if any) is over. Counted as waiting on a refresh,
+        since that commit waits on one: the caller holds no page lock a refresh's drop could need."""
+        with self.kernel.waiting_on_refresh():
             async with node.commit_lock:
                 pass
-        return True
 
     # -- nodes by number and name ----------------------------------------------
 

@@ -185,8 +185,8 @@ class Reads:
         (``Node.written_revision``; not a rename's, which may take another
         session's revision along), the kernel's pages of the node are what
         the writes left there (FUSE writes through its cache, and truncates
-        it): the new revision's bytes. The queued drop still comes, so that nothing a tool wrote
-        stays cached unverified. Answering the old revision meanwhile would
+        it): the new revision's bytes. The queued drop still comes, so that
+        nothing a tool wrote stays cached unverified. Answering the old revision meanwhile would
         hand a process that closed and opened again the bytes its close
         replaced, cut short where the old revision ended (fsx found it:
         close, open, read).
