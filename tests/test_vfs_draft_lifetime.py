@@ -36,7 +36,7 @@ from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
-from tests.mountkit import catalog
+from tests.mountkit import catalog, unsynced_paths
 
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
@@ -237,6 +237,43 @@ def test_a_rename_waiting_on_a_first_commit_that_is_refused_finds_nothing_to_mov
     run_alice_mount(scenario, script)
     with pytest.raises(Denied):
         as_alice(scenario, read_note, "private/notes/moved.md")
+
+
+@pytest.mark.parametrize("synced", ["the file", "its folder"])
+def test_an_fsync_after_a_created_file_s_close_waits_for_its_release_s_commit(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, synced: str) -> None:
+    """``touch f`` then an fsync of ``f`` (a new descriptor: by inode) or of its folder: touch's close has
+    returned, and its RELEASE commits the empty note while the fsync comes. The fsync must make that
+    note durable. For the file, the old code answered at once (nothing of the note's was committed yet),
+    and the release's commit then landed unsynced. The folder's held only because its sync queued behind
+    the commit on the catalog thread; it now waits for the release as the file's does."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, ino = await _touched(fs, tool)
+        synced_at: list[bool] = []
+
+        async def fsync() -> None:
+            if synced == "the file":
+                await fs.fsync(0, False, ino)
+            else:
+                await fs.fsyncdir(0, False, folder)
+            synced_at.append(fs.mount.layers.note_of(fs.mount.node(ino)) is not None)
+
+        with _commits_held(monkeypatch) as (read_the_draft, go_on):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)
+                try:
+                    await _draft_read(read_the_draft)
+                    nursery.start_soon(fsync)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert synced_at == [], "the fsync answered before the note it syncs was committed"
+                finally:
+                    go_on.set()
+        assert synced_at == [True]
+        tool.check("the release and the fsync")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/touched.md") == b""
+    assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
 
 
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:

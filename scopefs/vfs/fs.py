@@ -378,6 +378,7 @@ class ScopeFS(pyfuse3.Operations):
         node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
         if node is None:
             return
+        await self.commits.released(node=node)  # ``touch f`` closed: its note may still be committing
         if handle is not None or self.commits.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
@@ -388,7 +389,9 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
-        await self.removals.settle(prefix=self.mount.folder(inode).parts)
+        parts = self.mount.folder(inode).parts
+        await self.commits.released(under=parts)  # files closed here whose releases still commit them
+        await self.removals.settle(prefix=parts)
         await self.commits.sync(None)
 
     # -- refused ---------------------------------------------------------------
