@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import Scenario
 from tests.mountkit import Mounts, live_notes, mounts, second_group_session, wait_until  # noqa: F401
-from tests.treex import Model, TreeExerciser, interleaved_writes, tree_of
+from tests.treex import Model, TakingTurns, TreeExerciser, interleaved_writes, stats_of, tree_of
 
 
 def _in_catalog(scenario: Scenario, folder: str) -> dict[str, str | None]:
@@ -78,6 +78,46 @@ def test_two_sessions_writing_one_folder_at_once_converge(scenario: Scenario, mo
     wait_until(converged)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, caught_up_by", [(1, "bytes"), (2, "bytes"), (3, "sizes and times"),
+                                                (4, "sizes and times")])
+def test_sessions_taking_turns_at_one_tree_each_act_on_the_other_s_changes(
+        scenario: Scenario, mounts: Mounts, seed: int, caught_up_by: str) -> None:
+    """Two sessions' mounts take turns at one folder, each once its view shows the other's last change: every
+    step is checked against one model, and so is the catalog every 25 operations.
+
+    A view has caught up, once the catalog holds the model, when it reads the model's bytes, or (never
+    reading a file, so that what its kernel cached stays there) when it lists the model's notes with the
+    sizes and times the last writer's view shows. A page kept from a replaced revision is then read by
+    the next step's check."""
+    roots = [mounts.mount(scenario.group_session) / "channel" / "tree",
+             mounts.mount(second_group_session(scenario)) / "channel" / "tree"]
+
+    def caught_up(root: Path, model: Model) -> None:
+        # The catalog first: a view that shows the model may only not have seen the last changes yet (a
+        # note removed in the writer's mount stays in the catalog, and so in other views, for its grace).
+        wait_until(lambda: _in_catalog(scenario, "tree") == _hashes(model.files))
+        if caught_up_by == "bytes":
+            wait_until(lambda: tree_of(root) == model.files)
+            return
+        writer = turns.root
+
+        def same_stats() -> bool:
+            seen = stats_of(root)
+            return seen is not None and seen.keys() == model.files.keys() and seen == stats_of(writer)
+
+        wait_until(same_stats)
+
+    def in_catalog(model: Model) -> None:
+        wait_until(lambda: _in_catalog(scenario, "tree") == _hashes(model.files))
+
+    turns = TakingTurns(roots, seed=seed, settle=caught_up, checkpoint_every=25, checkpoint=in_catalog)
+    done = turns.run(200)
+    assert turns.turns > 30
+    assert {"create", "touch", "overwrite", "append", "write_middle", "save_by_rename", "rename",
+            "unlink"} <= done.keys()
+
+
 def test_the_tree_exerciser_finds_a_note_changed_behind_its_back(tmp_path: Path) -> None:
     root = tmp_path / "tree"
 
@@ -88,6 +128,33 @@ def test_the_tree_exerciser_finds_a_note_changed_behind_its_back(tmp_path: Path)
 
     with pytest.raises(AssertionError, match=r"holds other bytes than were written"):
         TreeExerciser(root, seed=1, checkpoint_every=10, checkpoint=meddle).run(100)
+
+
+def _mirrored(root: Path, model: Model, *, flawed: bool) -> None:
+    """``root`` made to hold exactly the model's notes, as a view that caught up does; if ``flawed``, one
+    note keeps one byte less, as a view that missed part of a revision would."""
+    for path in tree_of(root) or {}:
+        if path not in model.files:
+            (root / path).unlink()
+    for path, data in sorted(model.files.items()):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    if flawed and any(model.files.values()):
+        path = max(model.files, key=lambda name: len(model.files[name]))
+        (root / path).write_bytes(model.files[path][:-1])
+
+
+@pytest.mark.parametrize("flawed", [False, True], ids=["caught-up", "a-byte-missed"])
+def test_turns_taken_on_trees_that_catch_up_pass_and_a_byte_missed_fails(tmp_path: Path, flawed: bool) -> None:
+    roots = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    turns = TakingTurns(roots, seed=7, settle=lambda root, model: _mirrored(root, model, flawed=flawed),
+                        checkpoint_every=10, checkpoint=lambda model: None)
+    if flawed:
+        with pytest.raises(AssertionError, match=r"holds other bytes than were written"):
+            turns.run(200)
+    else:
+        assert turns.run(200)["save_by_rename"] > 0
+        assert turns.turns > 20
 
 
 @pytest.mark.slow

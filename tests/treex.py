@@ -76,6 +76,7 @@ class TreeExerciser:
 
     def run(self, operations: int) -> dict[str, int]:
         for number in range(1, operations + 1):
+            self._before(number)
             name = self.rng.choice(sorted(self.operations))
             try:
                 what = self.operations[name](number)
@@ -91,6 +92,9 @@ class TreeExerciser:
         if self.checkpoint is not None:
             self.checkpoint(self._copy())
         return dict(sorted(self.counts.items()))
+
+    def _before(self, number: int) -> None:
+        """What happens before operation ``number``: nothing here (see ``TakingTurns``)."""
 
     # -- the operations: each returns what it did, or None if it had nothing to act on --------
 
@@ -273,6 +277,63 @@ class TreeExerciser:
         return f"{what}\nthe last {len(self.log)} operations:\n" + "\n".join(self.log)
 
 
+# -- several writers in turn ---------------------------------------------------------------------
+
+
+class TakingTurns(TreeExerciser):
+    """Several roots (mounts of different sessions) take turns at one tree, each only once its view shows
+    what the model holds (``settle``, given the root and the model, returns then). Nothing races, so every
+    step is checked against one model, and a writer acting on another's changes (loading its revision,
+    renaming or removing its note, appending over pages it read before) must get them right: two writers
+    at once (``interleaved_writes``) can only be checked for converging, and a write lost in both views
+    would converge too.
+
+    Folders are not made or removed on their own: one without notes lives only in the mount that made it
+    (or emptied it), so the listings checked are the notes and the folders that hold notes.
+    """
+
+    def __init__(self, roots: list[Path], *, seed: int, settle: Callable[[Path, Model], None],
+                 turn_every: int = 4, checkpoint_every: int = 50,
+                 checkpoint: Callable[[Model], None] | None = None) -> None:
+        super().__init__(roots[0], seed=seed, checkpoint_every=checkpoint_every, checkpoint=checkpoint)
+        self.roots = roots
+        self.settle = settle
+        self.turn_every = turn_every
+        self.turns = 0
+        del self.operations["mkdir"], self.operations["rmdir"]
+
+    def _before(self, number: int) -> None:
+        if self.rng.randrange(self.turn_every):
+            return
+        root = self.rng.choice([other for other in self.roots if other != self.root])
+        self.settle(root, self._copy())
+        self.root = root
+        root.mkdir(exist_ok=True)  # the tree's folder shows in another mount only while it holds notes
+        self.turns += 1
+        self.log.append(f"{number:5d} root {self.roots.index(root)} takes its turn")
+
+    def _parent_made(self, path: str) -> None:
+        if "/" in path:
+            folder = path.rsplit("/", 1)[0]
+            (self.root / folder).mkdir(exist_ok=True)  # an emptied one may be left in another mount only
+            self.model.folders.add(folder)
+
+    def _check_listing(self, folder: str, when: str) -> None:
+        where = self.root / folder if folder else self.root
+        try:
+            names = {name for name in os.listdir(where) if not name.startswith(".")}
+        except FileNotFoundError:
+            names = set()
+        files = {name for name in names if (where / name).is_file()}
+        prefix = folder + "/" if folder else ""
+        below = [path[len(prefix):] for path in self.model.files if path.startswith(prefix)]
+        meant = {name for name in below if "/" not in name}
+        holding = {name.split("/", 1)[0] for name in below if "/" in name}
+        if files != meant or not holding <= names - files:
+            raise TreeMismatch(self._report(f"{when}: {folder or '.'} lists {sorted(names)}, the model's notes "
+                                            f"{sorted(meant)} and folders holding notes {sorted(holding)}"))
+
+
 # -- several writers at once ---------------------------------------------------------------------
 
 # What a writer may meet when another changed the tree under it and its view has not caught up yet: the
@@ -358,6 +419,22 @@ def interleaved_writes(roots: list[Path], *, seed: int, operations: int) -> coll
         log.append(f"{number:5d} {name} by {writer}: {path.relative_to(root)} -> {outcome}")
         outcomes[f"{name} {outcome}"] += 1
     return outcomes
+
+
+def stats_of(root: Path) -> dict[str, tuple[int, int]] | None:
+    """Every file under ``root`` but hidden ones: its size and mtime, read without reading the file (its
+    pages stay what the kernel holds); None if a name went meanwhile."""
+    found = {}
+    try:
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if not name.startswith("."):
+                    path = Path(folder, name)
+                    stat = path.stat()
+                    found[str(path.relative_to(root))] = (stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        return None
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
