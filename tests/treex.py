@@ -59,8 +59,9 @@ class TreeExerciser:
     """One folder under test (``root``, made empty if missing) and the model of what it must hold."""
 
     def __init__(self, root: Path, *, seed: int, checkpoint_every: int = 50,
-                 checkpoint: Callable[[Model], None] | None = None) -> None:
+                 checkpoint: Callable[[Model], None] | None = None, scale: int = 1) -> None:
         self.root = root
+        self.scale = scale  # notes written are up to 1.5 KiB times this
         self.rng = random.Random(seed)
         self.checkpoint_every = checkpoint_every
         self.checkpoint = checkpoint
@@ -231,7 +232,7 @@ class TreeExerciser:
 
     def _data(self, number: int) -> bytes:
         line = f"operation {number}: {self.rng.getrandbits(64):016x}\n".encode()
-        return line * self.rng.randrange(1, 40)
+        return line * self.rng.randrange(1, 40) * self.scale
 
     def _parent_made(self, path: str) -> None:
         """``mkdir -p`` of a note's folder, as a tool writing into a new folder does first."""
@@ -294,8 +295,9 @@ class TakingTurns(TreeExerciser):
 
     def __init__(self, roots: list[Path], *, seed: int, settle: Callable[[Path, Model], None],
                  turn_every: int = 4, checkpoint_every: int = 50,
-                 checkpoint: Callable[[Model], None] | None = None) -> None:
-        super().__init__(roots[0], seed=seed, checkpoint_every=checkpoint_every, checkpoint=checkpoint)
+                 checkpoint: Callable[[Model], None] | None = None, scale: int = 1) -> None:
+        super().__init__(roots[0], seed=seed, checkpoint_every=checkpoint_every, checkpoint=checkpoint,
+                         scale=scale)
         self.roots = roots
         self.settle = settle
         self.turn_every = turn_every
