@@ -51,9 +51,10 @@ from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
+from scopefs.vfs.errors import fail
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, child_name, fail
+from scopefs.vfs.mount import MountState, child_name
 from scopefs.vfs.owed import Owed
 from scopefs.vfs.reads import Reads
 from scopefs.vfs.scratch import is_scratch
@@ -133,7 +134,7 @@ class Commits:
             handle.used = time.monotonic()
             return handle
         handle = Handle(node, writable=True, pid_namespace=pid_namespace)
-        self._register(node, mount.give(handle))
+        self._register(node, mount.callers.give(handle))
         return handle
 
     def _register(self, node: Node, fh: int) -> None:
@@ -231,7 +232,7 @@ class Commits:
             node = layers.inodes.new(kind, parts, draft=draft)
             layers.add_local(node)
         node.lookups += 1
-        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
         self._register(node, fh)
         return node, fh
 
@@ -258,7 +259,7 @@ class Commits:
         node = mount.layers.inodes.new(Kind.NOTE, parts, draft=draft)
         node.deposit, node.attached = handle, False
         node.lookups += 1
-        fh = mount.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
         self._register(node, fh)
         return node, fh
 

@@ -24,6 +24,11 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
+def fail(code: int) -> pyfuse3.FUSEError:
+    """The reply the kernel gets: an errno and nothing else."""
+    return pyfuse3.FUSEError(code)
+
+
 def errno_for(exc: BaseException) -> int:
     if isinstance(exc, pyfuse3.FUSEError):
         return exc.errno

@@ -22,8 +22,9 @@ import pyfuse3
 from scopefs.catalog.paths import Parts
 from scopefs.vfs import listings
 from scopefs.vfs.attributes import attributes
+from scopefs.vfs.errors import fail
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState
 from scopefs.vfs.readahead import AHEAD_NOTES
 from scopefs.vfs.removals import Removals
 

@@ -89,16 +89,17 @@ from scopefs.catalog.home import Home
 from scopefs.catalog.search import search
 from scopefs.catalog.visible import VisibleView
 from scopefs.vfs.attributes import absent, attributes, statfs
+from scopefs.vfs.callers import is_writeback
 from scopefs.vfs.commits import Commits
 from scopefs.vfs.content import Artifacts
-from scopefs.vfs.errors import guarded
+from scopefs.vfs.errors import fail, guarded
 from scopefs.vfs.folders import Folders
 from scopefs.vfs.follow import Follow
 from scopefs.vfs.gate import Gate
 from scopefs.vfs.handles import HandleTable
 from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail, is_writeback
+from scopefs.vfs.mount import MountState
 from scopefs.vfs.names import BadName, decode
 from scopefs.vfs.queries import Queries
 from scopefs.vfs.reads import Reads
@@ -157,7 +158,7 @@ class ScopeFS(pyfuse3.Operations):
         """A sandbox is gone: the files and folders it opened never work again (``vfs.gate``), and no
         writeback is taken as its any more, even once the kernel gives its number to another sandbox."""
         self.mount.handles.revoke(pid_namespace)
-        self.mount.forget_namespace(pid_namespace)
+        self.mount.callers.forget(pid_namespace)
 
     async def close_view(self) -> None:
         """Before the server lets go of the kernel (``vfs.server``): see ``MountState.close_view``."""
@@ -167,7 +168,7 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx, root_attributes=inode == pyfuse3.ROOT_INODE)
+        self.mount.callers.admit(ctx, root_attributes=inode == pyfuse3.ROOT_INODE)
         node = self.mount.node(inode)
         if node.kind is not Kind.DIR:  # a folder's attributes are constant (the gate's launch needs the root's)
             self.mount.check_current()
@@ -176,7 +177,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         node = self.mount.node(inode)
         if node.kind is not Kind.SCRATCH:
             self.mount.check_writable(node.parts if node.kind is not Kind.DIR else node.parts + ("x",))
@@ -187,13 +188,13 @@ class ScopeFS(pyfuse3.Operations):
             # A create's handle that a close already let go (any close of the inode commits) is no
             # handle any more: the truncation needs a writer like one by inode, or no close commits it.
             if not by_path and (not fh or self.mount.handles.get(fh) is None):
-                await self.commits.writer(node, self.mount.opener(ctx), truncate=attr.st_size == 0)
+                await self.commits.writer(node, self.mount.callers.opener(ctx), truncate=attr.st_size == 0)
             await self.commits.truncate(node, attr.st_size, by_path=by_path)
         return attributes(self.mount, node)  # chmod, chown and times: accepted, ignored (Caveats)
 
     @guarded
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         return statfs()
 
     # -- names ---------------------------------------------------------------
@@ -201,7 +202,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def lookup(self, parent_inode: int, name: bytes,
                      ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         self.mount.check_current()
         parent = self.mount.folder(parent_inode)
         if self.queries.covers(parent, name):
@@ -239,7 +240,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken, inode: int = 0,
                       ctx: pyfuse3.RequestContext | None = None) -> None:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         self.mount.check_current()
         folder = self.mount.folder(inode)
         if folder.kind is Kind.HISTORY:
@@ -253,25 +254,25 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         node = self.folders.mkdir(parent_inode, name)
         self._named_here(parent_inode, _text(name))
         return attributes(self.mount, node)
 
     @guarded
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         await self.folders.rmdir(parent_inode, name)
 
     @guarded
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         await self.removals.unlink(parent_inode, name)
 
     @guarded
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         # Out of the record first: a rename that commits applies the view showing the new name, which must
         # not drop the entry the rename is about to give it; a rename refused leaves the absent entry to drop.
         taken = self._named_here(parent_inode_new, _text(name_new))
@@ -300,20 +301,20 @@ class ScopeFS(pyfuse3.Operations):
                    ctx: pyfuse3.RequestContext | None = None) -> bytes:
         handle = self.mount.handles.get(fh) if fh else None
         if handle is not None:  # a file this mount created, still writing
-            self.mount.check_handle(handle)
+            self.mount.callers.check_handle(handle)
             if handle.node.deposit is not None:
                 raise fail(errno.EACCES)  # a deposit is never read back, not even by its writer
             return await self.reads.read(handle, off, size)
-        caller = self.mount.opener(ctx)  # EACCES unless admitted (``admit``)
+        caller = self.mount.callers.opener(ctx)  # EACCES unless admitted (``admit``)
         node = self.mount.node(inode)
         data = await self.reads.read_inode(node, off, size)
-        self.mount.read_by(node, caller)
+        self.mount.callers.read_by(node, caller)
         return data
 
     @guarded
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        pid_namespace = self.mount.opener(ctx)
+        pid_namespace = self.mount.callers.opener(ctx)
         text = _text(name)
         shown = None if flags & os.O_EXCL or text is None else self._shown_child(parent_inode, text)
         if shown is not None:
@@ -351,18 +352,18 @@ class ScopeFS(pyfuse3.Operations):
         found_by_fh = mount.handles.get(fh) if fh else None
         if found_by_fh is not None:  # a file this mount created, until its first close committed it
             handle = found_by_fh
-            mount.check_handle(handle)
+            mount.callers.check_handle(handle)
         else:
             node = mount.node(inode)
             found = self.commits.writer_of(node)
             if found is None:
-                handle = await self.commits.writer(node, mount.writeback_opener(node, ctx))
+                handle = await self.commits.writer(node, mount.callers.writeback_opener(node, ctx))
             else:
                 handle = found
-                if not mount.allows(ctx):  # only the kernel writing back a mapping, for the writer's sandbox
+                if not mount.callers.allows(ctx):  # only the kernel writing back a mapping, for the writer's sandbox
                     if not is_writeback(ctx):
                         raise fail(errno.EACCES)
-                    mount.check_handle(handle)
+                    mount.callers.check_handle(handle)
         return self.commits.write(handle, off, buf)
 
     @guarded
@@ -399,19 +400,19 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         raise fail(errno.EPERM)  # notes are plain files; Emacs then locks with a plain file
 
     @guarded
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         raise fail(errno.EPERM)
 
     @guarded
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self.mount.admit(ctx)
+        self.mount.callers.admit(ctx)
         raise fail(errno.EPERM)
 
 

@@ -78,9 +78,10 @@ from scopefs.catalog.paths import Parts
 from scopefs.catalog.visible import VisibleNote, VisibleView
 from scopefs.vfs import listings
 from scopefs.vfs.attributes import attributes
+from scopefs.vfs.errors import fail
 from scopefs.vfs.historytree import HISTORY, revision_name, view_parts
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState
 from scopefs.vfs.names import BadName, decode
 from scopefs.vfs.pages import list_again
 

@@ -114,7 +114,7 @@ class Node:
     deposit: str | None = None  # a postbox deposit being written (its message handle): never named, never read
     # On a sandbox's mount: the admitted pid namespace of the last request that read it, or of the
     # last handle given to write it. The kernel's writeback of a shared mapping's dirty pages comes
-    # without a caller, and is taken as that namespace's (``MountState.writeback_opener``).
+    # without a caller, and is taken as that namespace's (``Callers.writeback_opener``).
     touched_from: int | None = None
 
     @property

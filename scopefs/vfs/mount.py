@@ -4,10 +4,10 @@ Everything above (``reads``, ``commits``, ``renames``, ``removals``,
 ``folders``, ``follow``, and the pyfuse3 adapter ``fs``) reaches the
 catalog, the view, the handle table and the kernel's caches only through
 a ``MountState``, so each of those rooms imports this one and none imports
-another one's caller. Two parts of that state are rooms of their own,
-held here: how current the view is (``vfs.currency``) and the kernel's
-side of the mount, its connection and the drops queued for it
-(``vfs.kernel``).
+another one's caller. Three parts of that state are rooms of their own,
+held here: how current the view is (``vfs.currency``), the kernel's side
+of the mount, its connection and the drops queued for it
+(``vfs.kernel``), and who may ask (``vfs.callers``).
 
 Three locks, always taken in this order (S3QL's rule, for the same
 reason: a fixed order cannot deadlock):
@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import pyfuse3
 import trio
 
 from scopefs.catalog.audit import AuditBacklog, AuditEvent
@@ -43,10 +42,12 @@ from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES, Parts
 from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote, VisibleView, refresh
 from scopefs.vfs.absences import NO_INODE
+from scopefs.vfs.callers import Callers
 from scopefs.vfs.content import Artifacts
 from scopefs.vfs.currency import Currency
+from scopefs.vfs.errors import fail
 from scopefs.vfs.gate import Gate
-from scopefs.vfs.handles import Handle, HandleTable
+from scopefs.vfs.handles import HandleTable
 from scopefs.vfs.historytree import is_history_path
 from scopefs.vfs.inodes import Kind, Node, copied_from
 from scopefs.vfs.kernel import Kernel
@@ -66,11 +67,6 @@ AUDIT_WAIT_MS = 50  # how long an audit write on the catalog thread waits for an
 WAL_BACKSTOP_PAGES = 8_192
 
 
-def fail(code: int) -> pyfuse3.FUSEError:
-    """The reply the kernel gets: an errno and nothing else."""
-    return pyfuse3.FUSEError(code)
-
-
 class MountState:
     """One session's mounted view: its layers, handles, catalog thread and kernel caches."""
 
@@ -78,11 +74,12 @@ class MountState:
                  owner: tuple[int, int] | None = None) -> None:
         self.home = home
         self.session_id = session_id
-        self.gate = gate  # set for a sandbox's mount: only that sandbox may use it
         self.kernel = Kernel()  # its connection, the drops queued for it, when to cut it (``vfs.kernel``)
         self.layers = Layers(view)
         self.artifacts = Artifacts(home)
         self.handles = HandleTable()
+        # Who may ask: everyone, or (a sandbox's mount, with a gate) that sandbox only (``vfs.callers``).
+        self.callers = Callers(gate, self.handles, self.layers.inodes)
         self.uid, self.gid = owner if owner is not None else (os.getuid(), os.getgid())
         self.started_ns = time.time_ns()  # the time of every folder, constant: it says nothing of writes
         # Failed verification in this mount: EIO until the view moves on, once the event says it is audited.
@@ -395,8 +392,8 @@ class MountState:
     async def close_view(self) -> None:
         """Before the connection to the kernel closes (a stop by signal): no sandbox is admitted any
         more, so nothing can bring a page back, and then no page of the view may outlive the connection."""
-        if self.gate is not None:
-            self.gate.dismiss_all()
+        if self.callers.gate is not None:
+            self.callers.gate.dismiss_all()
         await self.kernel.drop_pages_now(list(self.layers.inodes.nodes.values()))
 
     def event(self, operation: str, decision: str, reason: Reason, note: VisibleNote) -> AuditEvent:
@@ -437,89 +434,6 @@ class MountState:
         # since a create must not cost a lookup of every sibling
         if any(layers.lookup(parent.parts + (other,)) is not None for other in look_alikes):
             raise fail(errno.EINVAL)
-
-    # -- who asks ----------------------------------------------------------------
-
-    def admit(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> None:
-        if not self.allows(ctx, root_attributes=root_attributes):
-            raise fail(errno.EACCES)
-
-    def allows(self, ctx: pyfuse3.RequestContext | None, *, root_attributes: bool = False) -> bool:
-        """Whether the caller of a request may use this mount (always, on a mount without a gate)."""
-        return self.gate is None or self.gate.allows(ctx, root_attributes=root_attributes)
-
-    def opener(self, ctx: pyfuse3.RequestContext | None) -> int | None:
-        """The admitted pid namespace asking (EACCES if none): for a handle about to be given out, and for
-        a ``READ``, whose node keeps it (``writeback_opener``)."""
-        if self.gate is None:
-            return None
-        namespace = self.gate.namespace_of(ctx)
-        if namespace is None:
-            raise fail(errno.EACCES)
-        return namespace
-
-    def give(self, handle: Handle) -> int:
-        """A file handle for ``handle``, if the sandbox that asked is still admitted.
-
-        Checked again here, with no await before the handle is in the
-        table, because a create or a first write awaits (a draft loaded from
-        its note) and its sandbox may be dismissed meanwhile: a handle given
-        after that would outlive the dismissal's revocation.
-        """
-        self.check_opener(handle.pid_namespace)
-        if handle.writable:
-            handle.node.touched_from = handle.pid_namespace
-        return self.handles.give(handle)
-
-    def writeback_opener(self, node: Node, ctx: pyfuse3.RequestContext | None) -> int | None:
-        """For a writer about to be made by a ``WRITE``: the admitted pid namespace it belongs to.
-
-        The caller's, as ``opener``; or, when the kernel writes back a
-        shared mapping's dirty pages (a ``WRITE`` with no caller: pid 0,
-        uid 0), the namespace of the last request that read the node or
-        of the last handle given to write it, if that namespace is still
-        admitted. No request says who mapped a file or dirtied its pages
-        (no open reaches the mount, and a write to a cached page sends
-        nothing), and the writer that wrote before may be gone: any close
-        commits and lets go of it, and Python's ``mmap`` closes a duplicate
-        of its descriptor when the mapping goes. Without this, a sandbox's
-        writes through a mapping failed EACCES (fsx found it). A page gets
-        dirty only through a descriptor opened for writing, which the
-        modes give the session uid alone; the gate's limit for a host
-        process of that uid is the one README's boundary section states
-        for pages the kernel serves from its cache.
-        """
-        if is_writeback(ctx) and node.touched_from is not None and not self.allows(ctx):
-            self.check_opener(node.touched_from)
-            return node.touched_from
-        return self.opener(ctx)
-
-    def read_by(self, node: Node, caller: int | None) -> None:
-        """A ``READ`` of ``node`` from the admitted namespace ``caller`` is about to be answered.
-
-        Checked again, since the read may have awaited (a verification, a
-        hash) and a dismissal meanwhile revokes what that sandbox holds: its
-        bytes are refused, as through its handles. Kept as the namespace a
-        later writeback of the node's pages is taken as (``writeback_opener``).
-        """
-        self.check_opener(caller)
-        node.touched_from = caller
-
-    def forget_namespace(self, pid_namespace: int) -> None:
-        """A sandbox is gone: no writeback is taken as its any more, even once the kernel gives its
-        namespace's number to another sandbox."""
-        for node in self.layers.inodes.nodes.values():
-            if node.touched_from == pid_namespace:
-                node.touched_from = None
-
-    def check_handle(self, handle: Handle) -> None:
-        """Reads and writes need the pid namespace that opened the handle to be admitted still."""
-        self.check_opener(handle.pid_namespace)
-
-    def check_opener(self, pid_namespace: int | None) -> None:
-        """EACCES on a sandbox's mount once the pid namespace that opened a file or folder is gone."""
-        if self.gate is not None and not self.gate.holds(pid_namespace):
-            raise fail(errno.EACCES)
 
     async def first_commit_done(self, node: Node | None) -> bool:
         """Wait for ``node``'s first commit if one is under way; True if this waited.
@@ -588,13 +502,6 @@ class MountState:
         if found is None:
             raise fail(errno.ENOENT)
         return parts, found
-
-
-def is_writeback(ctx: pyfuse3.RequestContext | None) -> bool:
-    """Whether a request carries no credentials, as the kernel's writeback of a mapping's dirty pages
-    does (uid 0, pid 0). Root calling from a pid namespace this server cannot see looks the same; root
-    is trusted anyway (it can read and write the home itself)."""
-    return ctx is not None and ctx.pid == 0 and ctx.uid == 0
 
 
 def child_name(name: bytes) -> str:

@@ -44,10 +44,11 @@ from scopefs.catalog.reasons import Reason
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs.content import Stamp, stamps_now
 from scopefs.vfs.drafts import Draft
+from scopefs.vfs.errors import fail
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.history import History
 from scopefs.vfs.inodes import Kind, Node
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState
 from scopefs.vfs.queries import Queries
 
 log = logging.getLogger("scopefs.vfs")

@@ -17,8 +17,9 @@ import trio
 
 from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
+from scopefs.vfs.errors import fail
 from scopefs.vfs.inodes import Kind
-from scopefs.vfs.mount import MountState, fail
+from scopefs.vfs.mount import MountState
 
 log = logging.getLogger("scopefs.vfs")
 

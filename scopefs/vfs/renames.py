@@ -23,9 +23,10 @@ import time
 from scopefs.catalog.paths import Parts
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.commits import Commits
+from scopefs.vfs.errors import fail
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.layers import Removal
-from scopefs.vfs.mount import MountState, check_fits, child_name, fail
+from scopefs.vfs.mount import MountState, check_fits, child_name
 from scopefs.vfs.scratch import is_scratch
 
 RENAME_NOREPLACE = 1
