@@ -130,7 +130,7 @@ class Exerciser:
                     os.close(fd)
             self.fds = [self.fd]
             self.reopen(doing)
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: a mapping longer than the size the file now has
             raise Mismatch(self._report(f"{doing} failed: {error!r}")) from error
         finally:
             for fd in self.fds:

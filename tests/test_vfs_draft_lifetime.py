@@ -276,6 +276,49 @@ def test_an_fsync_after_a_created_file_s_close_waits_for_its_release_s_commit(
     assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
 
 
+def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits_for_it(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close's commit waits for the catalog; the settle takes its writer for an idle one and lets it go;
+    another process fsyncs the file (a new descriptor: by inode). It finds no writer, and, for a new note,
+    nothing in the view yet: it must wait for that commit and sync it, not answer before (a review found
+    the first fix of the release's case missed this one)."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, attributes = await fs.create(folder, b"synced.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                           None)  # type: ignore[arg-type]
+        ino = attributes.st_ino
+        await fs.write(info.fh, 0, CONTENT)
+        handle = fs.mount.handles.get(info.fh)
+        assert handle is not None
+        synced: list[bool] = []
+
+        async def fsync() -> None:
+            await fs.fsync(0, False, ino)
+            synced.append(fs.mount.layers.note_of(fs.mount.node(ino)) is not None)
+
+        with _commits_held(monkeypatch) as (read_the_draft, go_on):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.flush, info.fh, ino, None)
+                try:
+                    await _draft_read(read_the_draft)
+                    handle.used -= 10.0  # as if its last write were long ago
+                    nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer, then waits for the commit
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert fs.commits.writer_of(fs.mount.node(ino)) is None
+                    nursery.start_soon(fsync)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert synced == [], "the fsync answered before the close's commit was done"
+                finally:
+                    go_on.set()
+        await fs.release(info.fh)
+        assert synced == [True]
+        tool.check("the close, the settle and the fsync")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/synced.md") == CONTENT
+    assert "notes/synced.md" not in unsynced_paths(scenario.cli.home)
+
+
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:
     """An ``fsync`` refused (a forgotten claim written again) answers EACCES and keeps the writer open:
     a tool that looks at the file meanwhile reads by inode, and the draft the mount still holds must not

@@ -89,8 +89,8 @@ def test_sessions_taking_turns_at_one_tree_each_act_on_the_other_s_changes(
     A view has caught up, once the catalog holds the model, when it reads the model's bytes, or (never
     reading a file, so that what its kernel cached stays there) when it lists the model's notes with the
     sizes and times the last writer's view shows. A page kept from a replaced revision is then read by
-    the next step's check. The last case writes notes of up to 1.5 MB, loaded and hashed on threads, read
-    in many pieces."""
+    the next step's check. The last case writes up to 1.5 MB at a time (appends make notes larger), loaded
+    and hashed on threads, read in many pieces."""
     roots = [mounts.mount(scenario.group_session) / "channel" / "tree",
              mounts.mount(second_group_session(scenario)) / "channel" / "tree"]
 

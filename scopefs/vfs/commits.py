@@ -74,7 +74,8 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        self._releasing: dict[int, Node] = {}  # inode -> its note, committed by a RELEASE under way
+        # inode -> its note, and how many RELEASEs commit it now (the settle's let-go and the kernel's may both)
+        self._releasing: dict[int, tuple[Node, int]] = {}
         self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
@@ -387,19 +388,19 @@ class Commits:
         found = access.view.mount_for(parts)
         return access.in_cell(found[0].cell if found is not None else "").agent_id
 
-    async def released(self, *, node: Node | None = None, under: Parts | None = None) -> None:
-        """Until the commits that releases have under way (of ``node``, or of the notes under the folder
-        ``under``) are over.
+    async def released(self, folder: Parts) -> None:
+        """Until the commits that releases have under way of the notes under ``folder`` are over.
 
         The close those releases follow has returned already: the kernel
         does not wait for a RELEASE, which commits a file created or
         truncated and closed unwritten (``touch f``, ``: > f``). An fsync
-        that comes after that close must find the note committed, so that
-        it makes it durable, rather than answer before the commit, which
-        would then land unsynced.
+        of the folder that comes after that close must find the note
+        committed, so that it makes it durable, rather than answer before
+        the commit, which would then land unsynced. (A file's own fsync
+        waits for whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
-        for releasing in list(self._releasing.values()):
-            if releasing is node or (under is not None and releasing.parts[:len(under)] == under):
+        for releasing, _ in list(self._releasing.values()):
+            if releasing.parts[:len(folder)] == folder:
                 await self._mount.commit_over(releasing)
 
     async def sync(self, node: Node | None) -> None:
@@ -505,13 +506,15 @@ class Commits:
             # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
             del self._writers[node.ino]
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
-            self._releasing[node.ino] = node
+            self._releasing[node.ino] = (node, self._releasing.get(node.ino, (node, 0))[1] + 1)
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
             finally:
-                self._releasing.pop(node.ino, None)
+                left = self._releasing.pop(node.ino)[1] - 1
+                if left:
+                    self._releasing[node.ino] = (node, left)
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
             return  # table; gone, another release of it (a settle's let-go while this one committed) counted it
         node.opens -= 1

@@ -379,7 +379,11 @@ class ScopeFS(pyfuse3.Operations):
         node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
         if node is None:
             return
-        await self.commits.released(node=node)  # ``touch f`` closed: its note may still be committing
+        if node.commit_lock.locked():
+            # A commit whose close returned (the kernel does not wait for the RELEASE that commits
+            # ``touch f``), or one another process's close awaits (a writer the settle let go of): the
+            # note may not be in the view until it is done, and what it commits is this fsync's to sync.
+            await self.mount.commit_over(node)
         if handle is not None or self.commits.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
@@ -391,7 +395,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
         parts = self.mount.folder(inode).parts
-        await self.commits.released(under=parts)  # files closed here whose releases still commit them
+        await self.commits.released(parts)  # files closed here whose releases still commit them
         await self.removals.settle(prefix=parts)
         await self.commits.sync(None)
 
