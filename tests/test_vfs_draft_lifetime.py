@@ -319,6 +319,44 @@ def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits
     assert "notes/synced.md" not in unsynced_paths(scenario.cli.home)
 
 
+def test_an_fsync_that_waited_for_a_release_s_commit_which_was_refused_fails(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``touch f``, then an fsync of ``f`` while the release's commit of it is under way, and that commit is
+    refused: the fsync answers EIO (the bytes it was to make durable are gone), not 0 for a note that
+    never was, as the first version of the wait did (a review found it)."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        _, fh, ino = await _touched(fs, tool)
+        failing, go_on = threading.Event(), threading.Event()
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            failing.set()
+            assert go_on.wait(timeout=60)
+            raise Denied(Reason.EXPLICIT_DENY)
+
+        synced: list[int] = []
+
+        async def fsync() -> None:
+            synced.append(await errno_of(fs.fsync(0, False, ino)))
+
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", refused)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.release, fh)
+                try:
+                    assert await trio.to_thread.run_sync(failing.wait, 60)
+                    nursery.start_soon(fsync)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert synced == []
+                finally:
+                    go_on.set()
+        assert synced == [errno.EIO]
+        tool.check("the refused release and the fsync")
+
+    run_alice_mount(scenario, script)
+    with pytest.raises(Denied):
+        as_alice(scenario, read_note, "private/notes/touched.md")
+
+
 def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) -> None:
     """An ``fsync`` refused (a forgotten claim written again) answers EACCES and keeps the writer open:
     a tool that looks at the file meanwhile reads by inode, and the draft the mount still holds must not

@@ -316,36 +316,44 @@ class Commits:
             await self._commit_locked(node, durable=durable)
 
     async def _commit_locked(self, node: Node, *, durable: bool) -> None:
-        mount = self._mount
         async with node.commit_lock:
-            draft = node.draft
-            if draft is not None and node.deposit is not None:
-                await self._deposit(node, draft)
-                return
-            if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
-                return
-            await mount.resume()  # a commit refreshes anyway, and holds no page lock
-            if not mount.view.usable or mount.withheld(node.resource_id):
-                # Revoked with bytes not committed (or the note on its way out of the view):
-                # the close or fsync that asks must fail, never report success for data that is gone.
-                self._refused(node, draft)
-                raise fail(errno.EACCES)
-            if not node.attached:
-                if node.left_view:
-                    self._refused(node, draft)
-                    raise fail(errno.EACCES)  # removed by another session, or the view went and came back
-                return  # unlinked here while open: its writes go with it, as on any filesystem
             try:
-                saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
+                await self._commit_held(node, durable=durable)
             except BaseException:
-                mount.kernel.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
+                node.failed_commits += 1  # what an fsync that waited for this commit must report (``ScopeFS.fsync``)
                 raise
-            if saved is None:  # the draft holds exactly the revision the view shows: so do the kernel's pages
-                shown = mount.layers.note_of(node)
-                node.written_revision = shown.revision_id if shown is not None else node.written_revision
-                return
-            node.committed_revision = node.written_revision = saved.revision_id  # shown already (``commit_and_sync``)
-            self.bind(node, saved.resource_id)
+
+    async def _commit_held(self, node: Node, *, durable: bool) -> None:
+        """The commit itself; the caller holds ``node.commit_lock``."""
+        mount = self._mount
+        draft = node.draft
+        if draft is not None and node.deposit is not None:
+            await self._deposit(node, draft)
+            return
+        if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
+            return
+        await mount.resume()  # a commit refreshes anyway, and holds no page lock
+        if not mount.view.usable or mount.withheld(node.resource_id):
+            # Revoked with bytes not committed (or the note on its way out of the view):
+            # the close or fsync that asks must fail, never report success for data that is gone.
+            self._refused(node, draft)
+            raise fail(errno.EACCES)
+        if not node.attached:
+            if node.left_view:
+                self._refused(node, draft)
+                raise fail(errno.EACCES)  # removed by another session, or the view went and came back
+            return  # unlinked here while open: its writes go with it, as on any filesystem
+        try:
+            saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
+        except BaseException:
+            mount.kernel.forget_pages(node)  # the kernel holds refused bytes: they must not be read back
+            raise
+        if saved is None:  # the draft holds exactly the revision the view shows: so do the kernel's pages
+            shown = mount.layers.note_of(node)
+            node.written_revision = shown.revision_id if shown is not None else node.written_revision
+            return
+        node.committed_revision = node.written_revision = saved.revision_id  # shown already (``commit_and_sync``)
+        self.bind(node, saved.resource_id)
 
     async def save(self, node: Node, draft: Draft, parts: Parts, expected: str | None, *,
                    durable: bool = False) -> WriteResult | None:

@@ -383,7 +383,12 @@ class ScopeFS(pyfuse3.Operations):
             # A commit whose close returned (the kernel does not wait for the RELEASE that commits
             # ``touch f``), or one another process's close awaits (a writer the settle let go of): the
             # note may not be in the view until it is done, and what it commits is this fsync's to sync.
+            # If it failed, those bytes are gone, and the fsync says so (as Linux reports a failed
+            # writeback), rather than sync what was there before.
+            failed = node.failed_commits
             await self.mount.commit_over(node)
+            if node.failed_commits != failed:
+                raise fail(errno.EIO)
         if handle is not None or self.commits.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync

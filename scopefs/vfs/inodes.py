@@ -108,6 +108,9 @@ class Node:
     # The last revision this mount committed from its draft (a close, an fsync, a truncation, a written
     # file renamed over a note): the kernel's pages of it hold that revision's bytes (``vfs.reads``).
     written_revision: str | None = None
+    # Commits of this node that failed (refused, or an error): an fsync that waited for a commit another
+    # request had under way reports its failure by this count moving (``ScopeFS.fsync``).
+    failed_commits: int = 0
     shown: VisibleNote | None = None  # the revision it last showed: sizes stay right for held handles
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
     query: Folder | Results | None = None  # what a QUERIES folder answers, or a RESULTS file holds
