@@ -101,6 +101,36 @@ async def _draft_read(read_the_draft: threading.Event) -> None:
     assert await trio.to_thread.run_sync(read_the_draft.wait, 60), "no commit read the draft"
 
 
+
+async def _while_the_release_commits(fs: ScopeFS, fh: int, during: Callable[[trio.Nursery], Awaitable[None]],
+                                     monkeypatch: pytest.MonkeyPatch, *, refused: bool) -> None:
+    """Release ``fh`` (its commit of the created file held on the catalog thread once it has read the
+    draft, then done, or refused if ``refused``), and meanwhile run ``during``, which starts what must
+    wait for that commit in the nursery it is given; back once all of it ended. Later commits go through."""
+    reached, go_on = threading.Event(), threading.Event()
+    commit = catalog_ops.commit
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        if reached.is_set():
+            return commit(*args, **kwargs)
+        done = None if refused else commit(*args, **kwargs)
+        reached.set()
+        assert go_on.wait(timeout=60), "the test never let the catalog thread go on"
+        if refused:
+            raise Denied(Reason.EXPLICIT_DENY)
+        return done
+
+    with monkeypatch.context() as patch:  # undoes only this, not the fixtures' own patches
+        patch.setattr(catalog_ops, "commit", held)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.release, fh)
+            try:
+                await _draft_read(reached)
+                await during(nursery)
+            finally:
+                go_on.set()
+
+
 async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
     """``touch private/notes/touched.md``'s create and close (nothing written, so nothing committed yet):
     the folder's inode, the file's handle (for its RELEASE) and its inode."""
@@ -204,32 +234,17 @@ def test_a_rename_waiting_on_a_first_commit_that_is_refused_finds_nothing_to_mov
     file that never was (an empty note at the new name), as the code between two reviews did."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
-        failing, go_on = threading.Event(), threading.Event()
-        commit = catalog_ops.commit
-
-        def refused(*args: Any, **kwargs: Any) -> Any:
-            if failing.is_set():
-                return commit(*args, **kwargs)  # only the release's commit is refused
-            failing.set()
-            assert go_on.wait(timeout=60)
-            raise Denied(Reason.EXPLICIT_DENY)
-
         moved: list[int] = []
 
         async def move() -> None:
             moved.append(await errno_of(fs.rename(folder, b"touched.md", folder, b"moved.md", 0,
                                                   None)))  # type: ignore[arg-type]
 
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", refused)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)
-                try:
-                    assert await trio.to_thread.run_sync(failing.wait, 60)
-                    nursery.start_soon(move)
-                    await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
-                finally:
-                    go_on.set()
+        async def rename_waiting(nursery: trio.Nursery) -> None:
+            nursery.start_soon(move)
+            await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
+
+        await _while_the_release_commits(fs, fh, rename_waiting, monkeypatch, refused=True)
         assert moved == [errno.ENOENT]
         assert not {"touched.md", "moved.md"} & set(fs.mount.layers.names(("private", "notes")))
         tool.check("the refused release and the rename")
@@ -326,29 +341,17 @@ def test_an_fsync_that_waited_for_a_release_s_commit_which_was_refused_fails(
     never was, as the first version of the wait did (a review found it)."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         _, fh, ino = await _touched(fs, tool)
-        failing, go_on = threading.Event(), threading.Event()
-
-        def refused(*args: Any, **kwargs: Any) -> Any:
-            failing.set()
-            assert go_on.wait(timeout=60)
-            raise Denied(Reason.EXPLICIT_DENY)
-
         synced: list[int] = []
 
         async def fsync() -> None:
             synced.append(await errno_of(fs.fsync(0, False, ino)))
 
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", refused)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)
-                try:
-                    assert await trio.to_thread.run_sync(failing.wait, 60)
-                    nursery.start_soon(fsync)
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert synced == []
-                finally:
-                    go_on.set()
+        async def fsync_waiting(nursery: trio.Nursery) -> None:
+            nursery.start_soon(fsync)
+            await trio.testing.wait_all_tasks_blocked()
+            assert synced == []
+
+        await _while_the_release_commits(fs, fh, fsync_waiting, monkeypatch, refused=True)
         assert synced == [errno.EIO]
         tool.check("the refused release and the fsync")
 
