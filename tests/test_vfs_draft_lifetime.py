@@ -12,12 +12,12 @@ commit wait, as a busy mount does.
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import functools
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -75,38 +75,19 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
     assert as_alice(scenario, read_note, "private/notes/raced.md") == CONTENT
 
 
-@contextlib.contextmanager
-def _commits_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """For the block, each commit holds the catalog thread once it has read the draft and committed it:
-    the first event is set then, and the thread goes on when the second is. A test sets it in a
-    ``finally`` inside its nursery, which cannot end while a task waits on the parked thread."""
-    read_the_draft, go_on = threading.Event(), threading.Event()
-    commit = catalog_ops.commit
-
-    def commit_held(*args: Any, **kwargs: Any) -> Any:
-        done = commit(*args, **kwargs)
-        read_the_draft.set()
-        assert go_on.wait(timeout=60), "the test never let the catalog thread go on"
-        return done
-
-    with monkeypatch.context() as patch:  # undoes only this, not the fixtures' own patches
-        patch.setattr(catalog_ops, "commit", commit_held)
-        try:
-            yield read_the_draft, go_on
-        finally:
-            go_on.set()
-
-
 async def _draft_read(read_the_draft: threading.Event) -> None:
     assert await trio.to_thread.run_sync(read_the_draft.wait, 60), "no commit read the draft"
 
 
 
-async def _while_the_release_commits(fs: ScopeFS, fh: int, during: Callable[[trio.Nursery], Awaitable[None]],
-                                     monkeypatch: pytest.MonkeyPatch, *, refused: bool) -> None:
-    """Release ``fh`` (its commit of the created file held on the catalog thread once it has read the
-    draft, then done, or refused if ``refused``), and meanwhile run ``during``, which starts what must
-    wait for that commit in the nursery it is given; back once all of it ended. Later commits go through."""
+async def _while_committing(commits: Callable[[], Awaitable[object]],
+                           during: Callable[[trio.Nursery], Awaitable[None]],
+                           monkeypatch: pytest.MonkeyPatch, *, refused: bool = False) -> None:
+    """Run ``commits`` (a RELEASE or a FLUSH that commits a draft), its commit held on the catalog thread
+    once it has read the draft, then done (or refused, if ``refused``); meanwhile run ``during``, which
+    starts what must wait for that commit in the nursery it is given and checks it waits. Back once all
+    of it ended. Later commits go through. (The test's events are set in a ``finally`` inside the
+    nursery, which cannot end while a task waits on the parked thread.)"""
     reached, go_on = threading.Event(), threading.Event()
     commit = catalog_ops.commit
 
@@ -123,7 +104,7 @@ async def _while_the_release_commits(fs: ScopeFS, fh: int, during: Callable[[tri
     with monkeypatch.context() as patch:  # undoes only this, not the fixtures' own patches
         patch.setattr(catalog_ops, "commit", held)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.release, fh)
+            nursery.start_soon(commits)
             try:
                 await _draft_read(reached)
                 await during(nursery)
@@ -152,16 +133,14 @@ def test_writes_by_inode_while_a_created_file_s_release_commits_are_kept(
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         _, fh, ino = await _touched(fs, tool)
-        with _commits_held(monkeypatch) as (read_the_draft, go_on):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)  # commits the empty note
-                try:
-                    await _draft_read(read_the_draft)
-                    shell = await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC)
-                    await shell.write(0, written)
-                finally:
-                    go_on.set()
-        await shell.flush()
+        shells: list[KernelFile] = []
+
+        async def shell_writes(nursery: trio.Nursery) -> None:
+            shells.append(await KernelFile.open(fs, ino, os.O_WRONLY | os.O_TRUNC))
+            await shells[0].write(0, written)
+
+        await _while_committing(functools.partial(fs.release, fh), shell_writes, monkeypatch)  # the empty note
+        await shells[0].flush()
         tool.check("the release and the shell's close")
 
     run_alice_mount(scenario, script)
@@ -175,15 +154,11 @@ def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
     again and stayed in the catalog."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
-        with _commits_held(monkeypatch) as (read_the_draft, go_on):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)
-                try:
-                    await _draft_read(read_the_draft)
-                    nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
-                    await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
-                finally:
-                    go_on.set()
+        async def unlink_waiting(nursery: trio.Nursery) -> None:
+            nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
+            await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
+
+        await _while_committing(functools.partial(fs.release, fh), unlink_waiting, monkeypatch)
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
         await fs.removals.settle(everything=True)  # its grace cut short: the tombstone
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
@@ -204,15 +179,11 @@ def test_a_rename_while_a_created_file_s_release_commits_waits_for_that_commit(
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
         old, new = (b"allergy.md", b"touched.md") if move == "a note onto it" else (b"touched.md", b"touched.md~")
-        with _commits_held(monkeypatch) as (read_the_draft, go_on):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)
-                try:
-                    await _draft_read(read_the_draft)
-                    nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
-                    await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
-                finally:
-                    go_on.set()
+        async def rename_waiting(nursery: trio.Nursery) -> None:
+            nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
+            await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
+
+        await _while_committing(functools.partial(fs.release, fh), rename_waiting, monkeypatch)
         await fs.removals.settle(everything=True)  # a rename to a backup name removes the note: now
         tool.check("the release and the rename")
         names = fs.mount.layers.names(("private", "notes"))
@@ -244,7 +215,7 @@ def test_a_rename_waiting_on_a_first_commit_that_is_refused_finds_nothing_to_mov
             nursery.start_soon(move)
             await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
 
-        await _while_the_release_commits(fs, fh, rename_waiting, monkeypatch, refused=True)
+        await _while_committing(functools.partial(fs.release, fh), rename_waiting, monkeypatch, refused=True)
         assert moved == [errno.ENOENT]
         assert not {"touched.md", "moved.md"} & set(fs.mount.layers.names(("private", "notes")))
         tool.check("the refused release and the rename")
@@ -273,16 +244,12 @@ def test_an_fsync_after_a_created_file_s_close_waits_for_its_release_s_commit(
                 await fs.fsyncdir(0, False, folder)
             synced_at.append(fs.mount.layers.note_of(fs.mount.node(ino)) is not None)
 
-        with _commits_held(monkeypatch) as (read_the_draft, go_on):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.release, fh)
-                try:
-                    await _draft_read(read_the_draft)
-                    nursery.start_soon(fsync)
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert synced_at == [], "the fsync answered before the note it syncs was committed"
-                finally:
-                    go_on.set()
+        async def fsync_waiting(nursery: trio.Nursery) -> None:
+            nursery.start_soon(fsync)
+            await trio.testing.wait_all_tasks_blocked()
+            assert synced_at == [], "the fsync answered before the note it syncs was committed"
+
+        await _while_committing(functools.partial(fs.release, fh), fsync_waiting, monkeypatch)
         assert synced_at == [True]
         tool.check("the release and the fsync")
 
@@ -311,20 +278,16 @@ def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits
             await fs.fsync(0, False, ino)
             synced.append(fs.mount.layers.note_of(fs.mount.node(ino)) is not None)
 
-        with _commits_held(monkeypatch) as (read_the_draft, go_on):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fs.flush, info.fh, ino, None)
-                try:
-                    await _draft_read(read_the_draft)
-                    handle.used -= 10.0  # as if its last write were long ago
-                    nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer, then waits for the commit
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert fs.commits.writer_of(fs.mount.node(ino)) is None
-                    nursery.start_soon(fsync)
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert synced == [], "the fsync answered before the close's commit was done"
-                finally:
-                    go_on.set()
+        async def let_go_then_fsync(nursery: trio.Nursery) -> None:
+            handle.used -= 10.0  # as if its last write were long ago
+            nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer, then waits for the commit
+            await trio.testing.wait_all_tasks_blocked()
+            assert fs.commits.writer_of(fs.mount.node(ino)) is None
+            nursery.start_soon(fsync)
+            await trio.testing.wait_all_tasks_blocked()
+            assert synced == [], "the fsync answered before the close's commit was done"
+
+        await _while_committing(functools.partial(fs.flush, info.fh, ino, None), let_go_then_fsync, monkeypatch)
         await fs.release(info.fh)
         assert synced == [True]
         tool.check("the close, the settle and the fsync")
@@ -351,7 +314,7 @@ def test_an_fsync_that_waited_for_a_release_s_commit_which_was_refused_fails(
             await trio.testing.wait_all_tasks_blocked()
             assert synced == []
 
-        await _while_the_release_commits(fs, fh, fsync_waiting, monkeypatch, refused=True)
+        await _while_committing(functools.partial(fs.release, fh), fsync_waiting, monkeypatch, refused=True)
         assert synced == [errno.EIO]
         tool.check("the refused release and the fsync")
 
