@@ -74,8 +74,7 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        # inode -> its note, and how many RELEASEs commit it now (the settle's let-go and the kernel's may both)
-        self._releasing: dict[int, tuple[Node, int]] = {}
+        self._committing: dict[int, Node] = {}  # inode -> its note, while a commit of its draft is under way
         self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
@@ -317,11 +316,14 @@ class Commits:
 
     async def _commit_locked(self, node: Node, *, durable: bool) -> None:
         async with node.commit_lock:
+            self._committing[node.ino] = node  # one commit of a node at a time: the lock's
             try:
                 await self._commit_held(node, durable=durable)
             except BaseException:
                 node.failed_commits += 1  # what an fsync that waited for this commit must report (``ScopeFS.fsync``)
                 raise
+            finally:
+                del self._committing[node.ino]
 
     async def _commit_held(self, node: Node, *, durable: bool) -> None:
         """The commit itself; the caller holds ``node.commit_lock``."""
@@ -396,20 +398,20 @@ class Commits:
         found = access.view.mount_for(parts)
         return access.in_cell(found[0].cell if found is not None else "").agent_id
 
-    async def released(self, folder: Parts) -> None:
-        """Until the commits that releases have under way of the notes under ``folder`` are over.
+    async def committed_under(self, folder: Parts) -> None:
+        """Until the commits under way of notes under ``folder`` are over.
 
-        The close those releases follow has returned already: the kernel
-        does not wait for a RELEASE, which commits a file created or
-        truncated and closed unwritten (``touch f``, ``: > f``). An fsync
-        of the folder that comes after that close must find the note
-        committed, so that it makes it durable, rather than answer before
-        the commit, which would then land unsynced. (A file's own fsync
-        waits for whatever commit of it is under way: ``ScopeFS.fsync``.)
+        A close may have returned before its note's commit: the kernel does
+        not wait for a RELEASE, which commits a file created or truncated
+        and closed unwritten (``touch f``, ``: > f``). An fsync of the
+        folder that comes after that close must find the note committed, so
+        that it makes it durable, rather than answer before the commit,
+        which would then land unsynced. (A file's own fsync waits for
+        whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
-        for releasing, _ in list(self._releasing.values()):
-            if releasing.parts[:len(folder)] == folder:
-                await self._mount.commit_over(releasing)
+        for committing in list(self._committing.values()):
+            if committing.parts[:len(folder)] == folder:
+                await self._mount.commit_over(committing)
 
     async def sync(self, node: Node | None) -> None:
         """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or
@@ -514,15 +516,10 @@ class Commits:
             # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
             del self._writers[node.ino]
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
-            self._releasing[node.ino] = (node, self._releasing.get(node.ino, (node, 0))[1] + 1)
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
-            finally:
-                left = self._releasing.pop(node.ino)[1] - 1
-                if left:
-                    self._releasing[node.ino] = (node, left)
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
             return  # table; gone, another release of it (a settle's let-go while this one committed) counted it
         node.opens -= 1

@@ -400,7 +400,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
         parts = self.mount.folder(inode).parts
-        await self.commits.released(parts)  # files closed here whose releases still commit them
+        await self.commits.committed_under(parts)  # e.g. files closed here whose releases still commit them
         await self.removals.settle(prefix=parts)
         await self.commits.sync(None)
 
