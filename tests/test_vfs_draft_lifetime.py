@@ -112,6 +112,16 @@ async def _while_committing(commits: Callable[[], Awaitable[object]],
                 go_on.set()
 
 
+
+def _waiting(request: Callable[..., Awaitable[object]], *args: object) -> Callable[[trio.Nursery], Awaitable[None]]:
+    """What ``_while_committing`` runs meanwhile: ``request(*args)`` started, and waiting for the commit."""
+    async def started(nursery: trio.Nursery) -> None:
+        nursery.start_soon(request, *args)
+        await trio.testing.wait_all_tasks_blocked()  # it waits for the commit held on the catalog thread
+
+    return started
+
+
 async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
     """``touch private/notes/touched.md``'s create and close (nothing written, so nothing committed yet):
     the folder's inode, the file's handle (for its RELEASE) and its inode."""
@@ -154,11 +164,8 @@ def test_an_unlink_while_a_created_file_s_release_commits_removes_the_note(
     again and stayed in the catalog."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
-        async def unlink_waiting(nursery: trio.Nursery) -> None:
-            nursery.start_soon(fs.unlink, folder, b"touched.md", None)  # type: ignore[arg-type]
-            await trio.testing.wait_all_tasks_blocked()  # the unlink waits for the commit
-
-        await _while_committing(functools.partial(fs.release, fh), unlink_waiting, monkeypatch)
+        await _while_committing(functools.partial(fs.release, fh), _waiting(fs.unlink, folder, b"touched.md", None),
+                                monkeypatch)
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
         await fs.removals.settle(everything=True)  # its grace cut short: the tombstone
         assert "touched.md" not in fs.mount.layers.names(("private", "notes"))
@@ -179,11 +186,8 @@ def test_a_rename_while_a_created_file_s_release_commits_waits_for_that_commit(
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, _ = await _touched(fs, tool)
         old, new = (b"allergy.md", b"touched.md") if move == "a note onto it" else (b"touched.md", b"touched.md~")
-        async def rename_waiting(nursery: trio.Nursery) -> None:
-            nursery.start_soon(fs.rename, folder, old, folder, new, 0, None)  # type: ignore[arg-type]
-            await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
-
-        await _while_committing(functools.partial(fs.release, fh), rename_waiting, monkeypatch)
+        await _while_committing(functools.partial(fs.release, fh),
+                                _waiting(fs.rename, folder, old, folder, new, 0, None), monkeypatch)
         await fs.removals.settle(everything=True)  # a rename to a backup name removes the note: now
         tool.check("the release and the rename")
         names = fs.mount.layers.names(("private", "notes"))
@@ -211,11 +215,7 @@ def test_a_rename_waiting_on_a_first_commit_that_is_refused_finds_nothing_to_mov
             moved.append(await errno_of(fs.rename(folder, b"touched.md", folder, b"moved.md", 0,
                                                   None)))  # type: ignore[arg-type]
 
-        async def rename_waiting(nursery: trio.Nursery) -> None:
-            nursery.start_soon(move)
-            await trio.testing.wait_all_tasks_blocked()  # the rename waits for the commit
-
-        await _while_committing(functools.partial(fs.release, fh), rename_waiting, monkeypatch, refused=True)
+        await _while_committing(functools.partial(fs.release, fh), _waiting(move), monkeypatch, refused=True)
         assert moved == [errno.ENOENT]
         assert not {"touched.md", "moved.md"} & set(fs.mount.layers.names(("private", "notes")))
         tool.check("the refused release and the rename")

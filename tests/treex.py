@@ -170,7 +170,7 @@ class TreeExerciser:
         os.rename(scratch, target)
         self.model.files[path] = data
         self._check_file(path, f"save_by_rename {path}")
-        self._check_listing(str(Path(path).parent) if "/" in path else "", f"save_by_rename {path}")
+        self._check_listing(_folder_of(path), f"save_by_rename {path}")
         return f"save_by_rename {path} ({len(data)} bytes)"
 
     def _rename(self, number: int) -> str | None:
@@ -253,7 +253,7 @@ class TreeExerciser:
     def _check_gone(self, path: str, when: str) -> None:
         if (self.root / path).exists():
             raise TreeMismatch(self._report(f"{when}: {path} is still there"))
-        folder = str(Path(path).parent) if "/" in path else ""
+        folder = _folder_of(path)
         self._check_listing(folder, when)
 
     def _check_listing(self, folder: str, when: str) -> None:
@@ -276,6 +276,12 @@ class TreeExerciser:
 
     def _report(self, what: str) -> str:
         return f"{what}\nthe last {len(self.log)} operations:\n" + "\n".join(self.log)
+
+
+
+def _folder_of(path: str) -> str:
+    """The folder of a note's relative path ("" for the root)."""
+    return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
 # -- several writers in turn ---------------------------------------------------------------------
