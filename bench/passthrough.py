@@ -219,7 +219,13 @@ class Passthrough(pyfuse3.Operations):
         replaced = self.inodes.pop(new, None)
         if replaced is not None:
             self.paths.pop(replaced, None)
-        moved = [(p, i) for p, i in self.inodes.items() if p == old or p.startswith(old + "/")]
+        # Only a folder takes names along: for a file (every save) the scan over all known paths, which
+        # after a grep -r holds every note of the tree, would cost a Python loop of tens of thousands
+        # of steps per save and be measured as FUSE's cost.
+        if stat.S_ISDIR(self._call(os.lstat, new).st_mode):
+            moved = [(p, i) for p, i in self.inodes.items() if p == old or p.startswith(old + "/")]
+        else:
+            moved = [(old, self.inodes[old])] if old in self.inodes else []
         for path, ino in moved:
             del self.inodes[path]
             path = new + path[len(old):]
