@@ -258,6 +258,52 @@ def test_an_fsync_after_a_created_file_s_close_waits_for_its_release_s_commit(
     assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
 
 
+@pytest.mark.parametrize("synced", ["the file", "its folder"])
+def test_an_fsync_that_comes_before_a_created_file_s_release_commits_the_note_itself(
+        scenario: Scenario, synced: str) -> None:
+    """``touch f`` then an fsync of ``f`` (by inode) or of its folder, and the kernel sends touch's RELEASE
+    only after the FSYNC (a background request queued behind a full queue): the created file's writer
+    is still registered, so the fsync commits the empty note and syncs it itself, and the late release
+    finds nothing left to commit."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, ino = await _touched(fs, tool)
+        if synced == "the file":
+            await fs.fsync(0, False, ino)
+        else:
+            await fs.fsyncdir(0, False, folder)
+        assert fs.mount.layers.note_of(fs.mount.node(ino)) is not None, "the fsync did not commit the note"
+        assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
+        await fs.release(fh)
+        tool.check("the fsync and the late release")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/touched.md") == b""
+    assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
+
+
+def test_a_folder_s_fsync_does_not_try_again_a_created_note_whose_commit_was_refused(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A created file whose commit was refused (its own fsync said EACCES) is not committed again by its
+    folder's fsync, which answers for the folder: the refusal was told once, and nothing of it exists."""
+    tried: list[int] = []
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        tried.append(1)
+        raise Denied(Reason.EXPLICIT_DENY)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, ino = await _touched(fs, tool)
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", refused)
+            assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
+            assert tried == [1]
+            assert await errno_of(fs.fsyncdir(0, False, folder)) == 0
+            assert tried == [1], "the folder's fsync tried the refused note again"
+        tool.check("the refused fsync and the folder's")
+
+    run_alice_mount(scenario, script)
+
+
 def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits_for_it(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """A close's commit waits for the catalog; the settle takes its writer for an idle one and lets it go;

@@ -399,19 +399,32 @@ class Commits:
         return access.in_cell(found[0].cell if found is not None else "").agent_id
 
     async def committed_under(self, folder: Parts) -> None:
-        """Until the commits under way of notes under ``folder`` are over.
+        """Until every note created under ``folder`` whose name a close has shown is committed.
 
         A close may have returned before its note's commit: the kernel does
         not wait for a RELEASE, which commits a file created or truncated
         and closed unwritten (``touch f``, ``: > f``). An fsync of the
         folder that comes after that close must find the note committed, so
         that it makes it durable, rather than answer before the commit,
-        which would then land unsynced. (A file's own fsync waits for
-        whatever commit of it is under way: ``ScopeFS.fsync``.)
+        which would then land unsynced. So this waits for the commits under
+        way, and commits itself the new notes whose RELEASE has not come
+        yet: the kernel sends a RELEASE in the background, and with its
+        background queue full it can send this FSYNCDIR first. A new note
+        still open for writing is committed too, as the file's own fsync
+        would (its name is what a folder's fsync makes durable, and a
+        name is a note's first revision here). (A file's own fsync waits
+        for whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
         for committing in list(self._committing.values()):
             if committing.parts[:len(folder)] == folder:
                 await self._mount.commit_over(committing)
+        for fh in list(self._writers.values()):
+            handle = self._mount.handles.get(fh)
+            node = handle.node if handle is not None else None
+            if (node is not None and node.parts[:len(folder)] == folder and node.kind is Kind.NOTE
+                    and node.resource_id is None and node.deposit is None
+                    and node.draft is not None and node.draft.dirty and not node.draft.refused):
+                await self.commit(node)  # (refused: its close said so; it never was, nothing to sync)
 
     async def sync(self, node: Node | None) -> None:
         """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or

@@ -389,6 +389,8 @@ class ScopeFS(pyfuse3.Operations):
             await self.mount.commit_over(node)
             if node.failed_commits != failed:
                 raise fail(errno.EIO)
+        # A RELEASE the kernel has not sent yet (it sends them in the background, and a full background
+        # queue can hold one behind this FSYNC) has not let go of its writer: found below, and committed.
         if handle is not None or self.commits.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
@@ -400,7 +402,7 @@ class ScopeFS(pyfuse3.Operations):
     @guarded
     async def fsyncdir(self, fh: int, datasync: bool, inode: int = 0) -> None:
         parts = self.mount.folder(inode).parts
-        await self.commits.committed_under(parts)  # e.g. files closed here whose releases still commit them
+        await self.commits.committed_under(parts)  # files closed here whose releases commit them, or will
         await self.removals.settle(prefix=parts)
         await self.commits.sync(None)
 
