@@ -151,6 +151,7 @@ class Terminal(PtyProcess):
     """
 
     def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
+        self.argv = argv  # (``PtyProcess.expect``'s failures name the program)
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         self.proc = subprocess.Popen(["env", "--default-signal=INT,QUIT", "setsid", "--ctty", "--wait", *argv],

@@ -333,17 +333,20 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
         init_pid, pidfd, namespace = _sandbox_init(status, target.control)
         if target.control is not None:
             admission = _admit(target.control, namespace)
-        try:
-            os.write(shim, b"go\n")
-        except (BrokenPipeError, ConnectionResetError):  # the shim's end is gone: bwrap failed before it
-            raise SandboxUnavailable("cannot build a sandbox: bubblewrap failed before the command started; "
-                                     "nothing was run") from None
-        try:
-            with terminal.forwarding(namespace, init_pid):
+        # Forwarding from before the go: a resize or a Ctrl-C the moment the command starts reaches it,
+        # rather than find the launcher with SIGWINCH ignored (lost) or SIGINT its own (the whole
+        # sandbox killed). One that comes before the go reaches the shim that waits for it.
+        with terminal.forwarding(namespace, init_pid):
+            try:
+                os.write(shim, b"go\n")
+            except (BrokenPipeError, ConnectionResetError):  # the shim's end is gone: bwrap failed before it
+                raise SandboxUnavailable("cannot build a sandbox: bubblewrap failed before the command started;"
+                                         " nothing was run") from None
+            try:
                 proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _kill_sandbox(proc, pidfd)
-            raise TimedOut(f"the command timed out after {timeout:g}s; its sandbox was killed") from None
+            except subprocess.TimeoutExpired:
+                _kill_sandbox(proc, pidfd)
+                raise TimedOut(f"the command timed out after {timeout:g}s; its sandbox was killed") from None
     except BaseException:
         _kill_sandbox(proc, pidfd)
         raise
