@@ -222,7 +222,11 @@ class Passthrough(pyfuse3.Operations):
         # Only a folder takes names along: for a file (every save) the scan over all known paths, which
         # after a grep -r holds every note of the tree, would cost a Python loop of tens of thousands
         # of steps per save and be measured as FUSE's cost.
-        if stat.S_ISDIR(self._call(os.lstat, new).st_mode):
+        try:
+            is_folder = stat.S_ISDIR(os.lstat(new).st_mode)
+        except OSError:  # changed in the source meanwhile: take it for a folder, as every rename once was
+            is_folder = True
+        if is_folder:
             moved = [(p, i) for p, i in self.inodes.items() if p == old or p.startswith(old + "/")]
         else:
             moved = [(old, self.inodes[old])] if old in self.inodes else []

@@ -281,10 +281,10 @@ def test_an_fsync_that_comes_before_a_created_file_s_release_commits_the_note_it
     assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
 
 
-def test_a_folder_s_fsync_does_not_try_again_a_created_note_whose_commit_was_refused(
+def test_a_folder_s_fsync_answers_for_the_folder_when_a_new_note_s_commit_is_refused(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A created file whose commit was refused (its own fsync said EACCES) is not committed again by its
-    folder's fsync, which answers for the folder: the refusal was told once, and nothing of it exists."""
+    """A created file whose commit is refused never was: its folder's fsync tries it, and answers 0 for what
+    the folder holds (the file's own fsync is what reports the refusal)."""
     tried: list[int] = []
 
     def refused(*args: Any, **kwargs: Any) -> Any:
@@ -292,16 +292,39 @@ def test_a_folder_s_fsync_does_not_try_again_a_created_note_whose_commit_was_ref
         raise Denied(Reason.EXPLICIT_DENY)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        folder, fh, ino = await _touched(fs, tool)
+        folder, _, ino = await _touched(fs, tool)
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
-            assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
-            assert tried == [1]
             assert await errno_of(fs.fsyncdir(0, False, folder)) == 0
-            assert tried == [1], "the folder's fsync tried the refused note again"
-        tool.check("the refused fsync and the folder's")
+            assert tried == [1], "the folder's fsync did not try the new note"
+            assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
+        assert fs.mount.layers.note_of(fs.mount.node(ino)) is None
+        tool.check("the folder's fsync and the refused one")
 
     run_alice_mount(scenario, script)
+
+
+def test_a_folder_s_fsync_shows_nothing_of_a_new_note_still_being_written(scenario: Scenario) -> None:
+    """A file another process created and is still writing is not committed by its folder's fsync: a
+    revision of half its bytes would show to every session before its close."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, attributes = await fs.create(folder, b"half.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                           None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, CONTENT[:10])
+        await fs.fsyncdir(0, False, folder)
+        assert fs.mount.layers.note_of(fs.mount.node(attributes.st_ino)) is None, "half a note was committed"
+        await fs.write(info.fh, 10, CONTENT[10:])
+        await fs.flush(info.fh, attributes.st_ino, None)
+        await fs.release(info.fh)
+        tool.check("the write, the folder's fsync and the close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/half.md") == CONTENT
+    with catalog(scenario.cli.home) as conn:
+        revisions = conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
+                                 " WHERE r.path = 'notes/half.md'").fetchone()[0]
+    assert revisions == 1
 
 
 def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits_for_it(

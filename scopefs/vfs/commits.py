@@ -40,7 +40,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 import pyfuse3
 import trio
@@ -74,7 +74,8 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        self._committing: dict[int, Node] = {}  # inode -> its note, while a commit of its draft is under way
+        # inode -> its note, while commits of its draft are under way or waiting for its lock, and how many
+        self._committing: dict[int, tuple[Node, int]] = {}
         self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
@@ -307,23 +308,33 @@ class Commits:
                 raise fail(errno.EAGAIN)  # another truncation's refusal let this draft go uncommitted
             node.close_clean_draft()
 
-    async def commit(self, node: Node, *, durable: bool = False) -> None:
+    async def commit(self, node: Node, *, durable: bool = False, only_if: Callable[[], bool] | None = None) -> None:
         """Make a note's dirty draft its next revision (one writer transaction), synced to disk
-        if ``durable``."""
+        if ``durable``; not if ``only_if``, asked once this holds the node's commit lock, says no."""
         mount = self._mount
         with mount.kernel.waiting_on_refresh():
-            await self._commit_locked(node, durable=durable)
+            await self._commit_locked(node, durable=durable, only_if=only_if)
 
-    async def _commit_locked(self, node: Node, *, durable: bool) -> None:
-        async with node.commit_lock:
-            self._committing[node.ino] = node  # one commit of a node at a time: the lock's
-            try:
-                await self._commit_held(node, durable=durable)
-            except BaseException:
-                node.failed_commits += 1  # what an fsync that waited for this commit must report (``ScopeFS.fsync``)
-                raise
-            finally:
+    async def _commit_locked(self, node: Node, *, durable: bool, only_if: Callable[[], bool] | None) -> None:
+        # Counted before the lock is asked for (its acquire yields once it holds it): a folder's fsync
+        # that comes meanwhile finds this commit and waits for it (``committed_under``).
+        _, waiting = self._committing.get(node.ino, (node, 0))
+        self._committing[node.ino] = (node, waiting + 1)
+        try:
+            async with node.commit_lock:  # one commit of a node at a time
+                if only_if is not None and not only_if():
+                    return
+                try:
+                    await self._commit_held(node, durable=durable)
+                except BaseException:
+                    node.failed_commits += 1  # what an fsync that waited for it reports (``ScopeFS.fsync``)
+                    raise
+        finally:
+            _, waiting = self._committing[node.ino]
+            if waiting == 1:
                 del self._committing[node.ino]
+            else:
+                self._committing[node.ino] = (node, waiting - 1)
 
     async def _commit_held(self, node: Node, *, durable: bool) -> None:
         """The commit itself; the caller holds ``node.commit_lock``."""
@@ -399,32 +410,47 @@ class Commits:
         return access.in_cell(found[0].cell if found is not None else "").agent_id
 
     async def committed_under(self, folder: Parts) -> None:
-        """Until every note created under ``folder`` whose name a close has shown is committed.
+        """Until every note created under ``folder`` that a close may have shown is committed.
 
-        A close may have returned before its note's commit: the kernel does
-        not wait for a RELEASE, which commits a file created or truncated
-        and closed unwritten (``touch f``, ``: > f``). An fsync of the
-        folder that comes after that close must find the note committed, so
-        that it makes it durable, rather than answer before the commit,
-        which would then land unsynced. So this waits for the commits under
-        way, and commits itself the new notes whose RELEASE has not come
-        yet: the kernel sends a RELEASE in the background, and with its
-        background queue full it can send this FSYNCDIR first. A new note
-        still open for writing is committed too, as the file's own fsync
-        would (its name is what a folder's fsync makes durable, and a
-        name is a note's first revision here). (A file's own fsync waits
+        A close may return before its note's commit: a file created or
+        truncated and closed unwritten (``touch f``, ``: > f``) is committed
+        by the settle once its writer was left alone (``WRITER_IDLE_S``),
+        or by its RELEASE where the kernel sends one, which it does not
+        wait for either. An fsync of the folder that comes after that close
+        must find the note committed, so that it makes it durable, rather
+        than answer before the commit, which would then land unsynced. So
+        this waits for the commits under way (or waiting for their lock),
+        and commits itself every new note under ``folder`` that holds
+        nothing yet and still has its writer: an empty file, so nothing of a
+        file another process is still writing is shown before its close.
+        A note whose commit fails never was: nothing of it is left to sync,
+        and the fsync goes on with the others. (A file's own fsync waits
         for whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
-        for committing in list(self._committing.values()):
+        mount = self._mount
+        for committing, _ in list(self._committing.values()):
             if committing.parts[:len(folder)] == folder:
-                await self._mount.commit_over(committing)
+                await mount.commit_over(committing)
+        if mount.suspended:
+            return  # its commits would be refused and their drafts dropped (``settle`` waits likewise)
         for fh in list(self._writers.values()):
-            handle = self._mount.handles.get(fh)
-            node = handle.node if handle is not None else None
-            if (node is not None and node.parts[:len(folder)] == folder and node.kind is Kind.NOTE
-                    and node.resource_id is None and node.deposit is None
-                    and node.draft is not None and node.draft.dirty and not node.draft.refused):
-                await self.commit(node)  # (refused: its close said so; it never was, nothing to sync)
+            handle = mount.handles.get(fh)
+            if handle is None:
+                continue
+            node = handle.node
+
+            def created_empty(node: Node = node, fh: int = fh) -> bool:
+                draft = node.draft
+                return (self._writers.get(node.ino) == fh and node.parts[:len(folder)] == folder
+                        and node.kind is Kind.NOTE and node.resource_id is None and node.deposit is None
+                        and draft is not None and draft.dirty and draft.size == 0)
+
+            if not created_empty():
+                continue
+            try:
+                await self.commit(node, only_if=created_empty)  # asked again under the node's lock
+            except Exception as exc:  # noqa: BLE001 - the note never was; its own close or fsync tells
+                log.warning("a new note was not committed at its folder's fsync (%s)", type(exc).__name__)
 
     async def sync(self, node: Node | None) -> None:
         """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or
