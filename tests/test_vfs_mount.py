@@ -501,3 +501,35 @@ def test_a_mount_server_loads_no_tls_and_ssl_still_works_where_it_is_used(scenar
             "assert t._stdlib_ssl.SSLContext is ssl.SSLContext\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_mount_server_runs_the_installed_scopefs_in_slash_whatever_the_caller_s_folder(
+        scenario: Scenario, tmp_path: Path) -> None:
+    """``scopefs mount`` run in a folder that holds a ``scopefs`` package (a decoy that only leaves a mark):
+    the server imports the installed one, not the decoy (``python -m`` puts the working directory first
+    on the import path unless told not to), and works in ``/``, so it keeps no caller's folder busy."""
+    decoy, marked = tmp_path / "decoy", tmp_path / "the-decoy-ran"
+    (decoy / "scopefs" / "vfs").mkdir(parents=True)
+    (decoy / "scopefs" / "__init__.py").write_text("")
+    (decoy / "scopefs" / "vfs" / "__init__.py").write_text("")
+    (decoy / "scopefs" / "vfs" / "server.py").write_text(f"open({str(marked)!r}, 'w').close()\n")
+    where = tmp_path / "mnt"
+    where.mkdir()
+    env = {**os.environ, "SCOPEFS_HOME": str(scenario.cli.home)}
+    mounted = subprocess.run([SCOPEFS, "mount", scenario.alice_session, str(where)], cwd=decoy, env=env,
+                             capture_output=True, timeout=60, check=False)
+    try:
+        assert mounted.returncode == 0, mounted.stderr
+        assert not marked.exists(), "the mount server ran the scopefs of the caller's folder"
+        assert (where / NOTE).read_bytes() == ALICE_FACT
+        servers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).count(str(where).encode())]
+        assert servers and all(os.readlink(f"/proc/{pid}/cwd") == "/" for pid in servers)
+    finally:
+        scenario.cli("umount", str(where))
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -209,14 +209,22 @@ def spawn_server(module: str, args: list[str], log_path: Path) -> tuple[subproce
     The server gets its own session, a ``--ready-fd`` and a log file; the
     readiness details it reports (``ready {json}``) are returned. A
     failure to start comes back as the error the server reported.
+
+    It runs in ``/`` with ``-P``: ``python -m`` would otherwise put the
+    caller's working directory first on the server's import path, so a
+    ``scopefs`` folder there (one a tool left in ``/tmp``, or anyone's in
+    a shared folder) would be what the server runs, with the home's keys;
+    and a server started in a folder would keep it busy (an unmount of the
+    disk it is on would fail) for as long as it serves. ``args`` name files
+    by absolute paths for the same reason. ``PYTHONPATH`` still applies.
     """
     read_end, write_end = os.pipe()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--ready-fd", str(write_end), *args],
+            [sys.executable, "-P", "-m", module, "--ready-fd", str(write_end), *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_fd, pass_fds=(write_end,),
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, cwd="/",
         )
     finally:
         os.close(write_end)
@@ -296,7 +304,7 @@ def start(home: Home, session_id: str, mountpoint: str, *, module: str = SERVER_
     mountpoint = absolute(mountpoint)
     record_path = _record_path(home, mountpoint)
     with claim(home, mountpoint):
-        proc, _ = spawn_server(module, ["--home", str(home.root), *options, session_id, mountpoint],
+        proc, _ = spawn_server(module, ["--home", os.path.abspath(home.root), *options, session_id, mountpoint],
                                Path(str(record_path) + ".log"))
         record = MountRecord(mountpoint, session_id, proc.pid, module)
         write_record(record_path, record.__dict__)

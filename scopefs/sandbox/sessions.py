@@ -84,7 +84,8 @@ def start(home: Home, session_id: str, *, tied: bool) -> tuple[subprocess.Popen[
     sweep()
     log = _record_path(home, session_id).with_suffix(".log")
     tie = ["--die-with-parent", str(os.getpid())] if tied else []
-    proc, details = mounts.spawn_server(SERVER_MODULE, ["--home", str(home.root), *tie, session_id], log)
+    proc, details = mounts.spawn_server(SERVER_MODULE, ["--home", os.path.abspath(home.root), *tie, session_id],
+                                        log)
     return proc, _target(details)
 
 
