@@ -323,8 +323,8 @@ def test_a_folder_s_fsync_shows_nothing_of_a_new_note_still_being_written(scenar
     assert as_alice(scenario, read_note, "private/notes/half.md") == CONTENT
     with catalog(scenario.cli.home) as conn:
         revisions = conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
-                                 " WHERE r.path = 'notes/half.md'").fetchone()[0]
-    assert revisions == 1
+                                 " WHERE r.path = 'notes/half.md'").fetchall()
+    assert revisions == [(1,)]
 
 
 def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits_for_it(
