@@ -9,7 +9,11 @@ mount, drops it again and greps the native copy.
     .venv/bin/python bench/cold_grep.py bench/out/full --rounds 4   # needs root and fuse3
 
 The mount server inherits the environment, so ``PYTHONPATH=<a git worktree>``
-in front runs another commit's server against the same tree.
+in front runs another commit's server against the same tree, for a
+worktree of ``10955bb`` or later, whose servers start with ``python -P``
+in ``/``. An older commit's server puts the working directory first on
+its import path: run this from that worktree's folder, or the server is
+the code of whatever folder the command was started in.
 """
 
 from __future__ import annotations
