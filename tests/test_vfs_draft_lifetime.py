@@ -27,7 +27,7 @@ import trio
 import trio.testing
 
 from scopefs.catalog import visible
-from scopefs.catalog.errors import Denied
+from scopefs.catalog.errors import Denied, StorageError
 from scopefs.catalog.reader import read_note
 from scopefs.catalog.reasons import Reason
 from scopefs.vfs import catalog_ops, currency, reads
@@ -304,6 +304,28 @@ def test_a_folder_s_fsync_answers_for_the_folder_when_a_new_note_s_commit_is_ref
     run_alice_mount(scenario, script)
 
 
+def test_a_folder_s_fsync_fails_when_a_new_note_under_it_could_not_be_committed(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new empty note's commit fails for another reason than a refusal (the catalog could not be
+    written): its name is not durable, so the folder's fsync must not answer 0 (a review found the first
+    version logged it and went on, leaving the settle to commit it unsynced)."""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StorageError("the catalog cannot be written")
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, ino = await _touched(fs, tool)
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", broken)
+            assert await errno_of(fs.fsyncdir(0, False, folder)) != 0
+        assert await errno_of(fs.fsyncdir(0, False, folder)) == 0  # the catalog back: committed, synced
+        assert fs.mount.layers.note_of(fs.mount.node(ino)) is not None
+        assert "notes/touched.md" not in unsynced_paths(scenario.cli.home)
+        await fs.release(fh)
+        tool.check("the failed folder's fsync and the next")
+
+    run_alice_mount(scenario, script)
+
+
 def test_a_folder_s_fsync_shows_nothing_of_a_new_note_still_being_written(scenario: Scenario) -> None:
     """A file another process created and is still writing is not committed by its folder's fsync: a
     revision of half its bytes would show to every session before its close."""
@@ -325,6 +347,41 @@ def test_a_folder_s_fsync_shows_nothing_of_a_new_note_still_being_written(scenar
         revisions = conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
                                  " WHERE r.path = 'notes/half.md'").fetchall()
     assert revisions == [(1,)]
+
+
+def test_a_folder_s_fsync_commits_an_empty_note_empty_whatever_is_written_meanwhile(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit a folder's fsync makes of an empty new note reads the draft on the catalog thread, while
+    WRITEs still land on the trio thread: bytes written after that commit began are not in it (they would
+    show part of a file to every session); they leave the draft dirty, and the writer's close commits them
+    (a review found the first version read the live draft)."""
+    reached, go_on = threading.Event(), threading.Event()
+    commit = catalog_ops.commit
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        assert go_on.wait(timeout=60), "the test never let the catalog thread go on"
+        return commit(*args, **kwargs)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder, fh, ino = await _touched(fs, tool)
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", held)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fs.fsyncdir, 0, False, folder)
+                try:
+                    await _draft_read(reached)
+                    await fs.write(fh, 0, CONTENT)
+                finally:
+                    go_on.set()
+        shown = fs.mount.layers.note_of(fs.mount.node(ino))
+        assert shown is not None and shown.size == 0, "the folder's fsync committed bytes written after it began"
+        await fs.flush(fh, ino, None)
+        await fs.release(fh)
+        tool.check("the folder's fsync, the write meanwhile and the close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/touched.md") == CONTENT
 
 
 def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits_for_it(

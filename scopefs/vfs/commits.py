@@ -423,16 +423,16 @@ class Commits:
         and commits itself every new note under ``folder`` that holds
         nothing yet and still has its writer: an empty file, so nothing of a
         file another process is still writing is shown before its close.
-        A note whose commit fails never was: nothing of it is left to sync,
-        and the fsync goes on with the others. (A file's own fsync waits
-        for whatever commit of it is under way: ``ScopeFS.fsync``.)
+        A note whose commit is refused never was (its writer's own close or
+        fsync says so): the fsync goes on with the others. Any other
+        failure, or a suspended mount that cannot commit, fails the fsync:
+        it did not make that name durable. (A file's own fsync waits for
+        whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
         mount = self._mount
         for committing, _ in list(self._committing.values()):
             if committing.parts[:len(folder)] == folder:
                 await mount.commit_over(committing)
-        if mount.suspended:
-            return  # its commits would be refused and their drafts dropped (``settle`` waits likewise)
         for fh in list(self._writers.values()):
             handle = mount.handles.get(fh)
             if handle is None:
@@ -447,10 +447,13 @@ class Commits:
 
             if not created_empty():
                 continue
+            mount.check_current()  # EACCES while suspended: a commit now would be refused, its draft dropped
             try:
                 await self.commit(node, only_if=created_empty)  # asked again under the node's lock
-            except Exception as exc:  # noqa: BLE001 - the note never was; its own close or fsync tells
-                log.warning("a new note was not committed at its folder's fsync (%s)", type(exc).__name__)
+            except Exception:
+                if node.draft is None or not node.draft.refused:
+                    raise  # this fsync did not make the new name durable: it says so
+                log.warning("a new note's commit was refused at its folder's fsync")
 
     async def sync(self, node: Node | None) -> None:
         """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from typing import BinaryIO
 
 from scopefs.catalog.artifacts import check_size, verify
 from scopefs.catalog.errors import IntegrityError
@@ -70,7 +71,16 @@ class Draft:
             return False
         return True
 
-    def reader(self) -> io.BufferedReader:
-        """A fresh file object over the whole content (for the writer to stage)."""
+    def reader(self) -> BinaryIO:
+        """A fresh file object over the whole content (for the writer to stage).
+
+        The writer reads it on the catalog thread while WRITEs may still
+        land here. An empty draft is read as empty, whatever comes after:
+        the commit of an empty note (``touch``'s, or the one a folder's
+        fsync makes) must not show a byte a process writes meanwhile. Those
+        writes leave the draft dirty, for the close that follows them.
+        """
+        if self.size == 0:
+            return io.BytesIO(b"")
         fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)  # its own offset
         return io.BufferedReader(io.FileIO(fd, "rb", closefd=True))
