@@ -122,6 +122,11 @@ def _waiting(request: Callable[..., Awaitable[object]], *args: object) -> Callab
     return started
 
 
+def _fails(error: Exception, *args: Any, **kwargs: Any) -> Any:
+    """A catalog call that fails with ``error`` (patched in for one)."""
+    raise error
+
+
 async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
     """``touch private/notes/touched.md``'s create and close (nothing written, so nothing committed yet):
     the folder's inode, the file's handle (for its RELEASE) and its inode."""
@@ -299,6 +304,9 @@ def test_a_folder_s_fsync_answers_for_the_folder_when_a_new_note_s_commit_is_ref
             assert tried == [1], "the folder's fsync did not try the new note"
             assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
         assert fs.mount.layers.note_of(fs.mount.node(ino)) is None
+        with monkeypatch.context() as patch:  # the refusal above must not excuse a failure of another kind
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, StorageError("the catalog is full")))
+            assert await errno_of(fs.fsyncdir(0, False, folder)) != 0
         tool.check("the folder's fsync and the refused one")
 
     run_alice_mount(scenario, script)
@@ -309,13 +317,10 @@ def test_a_folder_s_fsync_fails_when_a_new_note_under_it_could_not_be_committed(
     """A new empty note's commit fails for another reason than a refusal (the catalog could not be
     written): its name is not durable, so the folder's fsync must not answer 0 (a review found the first
     version logged it and went on, leaving the settle to commit it unsynced)."""
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise StorageError("the catalog cannot be written")
-
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, fh, ino = await _touched(fs, tool)
         with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", broken)
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, StorageError("cannot be written")))
             assert await errno_of(fs.fsyncdir(0, False, folder)) != 0
         assert await errno_of(fs.fsyncdir(0, False, folder)) == 0  # the catalog back: committed, synced
         assert fs.mount.layers.note_of(fs.mount.node(ino)) is not None

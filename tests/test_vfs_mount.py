@@ -475,7 +475,8 @@ def test_a_session_whose_binding_was_revoked_cannot_be_mounted(scenario: Scenari
 def test_a_mount_server_loads_no_tls_and_ssl_still_works_where_it_is_used(scenario: Scenario,
                                                                            mounts: Mounts) -> None:  # noqa: F811
     """``vfs.lean``: a hundred idle mounts each leave libssl (2.2 MiB of RSS each) and, until a large
-    note is read or saved, libcrypto (3.5 MiB) unloaded; notes small and large still verify."""
+    note is read or saved, libcrypto (3.5 MiB) unloaded (an empty note's commit loaded it, a review
+    found); notes small and large still verify."""
     where = mounts.root / "alice"
     where.mkdir(parents=True)
     mounts.active.append(where)
@@ -483,6 +484,13 @@ def test_a_mount_server_loads_no_tls_and_ssl_still_works_where_it_is_used(scenar
     assert (where / NOTE).read_bytes() == ALICE_FACT
     (where / "private" / "small-save.md").write_bytes(b"a small save\n")
     assert (where / "private" / "small-save.md").read_bytes() == b"a small save\n"
+    (where / "private" / "empty.md").touch()  # an empty note: its draft is committed from bytes in memory
+    folder = os.open(where / "private", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)  # commits the empty note now (``Commits.committed_under``)
+    finally:
+        os.close(folder)
+    assert scenario.cli("read", scenario.alice_session, "private/empty.md").out == b""
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libpython" in maps or "python" in maps  # the map of the server itself, not an empty file
     assert "libssl" not in maps and "/_ssl." not in maps

@@ -322,10 +322,8 @@ class Commits:
         self._committing[node.ino] = (node, waiting + 1)
         try:
             async with node.commit_lock:  # one commit of a node at a time
-                if only_if is not None and not only_if():
-                    return
                 try:
-                    await self._commit_held(node, durable=durable)
+                    await self._commit_held(node, durable=durable, only_if=only_if)
                 except BaseException:
                     node.failed_commits += 1  # what an fsync that waited for it reports (``ScopeFS.fsync``)
                     raise
@@ -336,8 +334,9 @@ class Commits:
             else:
                 self._committing[node.ino] = (node, waiting - 1)
 
-    async def _commit_held(self, node: Node, *, durable: bool) -> None:
-        """The commit itself; the caller holds ``node.commit_lock``."""
+    async def _commit_held(self, node: Node, *, durable: bool, only_if: Callable[[], bool] | None = None) -> None:
+        """The commit itself; the caller holds ``node.commit_lock``. ``only_if`` is asked once nothing
+        more can come between it and reading the draft."""
         mount = self._mount
         draft = node.draft
         if draft is not None and node.deposit is not None:
@@ -346,6 +345,8 @@ class Commits:
         if draft is None or not draft.dirty or node.kind is not Kind.NOTE:
             return
         await mount.resume()  # a commit refreshes anyway, and holds no page lock
+        if only_if is not None and not only_if():
+            return
         if not mount.view.usable or mount.withheld(node.resource_id):
             # Revoked with bytes not committed (or the note on its way out of the view):
             # the close or fsync that asks must fail, never report success for data that is gone.
@@ -390,7 +391,7 @@ class Commits:
             saved = await self._commit_following(node, draft, parts, expected, durable)
         except BaseException as exc:
             draft.dirty = True
-            if isinstance(exc, Denied) or (isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES):
+            if _is_refusal(exc):
                 self._refused(node, draft)
             raise
         draft.refused = False  # what it holds now is committed
@@ -423,9 +424,10 @@ class Commits:
         and commits itself every new note under ``folder`` that holds
         nothing yet and still has its writer: an empty file, so nothing of a
         file another process is still writing is shown before its close.
-        A note whose commit is refused never was (its writer's own close or
-        fsync says so): the fsync goes on with the others. Any other
-        failure, or a suspended mount that cannot commit, fails the fsync:
+        A note this session may not write there now (its commit refused) is
+        not the folder's to sync: its writer's own close or fsync learns
+        of the refusal, and this fsync goes on with the others. Any other
+        failure, or a mount suspended before or during it, fails the fsync:
         it did not make that name durable. (A file's own fsync waits for
         whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
@@ -449,9 +451,9 @@ class Commits:
                 continue
             mount.check_current()  # EACCES while suspended: a commit now would be refused, its draft dropped
             try:
-                await self.commit(node, only_if=created_empty)  # asked again under the node's lock
-            except Exception:
-                if node.draft is None or not node.draft.refused:
+                await self.commit(node, only_if=created_empty)  # asked again before the draft is read
+            except Exception as exc:
+                if not _is_refusal(exc) or mount.suspended:
                     raise  # this fsync did not make the new name durable: it says so
                 log.warning("a new note's commit was refused at its folder's fsync")
 
@@ -579,3 +581,9 @@ class Commits:
                 layers.detach(node)
                 mount.never_was(node)
         node.close_draft_if_detached()
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """Whether a commit failed because the session may not write there now (the catalog's refusal, or
+    the mount's EACCES), rather than because it could not be done."""
+    return isinstance(exc, Denied) or (isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES)

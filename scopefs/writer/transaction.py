@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import io
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -176,6 +177,9 @@ def _size_hint(source: bytes | BinaryIO) -> int | None:
     """How many bytes ``source`` will give, where that is known without reading it (it picks the hash)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return len(source)
+    if isinstance(source, io.BytesIO):  # (a mount's empty draft: guessing would load OpenSSL's hash for it)
+        with source.getbuffer() as held:
+            return held.nbytes - source.tell()
     try:
         info = os.fstat(source.fileno())
     except (AttributeError, OSError, ValueError):  # not backed by a descriptor (BytesIO, a pipe's wrapper...)
