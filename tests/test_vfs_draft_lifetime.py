@@ -304,9 +304,14 @@ def test_a_folder_s_fsync_answers_for_the_folder_when_a_new_note_s_commit_is_ref
             assert tried == [1], "the folder's fsync did not try the new note"
             assert await errno_of(fs.fsync(0, False, ino)) == errno.EACCES
         assert fs.mount.layers.note_of(fs.mount.node(ino)) is None
+        def full(*args: Any, **kwargs: Any) -> Any:
+            tried.append(2)
+            raise StorageError("the catalog is full")
+
         with monkeypatch.context() as patch:  # the refusal above must not excuse a failure of another kind
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, StorageError("the catalog is full")))
-            assert await errno_of(fs.fsyncdir(0, False, folder)) != 0
+            patch.setattr(catalog_ops, "commit", full)
+            assert await errno_of(fs.fsyncdir(0, False, folder)) == errno.EIO
+            assert tried == [1, 1, 2]
         tool.check("the folder's fsync and the refused one")
 
     run_alice_mount(scenario, script)

@@ -178,8 +178,7 @@ def _size_hint(source: bytes | BinaryIO) -> int | None:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return len(source)
     if isinstance(source, io.BytesIO):  # (a mount's empty draft: guessing would load OpenSSL's hash for it)
-        with source.getbuffer() as held:
-            return held.nbytes - source.tell()
+        return len(source.getvalue()) - source.tell()  # (the bytes it was made from, not a copy)
     try:
         info = os.fstat(source.fileno())
     except (AttributeError, OSError, ValueError):  # not backed by a descriptor (BytesIO, a pipe's wrapper...)
