@@ -20,6 +20,7 @@ from pathlib import Path
 from tests.conftest import ALICE_FACT, Scenario
 from tests.mountkit import (  # noqa: F401
     Mounts,
+    catalog,
     is_mounted,
     live_notes,
     mounts,
@@ -150,3 +151,26 @@ def test_an_unmount_makes_every_close_durable(scenario: Scenario, mounts: Mounts
     mounts.umount(view)  # returns once the server has shut down
     assert unsynced_paths(home) == set()
     assert scenario.cli("read", scenario.alice_session, "private/notes/a.md").out == b"closed\n"
+
+
+def test_touch_then_an_fsync_of_its_folder_is_durable(scenario: Scenario, mounts: Mounts) -> None:
+    """``touch f`` and ``: > g`` leave empty notes whose close commits nothing (no RELEASE comes once
+    OPEN answered ENOSYS: the settle commits them a second later). An fsync of their folder right after
+    must make them durable: the old code answered before they were committed, and the settle's commits
+    then landed unsynced."""
+    home = scenario.cli.home
+    view = mounts.mount(scenario.alice_session)
+    folder = view / "private" / "notes"
+    assert (view / "private" / "notes" / "allergy.md").read_bytes() == ALICE_FACT  # an OPEN: ENOSYS from here
+    (folder / "touched.md").touch()
+    (folder / "emptied.md").open("wb").close()
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    made = {"notes/touched.md", "notes/emptied.md"}
+    with catalog(home) as conn:  # committed before the fsync answered, not by the settle after it
+        committed = {str(row[0]) for row in conn.execute("SELECT path FROM resources").fetchall()}
+    assert made <= committed
+    assert not made & unsynced_paths(home)
