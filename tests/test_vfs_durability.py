@@ -174,3 +174,29 @@ def test_touch_then_an_fsync_of_its_folder_is_durable(scenario: Scenario, mounts
         committed = {str(row[0]) for row in conn.execute("SELECT path FROM resources").fetchall()}
     assert made <= committed
     assert not made & unsynced_paths(home)
+
+
+def test_touch_then_an_fsync_of_the_file_itself_is_durable(scenario: Scenario, mounts: Mounts) -> None:
+    """The file's own fsync, through a new descriptor, after ``touch f`` or ``: > g`` on a note that held
+    bytes: the empty revision is committed and synced before it answers (the real path, where no RELEASE
+    comes: the writer of the create or the truncation is still registered, and the fsync commits it)."""
+    home = scenario.cli.home
+    view = mounts.mount(scenario.alice_session)
+    folder = view / "private" / "notes"
+    assert (folder / "allergy.md").read_bytes() == ALICE_FACT  # an OPEN: ENOSYS from here
+    (folder / "touched.md").touch()
+    (folder / "allergy.md").open("wb").close()  # emptied: its next revision is empty
+    for name in ("touched.md", "allergy.md"):
+        fd = os.open(folder / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    with catalog(home) as conn:  # committed before the fsyncs answered, not by the settle after them
+        active = {(str(path), size) for path, size in conn.execute(  # (Bob has a notes/allergy.md of his own)
+            "SELECT r.path, v.size FROM revisions v JOIN resources r USING (resource_id) WHERE v.state = 'active'")}
+    assert {("notes/touched.md", 0), ("notes/allergy.md", 0)} <= active, active
+    assert not {"notes/touched.md", "notes/allergy.md"} & unsynced_paths(home)
+    for name in ("touched.md", "allergy.md"):
+        read = scenario.cli("read", scenario.alice_session, f"private/notes/{name}")
+        assert (read.code, read.out) == (0, b"")
