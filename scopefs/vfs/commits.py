@@ -334,7 +334,7 @@ class Commits:
             else:
                 self._committing[node.ino] = (node, waiting - 1)
 
-    async def _commit_held(self, node: Node, *, durable: bool, only_if: Callable[[], bool] | None = None) -> None:
+    async def _commit_held(self, node: Node, *, durable: bool, only_if: Callable[[], bool] | None) -> None:
         """The commit itself; the caller holds ``node.commit_lock``. ``only_if`` is asked once nothing
         more can come between it and reading the draft."""
         mount = self._mount

@@ -380,8 +380,8 @@ class ScopeFS(pyfuse3.Operations):
         if node is None:
             return
         if node.commit_lock.locked():
-            # A commit whose close returned (the kernel does not wait for the RELEASE that commits
-            # ``touch f``), or one another process's close awaits (a writer the settle let go of): the
+            # A commit whose close returned (``touch f``'s, by the settle or by a RELEASE, which the
+            # kernel does not wait for), or one another process's close awaits (a writer the settle let go of): the
             # note may not be in the view until it is done, and what it commits is this fsync's to sync.
             # If it failed, those bytes are gone, and the fsync says so (as Linux reports a failed
             # writeback), rather than sync what was there before.

@@ -181,7 +181,7 @@ def _size_hint(source: bytes | BinaryIO) -> int | None:
         return len(source.getvalue()) - source.tell()  # (the bytes it was made from, not a copy)
     try:
         info = os.fstat(source.fileno())
-    except (AttributeError, OSError, ValueError):  # not backed by a descriptor (BytesIO, a pipe's wrapper...)
+    except (AttributeError, OSError, ValueError):  # not backed by a descriptor (a pipe's wrapper, a stream...)
         return None
     return info.st_size if stat.S_ISREG(info.st_mode) else None
 
