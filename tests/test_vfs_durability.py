@@ -39,6 +39,15 @@ def _process_gone(pid: int) -> bool:
         return True
 
 
+def _fsync_path(path: Path) -> None:
+    """``fsync`` of a file or folder through a descriptor of its own (a tool that syncs what another wrote)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_and_close(path: Path, chunks: list[bytes]) -> bytes:
     with open(path, "wb") as f:
         for chunk in chunks:
@@ -142,11 +151,7 @@ def test_an_unmount_makes_every_close_durable(scenario: Scenario, mounts: Mounts
     (view / "private" / "notes" / "a.md").write_bytes(b"closed\n")
     (view / "private" / "notes" / "b.md").write_bytes(b"closed, then synced\n")
     assert unsynced_paths(home) == {"notes/a.md", "notes/b.md"}
-    fd = os.open(view / "private" / "notes" / "b.md", os.O_RDONLY)
-    try:
-        os.fsync(fd)  # nothing to commit: what the close committed is made durable
-    finally:
-        os.close(fd)
+    _fsync_path(view / "private" / "notes" / "b.md")  # nothing to commit: what the close committed is made durable
     assert unsynced_paths(home) == {"notes/a.md"}
     mounts.umount(view)  # returns once the server has shut down
     assert unsynced_paths(home) == set()
@@ -164,11 +169,7 @@ def test_touch_then_an_fsync_of_its_folder_is_durable(scenario: Scenario, mounts
     assert (view / "private" / "notes" / "allergy.md").read_bytes() == ALICE_FACT  # an OPEN: ENOSYS from here
     (folder / "touched.md").touch()
     (folder / "emptied.md").open("wb").close()
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_path(folder)
     made = {"notes/touched.md", "notes/emptied.md"}
     with catalog(home) as conn:  # committed before the fsync answered, not by the settle after it
         committed = {str(row[0]) for row in conn.execute("SELECT path FROM resources").fetchall()}
@@ -187,11 +188,7 @@ def test_touch_then_an_fsync_of_the_file_itself_is_durable(scenario: Scenario, m
     (folder / "touched.md").touch()
     (folder / "allergy.md").open("wb").close()  # emptied: its next revision is empty
     for name in ("touched.md", "allergy.md"):
-        fd = os.open(folder / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(folder / name)
     with catalog(home) as conn:  # committed before the fsyncs answered, not by the settle after them
         active = {(str(path), size) for path, size in conn.execute(  # (Bob has a notes/allergy.md of his own)
             "SELECT r.path, v.size FROM revisions v JOIN resources r USING (resource_id) WHERE v.state = 'active'")}
