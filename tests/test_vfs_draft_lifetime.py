@@ -30,9 +30,10 @@ from scopefs.catalog import visible
 from scopefs.catalog.errors import Denied, StorageError
 from scopefs.catalog.reader import read_note
 from scopefs.catalog.reasons import Reason
-from scopefs.vfs import catalog_ops, currency, reads
+from scopefs.vfs import catalog_ops, commits, currency, reads
 from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
+from scopefs.vfs.inodes import Node
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
@@ -120,6 +121,11 @@ def _waiting(request: Callable[..., Awaitable[object]], *args: object) -> Callab
         await trio.testing.wait_all_tasks_blocked()  # it waits for the commit held on the catalog thread
 
     return started
+
+
+def _drop_begun(node: Node) -> None:
+    """As the invalidation worker does when it begins the drops queued for ``node`` (none runs here)."""
+    node.invalidations_begun = node.invalidations_queued
 
 
 def _fails(error: Exception, *args: Any, **kwargs: Any) -> Any:
@@ -486,6 +492,98 @@ def test_bytes_whose_commit_was_refused_are_not_read_back(scenario: Scenario) ->
         await fs.flush(info.fh)
         await fs.release(info.fh)
         tool.check("the release")
+
+    run_alice_mount(scenario, script)
+
+
+def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_older_is_read_meanwhile(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsx under revocation (once, under load): a writer left alone for ``WRITER_IDLE_S`` was committed
+    by the settle, the commit refused (the binding revoked, the mount not yet refreshed), and the old
+    code dropped the draft. The writer's next close then answered 0 for bytes that were gone, and its
+    reads were answered from the older, shorter revision, which the kernel, still sizing the file as
+    written, padded with zeros. Now the draft is kept, refused: reads are refused, the writer's close
+    hears of it, and only then is the note read as committed."""
+    path = "private/notes/allergy.md"
+    refusals: list[int] = []
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        refusals.append(1)
+        raise Denied(Reason.EXPLICIT_DENY)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino(path)
+        assert await KernelFile(fs, ino).read() == ALICE_FACT
+        writer = await KernelFile.open(fs, ino, os.O_RDWR)
+        await writer.write(len(ALICE_FACT), b"written, then left alone\n")
+        node = fs.mount.node(ino)
+        handle = fs.commits.writer_of(node)
+        assert handle is not None
+        handle.used -= 10.0  # as if its last write were long ago
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", refused)
+            await fs.commits.settle()
+            assert refusals == [1]
+            assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES  # not the older revision
+            await fs.commits.settle()  # kept for the writer's close: not committed again each turn
+            assert refusals == [1]
+            assert await errno_of(writer.flush()) == errno.EACCES  # the close hears of it
+        _drop_begun(node)
+        assert await KernelFile(fs, ino).read() == ALICE_FACT  # then the note, as committed
+        tool.check("the refused settle and the close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, path) == ALICE_FACT
+
+
+def test_a_refused_writer_nobody_closes_is_let_go_in_the_end(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes that come after the close (a mapping's write-back) have no close left to hear of a
+    refusal: the refused draft is kept ``REFUSED_KEPT_S``, then let go, and the note reads as committed."""
+    path = "private/notes/allergy.md"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino(path)
+        await KernelFile(fs, ino).write(0, b"written back after the close\n")
+        node = fs.mount.node(ino)
+        handle = fs.commits.writer_of(node)
+        assert handle is not None
+        handle.used -= 10.0
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.settle()
+        assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
+        handle.used -= commits.REFUSED_KEPT_S + 1.0
+        await fs.commits.settle()
+        assert fs.commits.writer_of(node) is None and node.draft is None
+        _drop_begun(node)
+        assert await KernelFile(fs, ino).read() == ALICE_FACT
+        tool.check("the refused writer let go")
+
+    run_alice_mount(scenario, script)
+
+
+def test_after_a_refused_close_another_descriptor_reads_nothing_until_the_kernel_drops_the_writes(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close refused: the draft goes, and the older revision is the note again. The kernel still
+    sizes the file as the writes left it until the drop queued then begins (no worker sends it here);
+    a ``READ`` answered from the shorter revision meanwhile would be padded with zeros up to that size.
+    Refused instead, then served once the drop has begun."""
+    path = "private/notes/allergy.md"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino(path)
+        writer = await KernelFile.open(fs, ino, os.O_RDWR)
+        await writer.write(len(ALICE_FACT), b"written, and refused at the close\n")
+        node = fs.mount.node(ino)
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            assert await errno_of(writer.flush()) == errno.EACCES
+        assert node.draft is None and node.invalidating
+        assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
+        _drop_begun(node)
+        assert await KernelFile(fs, ino).read() == ALICE_FACT
+        tool.check("the refused close and the reads after")
 
     run_alice_mount(scenario, script)
 

@@ -64,6 +64,8 @@ log = logging.getLogger("scopefs.vfs")
 
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
 # committed and let go
+REFUSED_KEPT_S = 30.0  # a writer whose commit at the settle was refused waits this long for a close to
+# tell (``settle``); then nobody is left to (a mapping written back after its close), and it is let go
 
 
 class Commits:
@@ -194,12 +196,16 @@ class Commits:
             elif everything or (handle.used < idle and not self._mount.suspended):
                 # (not while the mount is suspended: its commit would be refused, its bytes dropped with
                 # nobody to tell; the process's own close is refused instead, or commits once resumed)
-                await self._let_go(handle.node)
+                draft = handle.node.draft
+                if everything or draft is None or not draft.refused:
+                    await self._let_go(handle.node, keep_refused=not everything)
+                elif handle.used < time.monotonic() - REFUSED_KEPT_S:
+                    await self._let_go(handle.node, commit=False)  # no close came to hear of the refusal
 
-    async def _let_go(self, node: Node, *, commit: bool = True) -> None:
+    async def _let_go(self, node: Node, *, commit: bool = True, keep_refused: bool = False) -> None:
         fh = self._writers.pop(node.ino, None)
         if fh is not None:
-            await self.release(fh, commit=commit)
+            await self.release(fh, commit=commit, keep_refused=keep_refused)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -545,9 +551,19 @@ class Commits:
                 mount.kernel.forget_pages(handle.node)
                 raise
 
-    async def release(self, fh: int, *, commit: bool = True) -> None:
+    async def release(self, fh: int, *, commit: bool = True, keep_refused: bool = False) -> None:
         """Let go of ``fh``: commit what nobody will close again (unless ``commit`` is false: its
-        commit just failed), drop what is settled."""
+        commit just failed), drop what is settled.
+
+        ``keep_refused`` (the settle's, which cannot know whether a
+        descriptor is still open: the kernel sends no RELEASE for most
+        files): a refused commit keeps the writer and its draft, marked
+        refused. Dropped, the draft's bytes would be gone with nobody told
+        (the writer's next close answering 0), and its reads would be
+        answered from the older revision, which a kernel still sizing the
+        file as written pads with zeros (fsx under revocation found it).
+        Kept, reads are refused and the next close hears of it.
+        """
         mount = self._mount
         layers = mount.layers
         handle = mount.handles.get(fh)
@@ -562,7 +578,11 @@ class Commits:
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
-            except Exception as exc:  # noqa: BLE001 - nobody is left to tell
+            except Exception as exc:  # noqa: BLE001 - nobody is left to tell, unless kept for a close
+                if (keep_refused and _is_refusal(exc) and node.draft is not None and node.draft.refused
+                        and self._writers.setdefault(node.ino, fh) == fh):  # no other writer came meanwhile
+                    handle.used = time.monotonic()  # ``REFUSED_KEPT_S`` counts from the refusal
+                    return
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
             return  # table; gone, another release of it (a settle's let-go while this one committed) counted it
@@ -574,6 +594,7 @@ class Commits:
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
+                node.discarded_writes = True
             node.draft.close()  # committed by flush
             node.draft = None
             if node.resource_id is None and layers.local.get(node.parts) is node:

@@ -131,6 +131,10 @@ class Reads:
                 raise fail(errno.ENOENT)
             if not mount.shows(note.resource_id):
                 raise fail(errno.EACCES)
+            if node.discarded_writes:
+                if node.invalidating:
+                    raise fail(errno.EACCES)  # refused, as those writes were: no zeros where they were
+                node.discarded_writes = False
             reader = self._readers.get(node.ino)
             if reader is not None and reader.node is node and (
                     reader.note.revision_id == note.revision_id
