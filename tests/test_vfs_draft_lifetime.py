@@ -525,6 +525,7 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
             await fs.commits.settle()
             assert refusals == [1]
             assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES  # not the older revision
+            handle.used -= 10.0
             await fs.commits.settle()  # kept for the writer's close: not committed again each turn
             assert refusals == [1]
             assert await errno_of(writer.flush()) == errno.EACCES  # the close hears of it
@@ -536,15 +537,17 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
     assert as_alice(scenario, read_note, path) == ALICE_FACT
 
 
-def test_a_refused_writer_nobody_closes_is_let_go_in_the_end(
+def test_a_refused_writer_nobody_closes_is_committed_or_let_go_in_the_end(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes that come after the close (a mapping's write-back) have no close left to hear of a
-    refusal: the refused draft is kept ``REFUSED_KEPT_S``, then let go, and the note reads as committed."""
+    refusal: the refused writer is kept until ``REFUSED_KEPT_S`` pass with no write, then committed if
+    it may be by then (the refusal may have passed), else let go, the note as it was committed."""
     path = "private/notes/allergy.md"
+    written = b"written back after the close\n"
 
-    async def script(fs: ScopeFS, tool: Tool) -> None:
+    async def refused_then_left(fs: ScopeFS, tool: Tool, *, still_refused: bool) -> None:
         ino = await tool.ino(path)
-        await KernelFile(fs, ino).write(0, b"written back after the close\n")
+        await KernelFile(fs, ino).write(0, written)
         node = fs.mount.node(ino)
         handle = fs.commits.writer_of(node)
         assert handle is not None
@@ -552,15 +555,76 @@ def test_a_refused_writer_nobody_closes_is_let_go_in_the_end(
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
             await fs.commits.settle()
-        assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
-        handle.used -= commits.REFUSED_KEPT_S + 1.0
-        await fs.commits.settle()
+            assert handle.refused_at is not None
+            assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
+            handle.used -= commits.REFUSED_KEPT_S
+            await fs.commits.settle()  # refused a moment ago: still kept
+            assert fs.commits.writer_of(node) is handle
+            handle.refused_at -= commits.REFUSED_KEPT_S + 1.0
+            if still_refused:
+                await fs.commits.settle()
+        if not still_refused:
+            await fs.commits.settle()
         assert fs.commits.writer_of(node) is None and node.draft is None
         _drop_begun(node)
-        assert await KernelFile(fs, ino).read() == ALICE_FACT
         tool.check("the refused writer let go")
 
+    async def still_refused(fs: ScopeFS, tool: Tool) -> None:
+        await refused_then_left(fs, tool, still_refused=True)
+        assert await KernelFile(fs, await tool.ino(path)).read() == ALICE_FACT
+
+    run_alice_mount(scenario, still_refused)
+    assert as_alice(scenario, read_note, path) == ALICE_FACT
+
+    async def refusal_passed(fs: ScopeFS, tool: Tool) -> None:
+        await refused_then_left(fs, tool, still_refused=False)
+        assert await KernelFile(fs, await tool.ino(path)).read() == written + ALICE_FACT[len(written):]
+
+    run_alice_mount(scenario, refusal_passed)
+    assert as_alice(scenario, read_note, path) == written + ALICE_FACT[len(written):]
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused", "committed"])
+def test_a_close_while_the_settle_commits_waits_for_that_commit_and_hears_its_refusal(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, refused: bool) -> None:
+    """The settle takes the writer out of the registry while its commit runs, and pyfuse3 answers a
+    FLUSH of an inode with no writer in C (``flush_wanted``): the old code's close meanwhile answered 0
+    at once, before the commit (which could then be refused, its writes lost). Now the inode stays
+    wanted and the close waits: committed, it answers 0 after the commit; refused, it hears of it (the
+    writer kept for it), and its own refusal is not kept again."""
+    path = "private/notes/allergy.md"
+    added = b"written, closed while the settle commits\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino = await tool.ino(path)
+        writer = await KernelFile.open(fs, ino, os.O_RDWR)
+        await writer.write(len(ALICE_FACT), added)
+        node = fs.mount.node(ino)
+        handle = fs.commits.writer_of(node)
+        assert handle is not None
+        handle.used -= 10.0
+        closes: list[int] = []
+
+        async def close_meanwhile(nursery: trio.Nursery) -> None:
+            assert ino in fs.flush_wanted  # the close comes to Python
+            async def close() -> None:
+                closes.append(await errno_of(writer.flush()))
+            nursery.start_soon(close)
+            await trio.testing.wait_all_tasks_blocked()
+            assert closes == []  # it waits for the settle's commit
+
+        with monkeypatch.context() as patch:
+            if refused:  # the close's own commit is refused too
+                patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await _while_committing(fs.commits.settle, close_meanwhile, monkeypatch, refused=refused)
+        assert closes == [errno.EACCES if refused else 0]
+        assert fs.commits.writer_of(node) is None and ino not in fs.flush_wanted
+        _drop_begun(node)
+        assert await KernelFile(fs, ino).read() == (ALICE_FACT if refused else ALICE_FACT + added)
+        tool.check("the close during the settle's commit")
+
     run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, path) == (ALICE_FACT if refused else ALICE_FACT + added)
 
 
 def test_after_a_refused_close_another_descriptor_reads_nothing_until_the_kernel_drops_the_writes(
@@ -582,6 +646,8 @@ def test_after_a_refused_close_another_descriptor_reads_nothing_until_the_kernel
         assert node.draft is None and node.invalidating
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
         _drop_begun(node)
+        fs.mount.kernel.forget_pages(node)  # a later drop, for another reason: reads are not refused for it
+        assert node.invalidating
         assert await KernelFile(fs, ino).read() == ALICE_FACT
         tool.check("the refused close and the reads after")
 

@@ -65,7 +65,8 @@ log = logging.getLogger("scopefs.vfs")
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
 # committed and let go
 REFUSED_KEPT_S = 30.0  # a writer whose commit at the settle was refused waits this long for a close to
-# tell (``settle``); then nobody is left to (a mapping written back after its close), and it is let go
+# tell (``settle``); then nobody is left to (a mapping written back after its close): committed if it
+# may be by then, else let go
 
 
 class Commits:
@@ -76,6 +77,9 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
+        # inode -> set once the settle's let-go of its writer (a commit, maybe kept if refused) is over
+        self._settling: dict[int, trio.Event] = {}
+        self.writing = _CloseWanted(self._writers, self._settling)
         # inode -> its note, while commits of its draft are under way or waiting for its lock, and how many
         self._committing: dict[int, tuple[Node, int]] = {}
         self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
@@ -148,12 +152,6 @@ class Commits:
         self._mount.settle_wanted.set()
 
     @property
-    def writing(self) -> Container[int]:
-        """The inodes whose close has work to do: a FLUSH of any other inode is answered by
-        pyfuse3 in C (``Operations.flush_wanted``), which keeps a read-only close near native."""
-        return self._writers.keys()
-
-    @property
     def pending(self) -> bool:
         """Whether a writer's handle waits to be committed (``settle``)."""
         return bool(self._writers or self._replaced)
@@ -171,7 +169,16 @@ class Commits:
         through any of them: the kernel does not say which one wrote.
         """
         handle = self.writer_of(node)
+        failed = node.failed_commits
+        while handle is None and (settling := self._settling.get(node.ino)) is not None:
+            # The settle is committing this inode's writes, its writer taken out of ``_writers`` for
+            # the while: this close answers for that commit (kept for it if refused: found below).
+            with self._mount.kernel.waiting_on_refresh():
+                await settling.wait()
+            handle = self.writer_of(node)
         if handle is None:
+            if node.failed_commits != failed:
+                raise fail(errno.EIO)  # the settle's commit failed, and its bytes went: as fsync says
             return
         try:
             await self.flush(handle)
@@ -185,27 +192,45 @@ class Commits:
 
     async def settle(self, *, everything: bool = False) -> None:
         """Commit and let go of writers' handles nobody closed (``WRITER_IDLE_S``), or all of them."""
-        idle = time.monotonic() - WRITER_IDLE_S
+        now = time.monotonic()
+        idle = now - WRITER_IDLE_S
         replaced, self._replaced = self._replaced, []
         for fh in replaced:
             await self.release(fh)
         for ino, fh in list(self._writers.items()):
             handle = self._mount.handles.get(fh)
             if handle is None:
-                self._writers.pop(ino, None)  # the kernel released it (a mount's first files may get RELEASE)
-            elif everything or (handle.used < idle and not self._mount.suspended):
-                # (not while the mount is suspended: its commit would be refused, its bytes dropped with
-                # nobody to tell; the process's own close is refused instead, or commits once resumed)
-                draft = handle.node.draft
-                if everything or draft is None or not draft.refused:
-                    await self._let_go(handle.node, keep_refused=not everything)
-                elif handle.used < time.monotonic() - REFUSED_KEPT_S:
-                    await self._let_go(handle.node, commit=False)  # no close came to hear of the refusal
+                if self._writers.get(ino) == fh:
+                    del self._writers[ino]  # the kernel released it (a mount's first files may get RELEASE)
+            elif everything:
+                await self._let_go(handle.node, fh=fh)
+            elif self._mount.suspended:
+                continue  # its commit would be refused, its bytes dropped with nobody to tell: the
+                # process's own close is refused instead, or commits once resumed
+            elif handle.refused_at is None and handle.used < idle:
+                await self._settle_writer(handle.node, fh, keep_refused=True)
+            elif handle.refused_at is not None and max(handle.refused_at, handle.used) < now - REFUSED_KEPT_S:
+                # No close came to hear of the refusal: committed if it may be now, else let go.
+                await self._settle_writer(handle.node, fh, keep_refused=False)
 
-    async def _let_go(self, node: Node, *, commit: bool = True, keep_refused: bool = False) -> None:
-        fh = self._writers.pop(node.ino, None)
-        if fh is not None:
-            await self.release(fh, commit=commit, keep_refused=keep_refused)
+    async def _settle_writer(self, node: Node, fh: int, *, keep_refused: bool) -> None:
+        """The settle's let-go of ``fh``, the writer of ``node``: a close meanwhile waits for it."""
+        done = self._settling[node.ino] = trio.Event()
+        try:
+            await self._let_go(node, fh=fh, keep_refused=keep_refused)
+        finally:
+            if self._settling.get(node.ino) is done:
+                del self._settling[node.ino]
+            done.set()
+
+    async def _let_go(self, node: Node, *, fh: int | None = None, commit: bool = True,
+                      keep_refused: bool = False) -> None:
+        """Release ``node``'s writer (only if it is still ``fh``, when given)."""
+        current = self._writers.get(node.ino)
+        if current is None or (fh is not None and current != fh):
+            return
+        del self._writers[node.ino]
+        await self.release(current, commit=commit, keep_refused=keep_refused)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -390,7 +415,11 @@ class Commits:
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
             draft.dirty = draft.refused = False
             return None
-        self._mount.check_copy(node)
+        try:
+            self._mount.check_copy(node)
+        except pyfuse3.FUSEError:
+            self._refused(node, draft)  # a refusal like the catalog's: the settle keeps it for a close
+            raise
         cell_agent = self._cell_agent(parts)
         draft.dirty = False  # writes landing during the commit mark it dirty again
         try:
@@ -576,12 +605,14 @@ class Commits:
             # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
             del self._writers[node.ino]
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
+            failed = node.failed_commits
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell, unless kept for a close
                 if (keep_refused and _is_refusal(exc) and node.draft is not None and node.draft.refused
-                        and self._writers.setdefault(node.ino, fh) == fh):  # no other writer came meanwhile
-                    handle.used = time.monotonic()  # ``REFUSED_KEPT_S`` counts from the refusal
+                        and node.failed_commits == failed + 1  # no close heard a refusal of it meanwhile
+                        and self._writers.setdefault(node.ino, fh) == fh):  # nor did another writer come
+                    handle.refused_at = time.monotonic()
                     return
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
@@ -594,7 +625,7 @@ class Commits:
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
-                node.discarded_writes = True
+                node.discarded_until = node.invalidations_queued  # (queued, or one queued already)
             node.draft.close()  # committed by flush
             node.draft = None
             if node.resource_id is None and layers.local.get(node.parts) is node:
@@ -602,6 +633,21 @@ class Commits:
                 layers.detach(node)
                 mount.never_was(node)
         node.close_draft_if_detached()
+
+
+class _CloseWanted(Container[int]):
+    """The inodes whose close has work to do: a writer is registered, or the settle is letting one go
+    (``flush_inode`` waits for it). A FLUSH of any other inode is answered by pyfuse3 in C
+    (``Operations.flush_wanted``), which keeps a read-only close near native."""
+
+    __slots__ = ("_writers", "_settling")
+
+    def __init__(self, writers: Container[int], settling: Container[int]) -> None:
+        self._writers = writers
+        self._settling = settling
+
+    def __contains__(self, ino: object) -> bool:
+        return ino in self._writers or ino in self._settling
 
 
 def _is_refusal(exc: BaseException) -> bool:

@@ -32,6 +32,9 @@ class Handle:
     wrote: bool = False  # a write() came through this handle
     pid_namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
     used: float = field(default_factory=time.monotonic)  # the last write or truncation through it
+    # When the settle's commit of its writes was refused, if it was: kept for a close to hear of it
+    # (``Commits.release``), until ``REFUSED_KEPT_S`` pass with no write and no refusal
+    refused_at: float | None = None
 
 
 class HandleTable:

@@ -103,9 +103,9 @@ class Node:
     listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     # A draft with writes nobody committed was thrown away (its commit failed): until the drop queued
-    # then begins, the kernel may still size the file as those writes left it, and pad the shorter
-    # revision a ``READ`` would answer with zeros (``vfs.reads``).
-    discarded_writes: bool = False
+    # then (this count of ``invalidations_queued``) begins, the kernel may still size the file as those
+    # writes left it, and pad the shorter revision a ``READ`` would answer with zeros (``vfs.reads``).
+    discarded_until: int = 0
     # The revision this mount last committed for it, or, after a rename here, the one the view shows at
     # the new name (maybe another session's): a draft loaded before a commit of this mount starts over.
     committed_revision: str | None = None

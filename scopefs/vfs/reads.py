@@ -108,6 +108,8 @@ class Reads:
             raise fail(errno.EISDIR)
         if node.kind is Kind.REVISION:  # an earlier revision (``vfs.history``): still one it may show?
             await self._history.check(node)
+        if node.invalidations_begun < node.discarded_until:
+            raise fail(errno.EACCES)  # refused, as the writes discarded were: no zeros where they were
         if node.draft is not None:
             mount.check_copy(node)
             return _unrefused(node.draft).read(off, size)
@@ -131,10 +133,6 @@ class Reads:
                 raise fail(errno.ENOENT)
             if not mount.shows(note.resource_id):
                 raise fail(errno.EACCES)
-            if node.discarded_writes:
-                if node.invalidating:
-                    raise fail(errno.EACCES)  # refused, as those writes were: no zeros where they were
-                node.discarded_writes = False
             reader = self._readers.get(node.ino)
             if reader is not None and reader.node is node and (
                     reader.note.revision_id == note.revision_id
