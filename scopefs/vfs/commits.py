@@ -64,9 +64,9 @@ log = logging.getLogger("scopefs.vfs")
 
 WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
 # committed and let go
-REFUSED_KEPT_S = 30.0  # a writer whose commit at the settle was refused waits this long for a close to
-# tell (``settle``); then nobody is left to (a mapping written back after its close): committed if it
-# may be by then, else let go
+UNCOMMITTED_KEPT_S = 30.0  # a writer whose commit at the settle failed (refused, say) is kept this long
+# with no write, for a close to hear of it, and tried again each ``WRITER_IDLE_S`` (``settle``); then
+# nobody is left to tell (a mapping written back after its close): one last try, and its writes go
 
 
 class Commits:
@@ -77,8 +77,8 @@ class Commits:
         self._reads = reads
         self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
         self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        # inode -> set once the settle's let-go of its writer (a commit, maybe kept if refused) is over
-        self._settling: dict[int, trio.Event] = {}
+        # inode -> the settle's let-go of its writer under way (a commit, the writer kept if it fails)
+        self._settling: dict[int, _Settling] = {}
         self.writing = _CloseWanted(self._writers, self._settling)
         # inode -> its note, while commits of its draft are under way or waiting for its lock, and how many
         self._committing: dict[int, tuple[Node, int]] = {}
@@ -169,26 +169,28 @@ class Commits:
         through any of them: the kernel does not say which one wrote.
         """
         handle = self.writer_of(node)
-        failed = node.failed_commits
+        lost: int | None = None
         while handle is None and (settling := self._settling.get(node.ino)) is not None:
             # The settle is committing this inode's writes, its writer taken out of ``_writers`` for
-            # the while: this close answers for that commit (kept for it if refused: found below).
+            # the while: this close answers for that commit (the writer kept if it failed: found below).
             with self._mount.kernel.waiting_on_refresh():
-                await settling.wait()
+                await settling.done.wait()
+            lost = settling.lost
             handle = self.writer_of(node)
         if handle is None:
-            if node.failed_commits != failed:
-                raise fail(errno.EIO)  # the settle's commit failed, and its bytes went: as fsync says
+            if lost is not None:
+                raise fail(lost)  # the settle's commit failed for good, and its writes went
             return
+        fh = self._writers[node.ino]
         try:
             await self.flush(handle)
         except BaseException:
             if not self._mount.suspended:  # (suspended: kept for a close or a settle once it resumes)
                 with trio.CancelScope(shield=True):
-                    await self._let_go(node, commit=False)  # refused or failed: none of it stays readable
+                    await self._let_go(node, fh=fh, commit=False)  # refused or failed: none of it stays readable
             raise
         if handle.wrote or node.draft is None or not node.draft.dirty:
-            await self._let_go(node)
+            await self._let_go(node, fh=fh)
 
     async def settle(self, *, everything: bool = False) -> None:
         """Commit and let go of writers' handles nobody closed (``WRITER_IDLE_S``), or all of them."""
@@ -207,30 +209,41 @@ class Commits:
             elif self._mount.suspended:
                 continue  # its commit would be refused, its bytes dropped with nobody to tell: the
                 # process's own close is refused instead, or commits once resumed
-            elif handle.refused_at is None and handle.used < idle:
-                await self._settle_writer(handle.node, fh, keep_refused=True)
-            elif handle.refused_at is not None and max(handle.refused_at, handle.used) < now - REFUSED_KEPT_S:
-                # No close came to hear of the refusal: committed if it may be now, else let go.
-                await self._settle_writer(handle.node, fh, keep_refused=False)
+            elif handle.node.deposit is not None:
+                continue  # a deposit's close always comes, with its handle: filed then, whole
+            elif handle.kept_since is None:
+                if handle.used < idle:
+                    await self._settle_writer(handle.node, fh, keep=True)
+            elif max(handle.kept_since, handle.used) < now - UNCOMMITTED_KEPT_S:
+                await self._settle_writer(handle.node, fh, keep=False)  # no close came: one last try
+            elif handle.retry_at <= now and handle.used < idle:
+                await self._settle_writer(handle.node, fh, keep=True)  # what failed may have passed
 
-    async def _settle_writer(self, node: Node, fh: int, *, keep_refused: bool) -> None:
+    async def _settle_writer(self, node: Node, fh: int, *, keep: bool) -> None:
         """The settle's let-go of ``fh``, the writer of ``node``: a close meanwhile waits for it."""
-        done = self._settling[node.ino] = trio.Event()
+        settling = self._settling[node.ino] = _Settling()
         try:
-            await self._let_go(node, fh=fh, keep_refused=keep_refused)
+            settling.lost = await self._let_go(node, fh=fh, keep=keep)
         finally:
-            if self._settling.get(node.ino) is done:
+            if self._settling.get(node.ino) is settling:
                 del self._settling[node.ino]
-            done.set()
+            settling.done.set()
 
     async def _let_go(self, node: Node, *, fh: int | None = None, commit: bool = True,
-                      keep_refused: bool = False) -> None:
-        """Release ``node``'s writer (only if it is still ``fh``, when given)."""
+                      keep: bool = False) -> int | None:
+        """Release ``node``'s writer (only if it is still ``fh``, when given); what ``release`` returns.
+        Interrupted (an unmount cancels the settle) while the handle is still open, it is the writer
+        again, for the unmount's own settle to commit."""
         current = self._writers.get(node.ino)
         if current is None or (fh is not None and current != fh):
-            return
+            return None
         del self._writers[node.ino]
-        await self.release(current, commit=commit, keep_refused=keep_refused)
+        try:
+            return await self.release(current, commit=commit, keep=keep)
+        except BaseException:
+            if self._mount.handles.get(current) is not None:
+                self._writers.setdefault(node.ino, current)
+            raise
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -580,52 +593,59 @@ class Commits:
                 mount.kernel.forget_pages(handle.node)
                 raise
 
-    async def release(self, fh: int, *, commit: bool = True, keep_refused: bool = False) -> None:
+    async def release(self, fh: int, *, commit: bool = True, keep: bool = False) -> int | None:
         """Let go of ``fh``: commit what nobody will close again (unless ``commit`` is false: its
-        commit just failed), drop what is settled.
+        commit just failed), drop what is settled. Returns the errno of a commit that failed and whose
+        writes went with the draft (None otherwise).
 
-        ``keep_refused`` (the settle's, which cannot know whether a
-        descriptor is still open: the kernel sends no RELEASE for most
-        files): a refused commit keeps the writer and its draft, marked
-        refused. Dropped, the draft's bytes would be gone with nobody told
+        ``keep`` (the settle's, which cannot know whether a descriptor is
+        still open: the kernel sends no RELEASE for most files): a commit
+        that fails keeps the writer and its draft (marked refused, if it was
+        refused). Dropped, the draft's bytes would be gone with nobody told
         (the writer's next close answering 0), and its reads would be
         answered from the older revision, which a kernel still sizing the
         file as written pads with zeros (fsx under revocation found it).
-        Kept, reads are refused and the next close hears of it.
+        Kept, a refusal's reads are refused, and the next close hears of it.
         """
         mount = self._mount
         layers = mount.layers
         handle = mount.handles.get(fh)
         if handle is None:
-            return
+            return None
         node = handle.node
         if self._writers.get(node.ino) == fh:
             # From here on, writes by inode make a writer of their own. Found through this handle, they
             # would land in the draft this release may close below without committing them (the kernel
             # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
             del self._writers[node.ino]
+        failure: int | None = None
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             failed = node.failed_commits
             try:
                 await self.commit(node)  # an empty file created or truncated and closed unwritten
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell, unless kept for a close
-                if (keep_refused and _is_refusal(exc) and node.draft is not None and node.draft.refused
-                        and node.failed_commits == failed + 1  # no close heard a refusal of it meanwhile
+                if (keep and node.draft is not None and node.draft.dirty
+                        and node.failed_commits == failed + 1  # no close heard of a failure of it meanwhile
                         and self._writers.setdefault(node.ino, fh) == fh):  # nor did another writer come
-                    handle.refused_at = time.monotonic()
-                    return
+                    now = time.monotonic()
+                    handle.kept_since = now if handle.kept_since is None else handle.kept_since
+                    handle.retry_at = now + WRITER_IDLE_S
+                    return None
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
+                failure = errno.EACCES if _is_refusal(exc) else errno.EIO
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
-            return  # table; gone, another release of it (a settle's let-go while this one committed) counted it
+            return None  # table; gone, another release of it (a settle's let-go while this one committed) counted it
         node.opens -= 1
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None and node.commit_lock.locked():
             # Another close is committing the draft (this is the settle letting go of a writer that
             # looked idle while its commit waited for the catalog): the draft goes once it is done.
             await mount.commit_over(node)  # a FLUSH's let-go waits here as on a commit
+        lost = None
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
                 mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
                 node.discarded_until = node.invalidations_queued  # (queued, or one queued already)
+                lost = failure
             node.draft.close()  # committed by flush
             node.draft = None
             if node.resource_id is None and layers.local.get(node.parts) is node:
@@ -633,6 +653,18 @@ class Commits:
                 layers.detach(node)
                 mount.never_was(node)
         node.close_draft_if_detached()
+        return lost
+
+
+class _Settling:
+    """The settle's let-go of one writer: set ``done`` once over; ``lost``, the errno of a commit that
+    failed for good (its writes gone), for a close that waited to answer with."""
+
+    __slots__ = ("done", "lost")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.lost: int | None = None
 
 
 class _CloseWanted(Container[int]):

@@ -392,6 +392,9 @@ def _send_invalidations(batch: list[Queued], progress: Progress) -> bool:
                 pyfuse3.invalidate_inode(item.ino)
         except OSError as exc:
             sent = sent and exc.errno in GONE
+        finally:
+            if queued.node is not None:
+                queued.node.invalidations_ended += 1
         if item.parent_ino is not None and item.name is not None:
             try:
                 pyfuse3.invalidate_entry(item.parent_ino, item.name.encode())

@@ -32,9 +32,11 @@ class Handle:
     wrote: bool = False  # a write() came through this handle
     pid_namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
     used: float = field(default_factory=time.monotonic)  # the last write or truncation through it
-    # When the settle's commit of its writes was refused, if it was: kept for a close to hear of it
-    # (``Commits.release``), until ``REFUSED_KEPT_S`` pass with no write and no refusal
-    refused_at: float | None = None
+    # When the settle's commit of its writes first failed, if one did: kept for a close to hear of it
+    # and tried again from ``retry_at`` on, until ``UNCOMMITTED_KEPT_S`` pass with no write
+    # (``Commits.settle``)
+    kept_since: float | None = None
+    retry_at: float = 0.0
 
 
 class HandleTable:

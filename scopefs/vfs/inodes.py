@@ -100,11 +100,12 @@ class Node:
     # that sends them, just before it does): one writer each, so no count is lost (``invalidating``).
     invalidations_queued: int = 0
     invalidations_begun: int = 0
+    invalidations_ended: int = 0  # those whose drop of the inode's pages and attributes returned
     listing_version: int = 0  # a folder's: how often its names changed (``vfs.attributes``)
     stale_pages: bool = False  # pages of an older revision may still be in the kernel (drop before a store)
     # A draft with writes nobody committed was thrown away (its commit failed): until the drop queued
-    # then (this count of ``invalidations_queued``) begins, the kernel may still size the file as those
-    # writes left it, and pad the shorter revision a ``READ`` would answer with zeros (``vfs.reads``).
+    # then (this count of ``invalidations_queued``) has ended, the kernel may still size the file as
+    # those writes left it, and pad the shorter revision a ``READ`` would answer with zeros (``vfs.reads``).
     discarded_until: int = 0
     # The revision this mount last committed for it, or, after a rename here, the one the view shows at
     # the new name (maybe another session's): a draft loaded before a commit of this mount starts over.

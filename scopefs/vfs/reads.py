@@ -108,7 +108,7 @@ class Reads:
             raise fail(errno.EISDIR)
         if node.kind is Kind.REVISION:  # an earlier revision (``vfs.history``): still one it may show?
             await self._history.check(node)
-        if node.invalidations_begun < node.discarded_until:
+        if node.invalidations_ended < node.discarded_until:
             raise fail(errno.EACCES)  # refused, as the writes discarded were: no zeros where they were
         if node.draft is not None:
             mount.check_copy(node)
