@@ -18,17 +18,21 @@ be exact; through a real mount where the kernel's answer is the point:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES
+from scopefs.vfs import commits
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
-from tests.conftest import ALICE_FACT, Scenario, artifact_path
+from tests.conftest import ALICE_FACT, SCOPEFS, Scenario, artifact_path
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
 from tests.mountkit import Mounts, catalog, mounts, wait_until
 
@@ -93,6 +97,63 @@ def test_a_write_handle_fails_once_another_session_removed_its_note(scenario: Sc
         assert await errno_of(held.flush()) == errno.EACCES
 
     run_alice_mount(scenario, script)
+
+
+def test_writes_left_alone_when_the_binding_is_revoked_fail_at_their_close_on_a_real_mount(
+        scenario: Scenario, mounts: Mounts) -> None:
+    """Writes with no close for ``WRITER_IDLE_S`` are committed by the settle; revoked by then, that
+    commit is refused. The old code dropped them, and the close that came later answered 0 for bytes
+    that were gone (fsx under revocation found it). Now the writer is kept for that close, which
+    reports the refusal, and a read through another descriptor is refused meanwhile."""
+    view = mounts.mount(scenario.alice_session)
+    note = view / "private" / "notes" / "allergy.md"
+    # Started before the file is opened: a process forked while it is open closes the copies of its
+    # descriptors at exec, and each close is a FLUSH that commits what was written so far.
+    revoker = subprocess.Popen(["sh", "-c", 'read go && exec "$0" binding revoke "$1"', SCOPEFS,
+                                scenario.alice_binding], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "SCOPEFS_HOME": str(scenario.cli.home)})
+    assert revoker.stdin is not None
+    writer = os.open(note, os.O_RDWR)
+    reader = os.open(note, os.O_RDONLY)
+    try:
+        assert os.pread(reader, 4096, 0) == ALICE_FACT
+        revoker.stdin.write(b"go\n")
+        revoker.stdin.close()
+        appended = 0
+
+        def revoked() -> bool:  # written until a write is refused: the writes before it were not committed
+            nonlocal appended
+            try:
+                appended += os.pwrite(writer, b"+", len(ALICE_FACT) + appended)
+            except PermissionError:
+                return True
+            time.sleep(0.2)  # written often enough that the settle never finds the writer idle
+            return False
+
+        assert wait_until(revoked, timeout=60)
+        assert revoker.wait(timeout=60) == 0 and appended > 0
+        time.sleep(3 * commits.WRITER_IDLE_S)  # the settle's commit is refused meanwhile
+        with pytest.raises(PermissionError):
+            os.pread(reader, 4096, 0)
+        # The next close of the inode hears what became of the writes (any close: the kernel does not
+        # say which descriptor wrote), here the writer's; the reader's after it has nothing to hear.
+        closing, writer = writer, -1
+        with pytest.raises(PermissionError):
+            os.close(closing)
+    finally:
+        for fd in (writer, reader):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if revoker.poll() is None:
+            revoker.kill()
+            revoker.wait()
+    assert scenario.cli("read", scenario.alice_session, "private/notes/allergy.md", check=False).code != 0
+    with catalog(scenario.cli.home) as conn:
+        revisions = conn.execute("SELECT count(*) FROM revisions v JOIN resources r USING (resource_id)"
+                                 " WHERE r.path = 'notes/allergy.md' AND r.store_id IN (SELECT store_id FROM stores"
+                                 " WHERE audience_id = ?)", (scenario.alice,)).fetchone()
+    assert revisions == (1,)
 
 
 # -- names the writer would refuse ------------------------------------------------
