@@ -12,11 +12,13 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from scopefs.vfs.commits import WRITER_IDLE_S
 from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, CHANNEL, Scenario
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401 - fixture
 from tests.test_vfs_live import BOUND_S
@@ -92,6 +94,27 @@ def test_a_group_deposits_with_cp_and_never_sees_it_again(enabled: Scenario, mou
         assert _write(box / name, b"x\n") == errno.EACCES, name
     assert _errno(lambda: os.mkdir(box / "sub")) in (errno.EROFS, errno.EACCES)
     assert len(s.cli.j("postbox", "list", s.alice_session)["pending"]) == 2
+
+
+def test_a_deposit_written_with_pauses_is_filed_whole_at_its_close(enabled: Scenario, mounts: Mounts) -> None:
+    """A writer left alone for ``WRITER_IDLE_S`` is committed by the settle, but a deposit's close always
+    comes, with its handle: the old code filed the first part of a deposit whose writer paused, and the
+    rest was refused. Now it is filed once, whole, at the close."""
+    s = enabled
+    alice = mounts.mount(s.alice_session)
+    group = mounts.mount(s.group_session)
+    fd = os.open(group / "postbox" / f"{_handle(s)}.md", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, NOTE[:20])
+        time.sleep(3 * WRITER_IDLE_S)
+        os.write(fd, NOTE[20:])
+    finally:
+        os.close(fd)
+    [pending] = s.cli.j("postbox", "list", s.alice_session)["pending"]
+    folder = alice / "postbox" / s.conversation
+    wait_until(lambda: folder.exists() and os.listdir(folder), timeout=BOUND_S)
+    [name] = os.listdir(folder)
+    assert (folder / name).read_bytes() == NOTE
 
 
 def test_the_owner_reviews_in_its_own_mount(enabled: Scenario, mounts: Mounts) -> None:

@@ -542,9 +542,9 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
 def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes that come after the close (a mapping's write-back) have no close left to hear of a
-    refusal: the writer is kept and tried again each ``WRITER_IDLE_S`` (the refusal may pass: then it
-    is committed), until ``UNCOMMITTED_KEPT_S`` pass with no write; then one last try, and the writes
-    go, the note as it was committed."""
+    refusal: the writer is kept and tried again each ``WRITER_IDLE_S`` once the view has moved (the
+    refusal may pass: then it is committed), until ``UNCOMMITTED_KEPT_S`` pass with no write; then one
+    last try, and the writes go, the note as it was committed."""
     path = "private/notes/allergy.md"
     written = b"written back after the close\n"
     tries: list[int] = []
@@ -570,6 +570,10 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
             patch.setattr(catalog_ops, "commit", refused)
             ino, node, handle = await kept(fs, tool)
             handle.retry_at -= commits.WRITER_IDLE_S
+            await fs.commits.settle()  # a refusal: not tried again while the view stays as it was
+            assert tries == [1]
+            as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
+            await fs.mount.sync()
             await fs.commits.settle()  # tried again, refused again: still kept
             assert tries == [1, 1] and fs.commits.writer_of(node) is handle
             handle.kept_since -= commits.UNCOMMITTED_KEPT_S
@@ -588,9 +592,11 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
             ino, node, handle = await kept(fs, tool)
-        await fs.commits.settle()  # not yet: tried again only after WRITER_IDLE_S
-        assert fs.commits.writer_of(node) is handle
         handle.retry_at -= commits.WRITER_IDLE_S
+        await fs.commits.settle()  # not tried: nothing moved in the view that could change the answer
+        assert fs.commits.writer_of(node) is handle
+        as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
+        await fs.mount.sync()  # the view moves (as a grant would come)
         await fs.commits.settle()
         assert fs.commits.writer_of(node) is None
         assert await KernelFile(fs, ino).read() == written + ALICE_FACT[len(written):]

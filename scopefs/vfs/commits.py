@@ -39,19 +39,20 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import time
 from collections.abc import Callable, Container
 
 import pyfuse3
 import trio
 
-from scopefs.catalog.errors import Conflict, Denied
+from scopefs.catalog.errors import BadInput, Conflict, Denied
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.catalog.visible import VisibleNote
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.drafts import Draft
-from scopefs.vfs.errors import fail
+from scopefs.vfs.errors import errno_for, fail
 from scopefs.vfs.handles import Handle
 from scopefs.vfs.inodes import Kind, Node
 from scopefs.vfs.mount import MountState, child_name
@@ -209,21 +210,23 @@ class Commits:
             elif self._mount.suspended:
                 continue  # its commit would be refused, its bytes dropped with nobody to tell: the
                 # process's own close is refused instead, or commits once resumed
-            elif handle.node.deposit is not None:
+            elif handle.node.deposit is not None and (handle.wrote or _size(handle.node)):
                 continue  # a deposit's close always comes, with its handle: filed then, whole
             elif handle.kept_since is None:
                 if handle.used < idle:
                     await self._settle_writer(handle.node, fh, keep=True)
             elif max(handle.kept_since, handle.used) < now - UNCOMMITTED_KEPT_S:
-                await self._settle_writer(handle.node, fh, keep=False)  # no close came: one last try
-            elif handle.retry_at <= now and handle.used < idle:
-                await self._settle_writer(handle.node, fh, keep=True)  # what failed may have passed
+                # No close came: one last try (none for input no try can take), and the writes go.
+                await self._settle_writer(handle.node, fh, keep=False, commit=handle.retry_at != math.inf)
+            elif handle.retry_at <= now and handle.used < idle and handle.retry_seq != self._mount.view.seq:
+                # What failed may have passed (a refusal: only once the view moved, as a grant would)
+                await self._settle_writer(handle.node, fh, keep=True)
 
-    async def _settle_writer(self, node: Node, fh: int, *, keep: bool) -> None:
+    async def _settle_writer(self, node: Node, fh: int, *, keep: bool, commit: bool = True) -> None:
         """The settle's let-go of ``fh``, the writer of ``node``: a close meanwhile waits for it."""
         settling = self._settling[node.ino] = _Settling()
         try:
-            settling.lost = await self._let_go(node, fh=fh, keep=keep)
+            settling.lost = await self._let_go(node, fh=fh, keep=keep, commit=commit)
         finally:
             if self._settling.get(node.ino) is settling:
                 del self._settling[node.ino]
@@ -629,10 +632,13 @@ class Commits:
                         and self._writers.setdefault(node.ino, fh) == fh):  # nor did another writer come
                     now = time.monotonic()
                     handle.kept_since = now if handle.kept_since is None else handle.kept_since
-                    handle.retry_at = now + WRITER_IDLE_S
+                    # Input no try can take (too large, a bad name) is not tried again; a refusal only
+                    # once the view has moved; anything else (storage, a conflict) each second.
+                    handle.retry_at = math.inf if isinstance(exc, BadInput) else now + WRITER_IDLE_S
+                    handle.retry_seq = mount.view.seq if _is_refusal(exc) else None
                     return None
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
-                failure = errno.EACCES if _is_refusal(exc) else errno.EIO
+                failure = errno.EIO if isinstance(exc, Conflict) else errno_for(exc)  # not EAGAIN: gone
         if mount.handles.take(fh) is None:  # only now: until here the handle counted in ``opens`` was in the
             return None  # table; gone, another release of it (a settle's let-go while this one committed) counted it
         node.opens -= 1
@@ -680,6 +686,10 @@ class _CloseWanted(Container[int]):
 
     def __contains__(self, ino: object) -> bool:
         return ino in self._writers or ino in self._settling
+
+
+def _size(node: Node) -> int:
+    return node.draft.size if node.draft is not None else 0
 
 
 def _is_refusal(exc: BaseException) -> bool:

@@ -33,10 +33,11 @@ class Handle:
     pid_namespace: int | None = None  # on a sandbox's mount: the admitted pid namespace that opened it
     used: float = field(default_factory=time.monotonic)  # the last write or truncation through it
     # When the settle's commit of its writes first failed, if one did: kept for a close to hear of it
-    # and tried again from ``retry_at`` on, until ``UNCOMMITTED_KEPT_S`` pass with no write
-    # (``Commits.settle``)
+    # and tried again from ``retry_at`` on (never, for input no try can take; a refusal only once the
+    # view moved from ``retry_seq``), until ``UNCOMMITTED_KEPT_S`` pass with no write (``Commits.settle``)
     kept_since: float | None = None
     retry_at: float = 0.0
+    retry_seq: int | None = None
 
 
 class HandleTable:
