@@ -129,6 +129,19 @@ def _drop_begun(node: Node) -> None:
     node.invalidations_begun = node.invalidations_ended = node.invalidations_queued
 
 
+async def _idle_writer(fs: ScopeFS, tool: Tool, path: str, added: bytes) -> tuple[int, KernelFile, Node, Handle]:
+    """``path`` open for writing, ``added`` written after its content, and its writer left alone long
+    enough for the settle to commit it: the inode, the open file, its node and the writer's handle."""
+    ino = await tool.ino(path)
+    writer = await KernelFile.open(fs, ino, os.O_RDWR)
+    await writer.write(len(ALICE_FACT), added)
+    node = fs.mount.node(ino)
+    handle = fs.commits.writer_of(node)
+    assert handle is not None
+    handle.used -= 10.0  # as if its last write were long ago
+    return ino, writer, node, handle
+
+
 def _fails(error: Exception, *args: Any, **kwargs: Any) -> Any:
     """A catalog call that fails with ``error`` (patched in for one)."""
     raise error
@@ -513,14 +526,8 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
         raise Denied(Reason.EXPLICIT_DENY)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino(path)
-        assert await KernelFile(fs, ino).read() == ALICE_FACT
-        writer = await KernelFile.open(fs, ino, os.O_RDWR)
-        await writer.write(len(ALICE_FACT), b"written, then left alone\n")
-        node = fs.mount.node(ino)
-        handle = fs.commits.writer_of(node)
-        assert handle is not None
-        handle.used -= 10.0  # as if its last write were long ago
+        assert await tool.read(path) == ALICE_FACT
+        ino, writer, node, handle = await _idle_writer(fs, tool, path, b"written, then left alone\n")
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
             await fs.commits.settle()
@@ -563,17 +570,21 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
         await fs.commits.settle()
         assert handle.kept_since is not None and fs.commits.writer_of(node) is handle
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
+        handle.retry_at -= commits.WRITER_IDLE_S
+        await fs.commits.settle()  # a refusal: not tried again while the view stays as it was
+        assert fs.commits.writer_of(node) is handle
         return ino, node, handle
+
+    async def view_moves(fs: ScopeFS) -> None:  # as a grant would come
+        as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
+        await fs.mount.sync()
 
     async def still_refused(fs: ScopeFS, tool: Tool) -> None:
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
             ino, node, handle = await kept(fs, tool)
-            handle.retry_at -= commits.WRITER_IDLE_S
-            await fs.commits.settle()  # a refusal: not tried again while the view stays as it was
             assert tries == [1]
-            as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
-            await fs.mount.sync()
+            await view_moves(fs)
             await fs.commits.settle()  # tried again, refused again: still kept
             assert tries == [1, 1] and fs.commits.writer_of(node) is handle
             handle.kept_since -= commits.UNCOMMITTED_KEPT_S
@@ -592,11 +603,7 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
             ino, node, handle = await kept(fs, tool)
-        handle.retry_at -= commits.WRITER_IDLE_S
-        await fs.commits.settle()  # not tried: nothing moved in the view that could change the answer
-        assert fs.commits.writer_of(node) is handle
-        as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
-        await fs.mount.sync()  # the view moves (as a grant would come)
+        await view_moves(fs)
         await fs.commits.settle()
         assert fs.commits.writer_of(node) is None
         assert await KernelFile(fs, ino).read() == written + ALICE_FACT[len(written):]
@@ -616,20 +623,14 @@ def test_a_close_that_heard_a_refusal_is_not_told_it_again(
     path = "private/notes/allergy.md"
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino(path)
-        writer = await KernelFile.open(fs, ino, os.O_RDWR)
-        await writer.write(len(ALICE_FACT), b"refused at the close, and at the settle\n")
-        node = fs.mount.node(ino)
-        handle = fs.commits.writer_of(node)
-        assert handle is not None
+        ino, writer, node, handle = await _idle_writer(fs, tool, path, b"refused at the close, and at the settle\n")
         closes: list[int] = []
 
         async def close() -> None:
             closes.append(await errno_of(writer.flush()))
 
         async def settle_meanwhile(nursery: trio.Nursery) -> None:
-            handle.used -= 10.0
-            nursery.start_soon(fs.commits.settle)  # its commit waits behind the close's
+            nursery.start_soon(fs.commits.settle)  # the writer looks idle: it comes during the close's commit
             await trio.testing.wait_all_tasks_blocked()
 
         with monkeypatch.context() as patch:
@@ -653,13 +654,7 @@ def test_a_writer_whose_settle_commit_failed_is_kept_and_its_close_says_so(
     added = b"not committed: the catalog could not be written\n"
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino(path)
-        writer = await KernelFile.open(fs, ino, os.O_RDWR)
-        await writer.write(len(ALICE_FACT), added)
-        node = fs.mount.node(ino)
-        handle = fs.commits.writer_of(node)
-        assert handle is not None
-        handle.used -= 10.0
+        ino, writer, node, handle = await _idle_writer(fs, tool, path, added)
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", functools.partial(_fails, StorageError("cannot be written")))
             await fs.commits.settle()
@@ -685,13 +680,7 @@ def test_a_close_while_the_settle_commits_waits_for_that_commit_and_hears_its_re
     added = b"written, closed while the settle commits\n"
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino = await tool.ino(path)
-        writer = await KernelFile.open(fs, ino, os.O_RDWR)
-        await writer.write(len(ALICE_FACT), added)
-        node = fs.mount.node(ino)
-        handle = fs.commits.writer_of(node)
-        assert handle is not None
-        handle.used -= 10.0
+        ino, writer, node, handle = await _idle_writer(fs, tool, path, added)
         closes: list[int] = []
 
         async def close_meanwhile(nursery: trio.Nursery) -> None:
