@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scopefs.vfs.commits import WRITER_IDLE_S
+from scopefs.vfs.writers import WRITER_IDLE_S
 from tests.conftest import ACCOUNT, ALICE_SENDER, BOB_SENDER, CHANNEL, Scenario
 from tests.mountkit import Mounts, mounts, wait_until  # noqa: F401 - fixture
 from tests.test_vfs_live import BOUND_S

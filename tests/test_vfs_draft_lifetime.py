@@ -30,7 +30,7 @@ from scopefs.catalog import visible
 from scopefs.catalog.errors import Denied, StorageError
 from scopefs.catalog.reader import read_note
 from scopefs.catalog.reasons import Reason
-from scopefs.vfs import catalog_ops, commits, currency, reads
+from scopefs.vfs import catalog_ops, currency, reads, writers
 from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
 from scopefs.vfs.handles import Handle
@@ -66,7 +66,7 @@ def test_a_writer_let_go_while_its_close_commits_is_still_committed_whole(scenar
             nursery.start_soon(close)
             await trio.testing.wait_all_tasks_blocked()  # the close's commit waits for the catalog thread
             handle.used -= 10.0  # as if its last write were long ago
-            nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer
+            nursery.start_soon(fs.commits.writers.settle)  # lets go of the "idle" writer
             await trio.testing.wait_all_tasks_blocked()
             busy.set()
         await fs.release(info.fh)
@@ -136,7 +136,7 @@ async def _idle_writer(fs: ScopeFS, tool: Tool, path: str, added: bytes) -> tupl
     writer = await KernelFile.open(fs, ino, os.O_RDWR)
     await writer.write(len(ALICE_FACT), added)
     node = fs.mount.node(ino)
-    handle = fs.commits.writer_of(node)
+    handle = fs.commits.writers.writer_of(node)
     assert handle is not None
     handle.used -= 10.0  # as if its last write were long ago
     return ino, writer, node, handle
@@ -436,9 +436,9 @@ def test_an_fsync_by_another_process_while_a_let_go_writer_s_close_commits_waits
 
         async def let_go_then_fsync(nursery: trio.Nursery) -> None:
             handle.used -= 10.0  # as if its last write were long ago
-            nursery.start_soon(fs.commits.settle)  # lets go of the "idle" writer, then waits for the commit
+            nursery.start_soon(fs.commits.writers.settle)  # lets go of the "idle" writer, then waits for the commit
             await trio.testing.wait_all_tasks_blocked()
-            assert fs.commits.writer_of(fs.mount.node(ino)) is None
+            assert fs.commits.writers.writer_of(fs.mount.node(ino)) is None
             nursery.start_soon(fsync)
             await trio.testing.wait_all_tasks_blocked()
             assert synced == [], "the fsync answered before the close's commit was done"
@@ -530,12 +530,12 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
         ino, writer, node, handle = await _idle_writer(fs, tool, path, b"written, then left alone\n")
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", refused)
-            await fs.commits.settle()
+            await fs.commits.writers.settle()
             assert refusals == [1]
             assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES  # not the older revision
-            assert fs.commits.writer_of(node) is handle and ino in fs.flush_wanted  # its close comes here
+            assert fs.commits.writers.writer_of(node) is handle and ino in fs.flush_wanted  # its close comes here
             handle.used -= 10.0
-            await fs.commits.settle()  # kept for the writer's close: not tried again at once
+            await fs.commits.writers.settle()  # kept for the writer's close: not tried again at once
             assert refusals == [1]
             assert await errno_of(writer.flush()) == errno.EACCES  # the close hears of it
         _drop_begun(node)
@@ -564,15 +564,15 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
         ino = await tool.ino(path)
         await KernelFile(fs, ino).write(0, written)
         node = fs.mount.node(ino)
-        handle = fs.commits.writer_of(node)
+        handle = fs.commits.writers.writer_of(node)
         assert handle is not None
         handle.used -= 10.0
-        await fs.commits.settle()
-        assert handle.kept_since is not None and fs.commits.writer_of(node) is handle
+        await fs.commits.writers.settle()
+        assert handle.kept_since is not None and fs.commits.writers.writer_of(node) is handle
         assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES
-        handle.retry_at -= commits.WRITER_IDLE_S
-        await fs.commits.settle()  # a refusal: not tried again while the view stays as it was
-        assert fs.commits.writer_of(node) is handle
+        handle.retry_at -= writers.WRITER_IDLE_S
+        await fs.commits.writers.settle()  # a refusal: not tried again while the view stays as it was
+        assert fs.commits.writers.writer_of(node) is handle
         return ino, node, handle
 
     async def view_moves(fs: ScopeFS) -> None:  # as a grant would come
@@ -585,13 +585,13 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
             ino, node, handle = await kept(fs, tool)
             assert tries == [1]
             await view_moves(fs)
-            await fs.commits.settle()  # tried again, refused again: still kept
-            assert tries == [1, 1] and fs.commits.writer_of(node) is handle
-            handle.kept_since -= commits.UNCOMMITTED_KEPT_S
-            handle.used -= commits.UNCOMMITTED_KEPT_S  # no write since either
-            await fs.commits.settle()  # the last try
+            await fs.commits.writers.settle()  # tried again, refused again: still kept
+            assert tries == [1, 1] and fs.commits.writers.writer_of(node) is handle
+            handle.kept_since -= writers.UNCOMMITTED_KEPT_S
+            handle.used -= writers.UNCOMMITTED_KEPT_S  # no write since either
+            await fs.commits.writers.settle()  # the last try
             assert tries == [1, 1, 1]
-        assert fs.commits.writer_of(node) is None and node.draft is None
+        assert fs.commits.writers.writer_of(node) is None and node.draft is None
         _drop_begun(node)
         assert await KernelFile(fs, ino).read() == ALICE_FACT
         tool.check("the refused writer let go")
@@ -604,8 +604,8 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
             patch.setattr(catalog_ops, "commit", refused)
             ino, node, handle = await kept(fs, tool)
         await view_moves(fs)
-        await fs.commits.settle()
-        assert fs.commits.writer_of(node) is None
+        await fs.commits.writers.settle()
+        assert fs.commits.writers.writer_of(node) is None
         assert await KernelFile(fs, ino).read() == written + ALICE_FACT[len(written):]
         tool.check("the writer committed once the refusal passed")
 
@@ -630,14 +630,14 @@ def test_a_close_that_heard_a_refusal_is_not_told_it_again(
             closes.append(await errno_of(writer.flush()))
 
         async def settle_meanwhile(nursery: trio.Nursery) -> None:
-            nursery.start_soon(fs.commits.settle)  # the writer looks idle: it comes during the close's commit
+            nursery.start_soon(fs.commits.writers.settle)  # the writer looks idle: it comes during the close's commit
             await trio.testing.wait_all_tasks_blocked()
 
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
             await _while_committing(close, settle_meanwhile, monkeypatch, refused=True)
         assert closes == [errno.EACCES]
-        assert fs.commits.writer_of(node) is None and node.draft is None
+        assert fs.commits.writers.writer_of(node) is None and node.draft is None
         _drop_begun(node)
         assert await KernelFile(fs, ino).read() == ALICE_FACT
         tool.check("the close's refusal and the settle's")
@@ -657,8 +657,8 @@ def test_a_writer_whose_settle_commit_failed_is_kept_and_its_close_says_so(
         ino, writer, node, handle = await _idle_writer(fs, tool, path, added)
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", functools.partial(_fails, StorageError("cannot be written")))
-            await fs.commits.settle()
-            assert fs.commits.writer_of(node) is handle
+            await fs.commits.writers.settle()
+            assert fs.commits.writers.writer_of(node) is handle
             assert await KernelFile(fs, ino).read() == ALICE_FACT + added
             assert await errno_of(writer.flush()) == errno.EIO
         _drop_begun(node)
@@ -694,9 +694,9 @@ def test_a_close_while_the_settle_commits_waits_for_that_commit_and_hears_its_re
         with monkeypatch.context() as patch:
             if refused:  # the close's own commit is refused too
                 patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await _while_committing(fs.commits.settle, close_meanwhile, monkeypatch, refused=refused)
+            await _while_committing(fs.commits.writers.settle, close_meanwhile, monkeypatch, refused=refused)
         assert closes == [errno.EACCES if refused else 0]
-        assert fs.commits.writer_of(node) is None and ino not in fs.flush_wanted
+        assert fs.commits.writers.writer_of(node) is None and ino not in fs.flush_wanted
         _drop_begun(node)
         assert await KernelFile(fs, ino).read() == (ALICE_FACT if refused else ALICE_FACT + added)
         tool.check("the close during the settle's commit")
@@ -898,7 +898,7 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         await pending.write(0, b"HELD")  # writers whose close is still to come
         kept = await KernelFile.open(fs, await tool.ino("private/notes/kept.md"), os.O_WRONLY)
         await kept.write(0, b"IS ")
-        writer = fs.commits.writer_of(fs.mount.node(held.ino))
+        writer = fs.commits.writers.writer_of(fs.mount.node(held.ino))
         assert writer is not None
         writer.used -= 3600.0  # as if idle: the background settle would let go of it
         folder = await tool.folder("private/notes")
@@ -936,8 +936,8 @@ def test_a_commit_whose_view_cannot_be_read_suspends_the_mount_until_one_can(
         with catalog(scenario.cli.home) as conn:
             assert conn.execute(unsynced, (hashlib.sha256(committed).hexdigest(),)).fetchall() == [(0,)]
         assert (await fs.getattr(pyfuse3.ROOT_INODE)).st_ino == pyfuse3.ROOT_INODE  # constant: a launch needs it
-        await fs.commits.settle()
-        assert fs.commits.writer_of(fs.mount.node(held.ino)) is writer  # kept: its commit would be refused
+        await fs.commits.writers.settle()
+        assert fs.commits.writers.writer_of(fs.mount.node(held.ino)) is writer  # kept: its commit would be refused
         armed.append(True)
         assert await errno_of(kept.flush()) == errno.EACCES  # its commit reads the view first, in vain:
         assert fs.mount.suspended  # refused, its writer kept for a close once the mount resumes

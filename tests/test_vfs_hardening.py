@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from scopefs.catalog.paths import MAX_DEPTH, MAX_PATH_BYTES
-from scopefs.vfs import commits
+from scopefs.vfs import writers
 from scopefs.vfs.fs import ScopeFS
 from scopefs.writer.tombstone import delete_note
 from scopefs.writer.transaction import write_note
@@ -132,7 +132,7 @@ def test_writes_left_alone_when_the_binding_is_revoked_fail_at_their_close_on_a_
 
         assert wait_until(revoked, timeout=60)
         assert revoker.wait(timeout=60) == 0 and appended > 0
-        time.sleep(3 * commits.WRITER_IDLE_S)  # the settle's commit is refused meanwhile
+        time.sleep(3 * writers.WRITER_IDLE_S)  # the settle's commit is refused meanwhile
         with pytest.raises(PermissionError):
             os.pread(reader, 4096, 0)
         # The next close of the inode hears what became of the writes (any close: the kernel does not

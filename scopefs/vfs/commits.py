@@ -18,16 +18,12 @@ in the outbox and are drained in batches; the search rows follow once the
 saves pause (``vfs.owed`` keeps what each save leaves to do, and
 ``vfs.follow`` does it).
 
-No ``open`` reaches the mount (``vfs.fs``): a file opened for writing
-shows up with its first ``WRITE`` or truncation, by inode, and the mount
-makes a handle for it then (``writer``); ``create`` makes one too. Each
-inode has at most one such writer's handle. A ``FLUSH`` (every close sends
-one) commits and lets go of it; the next write makes a new one. A handle
-that only truncated or created an empty file (the shell's ``> note``
-closing its first descriptor before anything is written, ``touch``) is
-kept for the writes that follow, and committed once it was left alone for
-``WRITER_IDLE_S`` (``settle``): once OPEN answered ENOSYS the kernel sends
-no RELEASE, not even for a file it created.
+Which handle each inode's writes go through, and the settle that commits
+writers no close follows (the kernel sends no RELEASE here), are
+``vfs.writers``'s. A ``FLUSH`` (every close sends one) commits and lets go
+of the inode's writer (``flush_inode``); a handle that only truncated or
+created an empty file (the shell's ``> note`` closing its first descriptor
+before anything is written, ``touch``) is kept for the writes that follow.
 
 Each commit names the note it means (``catalog_ops.commit`` with the
 node's resource id): if another session renamed the note away meanwhile,
@@ -39,14 +35,13 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable
 
 import pyfuse3
 import trio
 
-from scopefs.catalog.errors import BadInput, Conflict, Denied
+from scopefs.catalog.errors import Conflict, Denied
 from scopefs.catalog.paths import Parts
 from scopefs.catalog.postbox import DEPOSIT_MAX_BYTES, handle_of_name, refused
 from scopefs.catalog.visible import VisibleNote
@@ -59,16 +54,10 @@ from scopefs.vfs.mount import MountState, child_name
 from scopefs.vfs.owed import Owed
 from scopefs.vfs.reads import Reads
 from scopefs.vfs.scratch import is_scratch
+from scopefs.vfs.writers import Writers, is_refusal
 from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
-
-WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close that committed it is
-# committed and let go
-UNCOMMITTED_KEPT_S = 30.0  # a writer whose commit at the settle failed (refused, say) is kept this long
-# with no write, for a close to hear of it, and tried again each ``WRITER_IDLE_S`` (``settle``); then
-# nobody is left to tell (a mapping written back after its close): one last try, and its writes go
-
 
 class Commits:
     """Drafts of one mount's notes and scratch files, and the commits that turn them into revisions."""
@@ -76,11 +65,7 @@ class Commits:
     def __init__(self, mount: MountState, reads: Reads) -> None:
         self._mount = mount
         self._reads = reads
-        self._writers: dict[int, int] = {}  # inode -> the file handle its writes go through
-        self._replaced: list[int] = []  # handles of inodes that got a new one (a name created again)
-        # inode -> the settle's let-go of its writer under way (a commit, the writer kept if it fails)
-        self._settling: dict[int, _Settling] = {}
-        self.writing = _CloseWanted(self._writers, self._settling)
+        self.writers = Writers(mount, self.release)  # which handle writes each inode, and the settle
         # inode -> its note, while commits of its draft are under way or waiting for its lock, and how many
         self._committing: dict[int, tuple[Node, int]] = {}
         self.owed = Owed(mount)  # the syncs, search rows and audit rows the saves made here leave (``vfs.owed``)
@@ -128,7 +113,7 @@ class Commits:
         or truncation made it; a dismissal revokes it like any other.
         """
         mount = self._mount
-        handle = self.writer_of(node)
+        handle = self.writers.writer_of(node)
         if handle is not None:
             handle.used = time.monotonic()
             return handle
@@ -137,31 +122,13 @@ class Commits:
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
         await self.ensure_draft(node, truncate=truncate)
-        handle = self.writer_of(node)
+        handle = self.writers.writer_of(node)
         if handle is not None:  # another request's, made while the draft loaded: one writer per node
             handle.used = time.monotonic()
             return handle
         handle = Handle(node, writable=True, pid_namespace=pid_namespace)
-        self._register(node, mount.callers.give(handle))
+        self.writers.register(node, mount.callers.give(handle))
         return handle
-
-    def _register(self, node: Node, fh: int) -> None:
-        old = self._writers.get(node.ino)
-        if old is not None:
-            self._replaced.append(old)
-        self._writers[node.ino] = fh
-        self._mount.settle_wanted.set()
-
-    @property
-    def pending(self) -> bool:
-        """Whether a writer's handle waits to be committed (``settle``)."""
-        return bool(self._writers or self._replaced)
-
-    def writer_of(self, node: Node) -> Handle | None:
-        """The handle writes by inode made on ``node``, if it still has one."""
-        fh = self._writers.get(node.ino)
-        handle = self._mount.handles.get(fh) if fh is not None else None
-        return handle if handle is not None and handle.node is node else None
 
     async def flush_inode(self, node: Node) -> None:
         """A close of a file that was opened without an open: commit its writes, let go of its handle.
@@ -169,84 +136,24 @@ class Commits:
         Any descriptor's close of the inode commits what was written
         through any of them: the kernel does not say which one wrote.
         """
-        handle = self.writer_of(node)
-        lost: int | None = None
-        while handle is None and (settling := self._settling.get(node.ino)) is not None:
-            # The settle is committing this inode's writes, its writer taken out of ``_writers`` for
-            # the while: this close answers for that commit (the writer kept if it failed: found below).
-            with self._mount.kernel.waiting_on_refresh():
-                await settling.done.wait()
-            lost = settling.lost
-            handle = self.writer_of(node)
-        if handle is None:
+        writers = self.writers
+        # The settle may be committing this inode's writes, its writer taken out of the registry for
+        # the while: this close answers for that commit (the writer kept if it failed: found below).
+        lost = await writers.settled(node)
+        handle, fh = writers.writer_of(node), writers.fh_of(node)
+        if handle is None or fh is None:
             if lost is not None:
                 raise fail(lost)  # the settle's commit failed for good, and its writes went
             return
-        fh = self._writers[node.ino]
         try:
             await self.flush(handle)
         except BaseException:
             if not self._mount.suspended:  # (suspended: kept for a close or a settle once it resumes)
                 with trio.CancelScope(shield=True):
-                    await self._let_go(node, fh=fh, commit=False)  # refused or failed: none of it stays readable
+                    await writers.let_go(node, fh=fh, commit=False)  # refused or failed: none of it stays readable
             raise
         if handle.wrote or node.draft is None or not node.draft.dirty:
-            await self._let_go(node, fh=fh)
-
-    async def settle(self, *, everything: bool = False) -> None:
-        """Commit and let go of writers' handles nobody closed (``WRITER_IDLE_S``), or all of them."""
-        now = time.monotonic()
-        idle = now - WRITER_IDLE_S
-        replaced, self._replaced = self._replaced, []
-        for fh in replaced:
-            await self.release(fh)
-        for ino, fh in list(self._writers.items()):
-            handle = self._mount.handles.get(fh)
-            if handle is None:
-                if self._writers.get(ino) == fh:
-                    del self._writers[ino]  # the kernel released it (a mount's first files may get RELEASE)
-            elif everything:
-                await self._let_go(handle.node, fh=fh)
-            elif self._mount.suspended:
-                continue  # its commit would be refused, its bytes dropped with nobody to tell: the
-                # process's own close is refused instead, or commits once resumed
-            elif handle.node.deposit is not None and (handle.wrote or _size(handle.node)):
-                continue  # a deposit's close always comes, with its handle: filed then, whole
-            elif handle.kept_since is None:
-                if handle.used < idle:
-                    await self._settle_writer(handle.node, fh, keep=True)
-            elif max(handle.kept_since, handle.used) < now - UNCOMMITTED_KEPT_S:
-                # No close came: one last try (none for input no try can take), and the writes go.
-                await self._settle_writer(handle.node, fh, keep=False, commit=handle.retry_at != math.inf)
-            elif handle.retry_at <= now and handle.used < idle and handle.retry_seq != self._mount.view.seq:
-                # What failed may have passed (a refusal: only once the view moved, as a grant would)
-                await self._settle_writer(handle.node, fh, keep=True)
-
-    async def _settle_writer(self, node: Node, fh: int, *, keep: bool, commit: bool = True) -> None:
-        """The settle's let-go of ``fh``, the writer of ``node``: a close meanwhile waits for it."""
-        settling = self._settling[node.ino] = _Settling()
-        try:
-            settling.lost = await self._let_go(node, fh=fh, keep=keep, commit=commit)
-        finally:
-            if self._settling.get(node.ino) is settling:
-                del self._settling[node.ino]
-            settling.done.set()
-
-    async def _let_go(self, node: Node, *, fh: int | None = None, commit: bool = True,
-                      keep: bool = False) -> int | None:
-        """Release ``node``'s writer (only if it is still ``fh``, when given); what ``release`` returns.
-        Interrupted (an unmount cancels the settle) while the handle is still open, it is the writer
-        again, for the unmount's own settle to commit."""
-        current = self._writers.get(node.ino)
-        if current is None or (fh is not None and current != fh):
-            return None
-        del self._writers[node.ino]
-        try:
-            return await self.release(current, commit=commit, keep=keep)
-        except BaseException:
-            if self._mount.handles.get(current) is not None:
-                self._writers.setdefault(node.ino, current)
-            raise
+            await writers.let_go(node, fh=fh)
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -281,7 +188,7 @@ class Commits:
             layers.add_local(node)
         node.lookups += 1
         fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
-        self._register(node, fh)
+        self.writers.register(node, fh)
         return node, fh
 
     async def create_deposit(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
@@ -308,7 +215,7 @@ class Commits:
         node.deposit, node.attached = handle, False
         node.lookups += 1
         fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
-        self._register(node, fh)
+        self.writers.register(node, fh)
         return node, fh
 
     async def _deposit(self, node: Node, draft: Draft) -> None:
@@ -442,7 +349,7 @@ class Commits:
             saved = await self._commit_following(node, draft, parts, expected, durable)
         except BaseException as exc:
             draft.dirty = True
-            if _is_refusal(exc):
+            if is_refusal(exc):
                 self._refused(node, draft)
             raise
         draft.refused = False  # what it holds now is committed
@@ -466,7 +373,7 @@ class Commits:
 
         A close may return before its note's commit: a file created or
         truncated and closed unwritten (``touch f``, ``: > f``) is committed
-        by the settle once its writer was left alone (``WRITER_IDLE_S``),
+        by the settle once its writer was left alone (``writers.WRITER_IDLE_S``),
         or by its RELEASE where the kernel sends one, which it does not
         wait for either. An fsync of the folder that comes after that close
         must find the note committed, so that it makes it durable, rather
@@ -486,7 +393,7 @@ class Commits:
         for committing, _ in list(self._committing.values()):
             if committing.parts[:len(folder)] == folder:
                 await mount.commit_over(committing)
-        for fh in list(self._writers.values()):
+        for fh in self.writers.handles():
             handle = mount.handles.get(fh)
             if handle is None:
                 continue
@@ -494,7 +401,7 @@ class Commits:
 
             def created_empty(node: Node = node, fh: int = fh) -> bool:
                 draft = node.draft
-                return (self._writers.get(node.ino) == fh and node.parts[:len(folder)] == folder
+                return (self.writers.fh_of(node) == fh and node.parts[:len(folder)] == folder
                         and node.kind is Kind.NOTE and node.resource_id is None and node.deposit is None
                         and draft is not None and draft.dirty and draft.size == 0)
 
@@ -504,7 +411,7 @@ class Commits:
             try:
                 await self.commit(node, only_if=created_empty)  # asked again before the draft is read
             except Exception as exc:
-                if not _is_refusal(exc) or mount.suspended:
+                if not is_refusal(exc) or mount.suspended:
                     raise  # this fsync did not make the new name durable: it says so
                 log.warning("a new note's commit was refused at its folder's fsync")
 
@@ -616,11 +523,10 @@ class Commits:
         if handle is None:
             return None
         node = handle.node
-        if self._writers.get(node.ino) == fh:
-            # From here on, writes by inode make a writer of their own. Found through this handle, they
-            # would land in the draft this release may close below without committing them (the kernel
-            # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
-            del self._writers[node.ino]
+        # From here on, writes by inode make a writer of their own. Found through this handle, they
+        # would land in the draft this release may close below without committing them (the kernel
+        # does not wait for a RELEASE: ``touch f; echo x > f`` can write while it commits).
+        self.writers.unregister(node, fh)
         failure: int | None = None
         if commit and handle.writable and node.opens == 1 and node.draft is not None and node.draft.dirty:
             failed = node.failed_commits
@@ -629,13 +535,7 @@ class Commits:
             except Exception as exc:  # noqa: BLE001 - nobody is left to tell, unless kept for a close
                 if (keep and node.draft is not None and node.draft.dirty
                         and node.failed_commits == failed + 1  # no close heard of a failure of it meanwhile
-                        and self._writers.setdefault(node.ino, fh) == fh):  # nor did another writer come
-                    now = time.monotonic()
-                    handle.kept_since = now if handle.kept_since is None else handle.kept_since
-                    # Input no try can take (too large, a bad name) is not tried again; a refusal only
-                    # once the view has moved; anything else (storage, a conflict) each second.
-                    handle.retry_at = math.inf if isinstance(exc, BadInput) else now + WRITER_IDLE_S
-                    handle.retry_seq = mount.view.seq if _is_refusal(exc) else None
+                        and self.writers.keep(handle, fh, exc)):  # nor did another writer come
                     return None
                 log.warning("a note was not committed at release (%s)", type(exc).__name__)
                 failure = errno.EIO if isinstance(exc, Conflict) else errno_for(exc)  # not EAGAIN: gone
@@ -660,39 +560,3 @@ class Commits:
                 mount.never_was(node)
         node.close_draft_if_detached()
         return lost
-
-
-class _Settling:
-    """The settle's let-go of one writer: set ``done`` once over; ``lost``, the errno of a commit that
-    failed for good (its writes gone), for a close that waited to answer with."""
-
-    __slots__ = ("done", "lost")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.lost: int | None = None
-
-
-class _CloseWanted(Container[int]):
-    """The inodes whose close has work to do: a writer is registered, or the settle is letting one go
-    (``flush_inode`` waits for it). A FLUSH of any other inode is answered by pyfuse3 in C
-    (``Operations.flush_wanted``), which keeps a read-only close near native."""
-
-    __slots__ = ("_writers", "_settling")
-
-    def __init__(self, writers: Container[int], settling: Container[int]) -> None:
-        self._writers = writers
-        self._settling = settling
-
-    def __contains__(self, ino: object) -> bool:
-        return ino in self._writers or ino in self._settling
-
-
-def _size(node: Node) -> int:
-    return node.draft.size if node.draft is not None else 0
-
-
-def _is_refusal(exc: BaseException) -> bool:
-    """Whether a commit failed because the session may not write there now (the catalog's refusal, or
-    the mount's EACCES), rather than because it could not be done."""
-    return isinstance(exc, Denied) or (isinstance(exc, pyfuse3.FUSEError) and exc.errno == errno.EACCES)

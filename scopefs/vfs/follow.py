@@ -168,14 +168,14 @@ class Follow:
         """Every ``POLL_S`` while writers or removals wait; asleep (until one is made) otherwise."""
         mount = self._mount
         while True:
-            if self._commits.pending or self._removals.pending:
+            if self._commits.writers.pending or self._removals.pending:
                 await trio.sleep(POLL_S)
             else:  # everything that makes a writer or a removal sets ``settle_wanted``; the timeout is a net
                 with trio.move_on_after(IDLE_SETTLE_S):
                     await mount.settle_wanted.wait()
                 mount.settle_wanted = trio.Event()
                 continue
-            await self._round(self._commits.settle)
+            await self._round(self._commits.writers.settle)
             await self._round(self._removals.settle)
 
     async def _tick(self) -> None:
@@ -216,7 +216,7 @@ class Follow:
     async def shutdown(self) -> None:
         """After the kernel let go: commit what writers left open, settle removals and the audit batch."""
         try:
-            await self._commits.settle(everything=True)
+            await self._commits.writers.settle(everything=True)
         except Exception as exc:  # noqa: BLE001 - the removals and the audit still settle
             log.warning("writes left open were not all committed (%s)", type(exc).__name__)
         await self._removals.settle(everything=True)

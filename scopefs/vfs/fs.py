@@ -12,6 +12,7 @@ its admitted sandboxes), and hands the request to the room that owns it:
     attributes.py what stat and statfs say
     reads.py      serving only verified bytes, by inode
     commits.py    drafts, and the one revision each close makes of them
+    writers.py    which handle writes each inode, and the settle of those no close follows
     owed.py       what those saves leave to do between requests
     renames.py    renames, as editors and ``mv`` use them
     removals.py   unlink, and the tombstones it becomes after a grace period
@@ -126,7 +127,7 @@ class ScopeFS(pyfuse3.Operations):
         self.reads = Reads(mount, self.queries, self.history)
         self.queries.expose = self.reads.expose
         self.commits = Commits(mount, self.reads)
-        self.flush_wanted = self.commits.writing  # a close of any other inode needs no answer from Python
+        self.flush_wanted = self.commits.writers.writing  # a close of any other inode needs no answer from Python
         self.renames = Renames(mount, self.commits)
         self.removals = Removals(mount)
         self.folders = Folders(mount, self.removals)
@@ -355,7 +356,7 @@ class ScopeFS(pyfuse3.Operations):
             mount.callers.check_handle(handle)
         else:
             node = mount.node(inode)
-            found = self.commits.writer_of(node)
+            found = self.commits.writers.writer_of(node)
             if found is None:
                 handle = await self.commits.writer(node, mount.callers.writeback_opener(node, ctx))
             else:
@@ -391,7 +392,7 @@ class ScopeFS(pyfuse3.Operations):
                 raise fail(errno.EIO)
         # A RELEASE the kernel has not sent yet (it sends them in the background, and a full background
         # queue can hold one behind this FSYNC) has not let go of its writer: found below, and committed.
-        if handle is not None or self.commits.writer_of(node) is not None:
+        if handle is not None or self.commits.writers.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
 
