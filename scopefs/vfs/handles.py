@@ -34,7 +34,7 @@ class Handle:
     used: float = field(default_factory=time.monotonic)  # the last write or truncation through it
     # When the settle's commit of its writes first failed, if one did: kept for a close to hear of it
     # and tried again from ``retry_at`` on (never, for input no try can take; a refusal only once the
-    # view moved from ``retry_seq``), until ``UNCOMMITTED_KEPT_S`` pass with no write (``Commits.settle``)
+    # view moved from ``retry_seq``), until ``UNCOMMITTED_KEPT_S`` pass with no write (``Writers.settle``)
     kept_since: float | None = None
     retry_at: float = 0.0
     retry_seq: int | None = None

@@ -26,7 +26,8 @@ from __future__ import annotations
 import errno
 import math
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Container
+from typing import Protocol
 
 import pyfuse3
 import trio
@@ -42,9 +43,12 @@ UNCOMMITTED_KEPT_S = 30.0  # a writer whose commit at the settle failed (refused
 # with no write, for a close to hear of it, and tried again each ``WRITER_IDLE_S`` (``settle``); then
 # nobody is left to tell (a mapping written back after its close): one last try, and its writes go
 
-# ``Commits.release``: let go of a handle (committing what it holds unless told not to, keeping it
-# registered if ``keep`` and the commit fails); the errno of a failure whose writes went, if one did
-Release = Callable[..., Awaitable[int | None]]
+class Release(Protocol):
+    """``Commits.release``: let go of a handle (committing what it holds unless ``commit`` is false,
+    keeping it registered if ``keep`` and the commit fails); the errno of a failure whose writes went,
+    if one did."""
+
+    def __call__(self, fh: int, *, commit: bool = True, keep: bool = False) -> Awaitable[int | None]: ...
 
 
 class Writers:
@@ -60,6 +64,8 @@ class Writers:
         self.writing = _CloseWanted(self._by_inode, self._settling)
 
     def register(self, node: Node, fh: int) -> None:
+        """``fh`` writes ``node`` from now on. A writer it replaces (the name was created again while
+        the old one was open) is released by the next settle, its writes committed."""
         old = self._by_inode.get(node.ino)
         if old is not None:
             self._replaced.append(old)
@@ -72,9 +78,11 @@ class Writers:
         return bool(self._by_inode or self._replaced)
 
     def fh_of(self, node: Node) -> int | None:
+        """The file handle of ``node``'s writer, if it has one (``writer_of`` gives the handle)."""
         return self._by_inode.get(node.ino)
 
     def handles(self) -> list[int]:
+        """Every writer's file handle, as a list: what a caller does with them may change the registry."""
         return list(self._by_inode.values())
 
     def writer_of(self, node: Node) -> Handle | None:
@@ -103,9 +111,10 @@ class Writers:
         return True
 
     async def settled(self, node: Node) -> int | None:
-        """Until no settle of ``node``'s writer is under way; the errno of its commit if that failed
-        for good (its writes gone), for a close that came meanwhile to answer with."""
-        lost = None
+        """Until no settle of ``node``'s writer is under way, or the inode has a writer again (kept
+        after a failure, or a new one: the close commits that one); the errno of the settle's commit
+        if it failed for good (its writes gone), for a close that came meanwhile to answer with."""
+        lost: int | None = None
         while self.writer_of(node) is None and (settling := self._settling.get(node.ino)) is not None:
             with self._mount.kernel.waiting_on_refresh():  # that commit waits on a refresh
                 await settling.done.wait()
