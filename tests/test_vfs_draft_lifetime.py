@@ -615,32 +615,41 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
 
 def test_a_close_that_heard_a_refusal_is_not_told_it_again(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The settle comes while a close's commit is refused: the close answers EACCES, and the writer is
-    not kept for another close to hear it again (nor tried later, to commit bytes whose close failed).
-    (Here the settle finds the draft clean while that commit runs, and only lets go. The guard for a
-    settle's commit queued behind the close's, which a third commit holding the lock could cause,
-    ``failed_commits`` in ``Commits.release``, is not reached by this test.)"""
+    """An fsync's commit holds the node's lock while more is written; a close and then the settle queue
+    behind it, all three refused. The close answers EACCES; the settle's own refusal must not keep the
+    writer for another close to hear it again (nor to try later to commit bytes whose close failed):
+    only a settle whose commit was the node's one failure keeps it (``failed_commits``)."""
     path = "private/notes/allergy.md"
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
-        ino, writer, node, handle = await _idle_writer(fs, tool, path, b"refused at the close, and at the settle\n")
+        ino, writer, node, handle = await _idle_writer(fs, tool, path, b"refused at the fsync\n")
         closes: list[int] = []
+        fsyncs: list[int] = []
 
-        async def close() -> None:
-            closes.append(await errno_of(writer.flush()))
+        async def fsync() -> None:
+            fsyncs.append(await errno_of(fs.fsync(0, False, ino)))
 
-        async def settle_meanwhile(nursery: trio.Nursery) -> None:
-            nursery.start_soon(fs.commits.writers.settle)  # the writer looks idle: it comes during the close's commit
+        async def close_then_settle(nursery: trio.Nursery) -> None:
+            await writer.write(0, b"written while the fsync commits")  # the draft is dirty again
+            handle.used -= 10.0
+
+            async def close() -> None:
+                closes.append(await errno_of(writer.flush()))
+
+            nursery.start_soon(close)  # its commit waits for the lock
             await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(fs.commits.writers.settle)  # so does the settle's, behind it
+            await trio.testing.wait_all_tasks_blocked()
+            assert closes == []
 
         with monkeypatch.context() as patch:
             patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await _while_committing(close, settle_meanwhile, monkeypatch, refused=True)
-        assert closes == [errno.EACCES]
+            await _while_committing(fsync, close_then_settle, monkeypatch, refused=True)
+        assert fsyncs == [errno.EACCES] and closes == [errno.EACCES]
         assert fs.commits.writers.writer_of(node) is None and node.draft is None
         _drop_begun(node)
         assert await KernelFile(fs, ino).read() == ALICE_FACT
-        tool.check("the close's refusal and the settle's")
+        tool.check("the fsync's, the close's and the settle's refusals")
 
     run_alice_mount(scenario, script)
 
