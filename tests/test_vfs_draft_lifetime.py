@@ -533,7 +533,8 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
             await fs.commits.writers.settle()
             assert refusals == [1]
             assert await errno_of(fs.read(0, 0, 4096, ino, None)) == errno.EACCES  # not the older revision
-            assert fs.commits.writers.writer_of(node) is handle and ino in fs.flush_wanted  # its close comes here
+            assert fs.commits.writers.writer_of(node) is handle
+            assert ino in fs.commits.writers.writing  # its close comes here
             handle.used -= 10.0
             await fs.commits.writers.settle()  # kept for the writer's close: not tried again at once
             assert refusals == [1]
@@ -587,6 +588,7 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
             await view_moves(fs)
             await fs.commits.writers.settle()  # tried again, refused again: still kept
             assert tries == [1, 1] and fs.commits.writers.writer_of(node) is handle
+            assert handle.kept_since is not None
             handle.kept_since -= writers.UNCOMMITTED_KEPT_S
             handle.used -= writers.UNCOMMITTED_KEPT_S  # no write since either
             await fs.commits.writers.settle()  # the last try
@@ -693,7 +695,7 @@ def test_a_close_while_the_settle_commits_waits_for_that_commit_and_hears_its_re
         closes: list[int] = []
 
         async def close_meanwhile(nursery: trio.Nursery) -> None:
-            assert ino in fs.flush_wanted  # the close comes to Python
+            assert ino in fs.commits.writers.writing  # the close comes to Python
             async def close() -> None:
                 closes.append(await errno_of(writer.flush()))
             nursery.start_soon(close)
@@ -705,7 +707,7 @@ def test_a_close_while_the_settle_commits_waits_for_that_commit_and_hears_its_re
                 patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
             await _while_committing(fs.commits.writers.settle, close_meanwhile, monkeypatch, refused=refused)
         assert closes == [errno.EACCES if refused else 0]
-        assert fs.commits.writers.writer_of(node) is None and ino not in fs.flush_wanted
+        assert fs.commits.writers.writer_of(node) is None and ino not in fs.commits.writers.writing
         _drop_begun(node)
         assert await KernelFile(fs, ino).read() == (ALICE_FACT if refused else ALICE_FACT + added)
         tool.check("the close during the settle's commit")
