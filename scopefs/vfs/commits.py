@@ -59,6 +59,7 @@ from scopefs.writer.transaction import WriteResult
 
 log = logging.getLogger("scopefs.vfs")
 
+
 class Commits:
     """Drafts of one mount's notes and scratch files, and the commits that turn them into revisions."""
 
