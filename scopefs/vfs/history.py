@@ -63,6 +63,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import errno
 import logging
@@ -131,9 +132,10 @@ class History:
         self._lists: dict[str, Listed] = {}  # resource id -> its revisions, as last read
         self._revision_nodes: dict[str, dict[int, Node]] = {}  # resource id -> its REVISION nodes
         self._resource_of: dict[int, str] = {}  # a REVISION node's inode -> its resource id
-        # Each listing's names as it began, and, for a note's folder, the revisions they were read with:
-        # the rest of a listing read in pieces answers from these, as its start did.
-        self._listings: listings.Listings[tuple[list[str], Listed | None]] = listings.Listings()
+        # Each listing's names as it began, with their places in order, and, for a note's folder, the
+        # revisions they were read with: the rest of a listing read in pieces answers from these, as
+        # its start did.
+        self._listings: listings.Listings[tuple[list[tuple[str, int]], Listed | None]] = listings.Listings()
         self._expiry: dict[str, int] = {}  # resource id -> when its first listed revision runs out
         # REVISION nodes whose revision went and whose pages were dropped since (``_without_gone``)
         self._dropped_gone: set[int] = set()
@@ -258,15 +260,15 @@ class History:
         """List a folder of the tree; a listing is taken whole when it starts (``vfs.listings``)."""
         found = self._listings.find(node.ino, start_id)
         if found is None:
-            taken = await self._names(node)
+            names, listed = await self._names(node)
+            taken = (_places(names, listed), listed)  # sorted once, not again for every piece
             number = self._listings.start(node.ino, taken)
         else:
             number, taken = found
-        names, listed = taken
-        after = listings.place(start_id)
-        for name, place in _places(names, listed):
-            if place <= after:
-                continue
+        places, listed = taken
+        first = bisect.bisect_right(places, listings.place(start_id), key=lambda entry: entry[1])
+        for index in range(first, len(places)):
+            name, place = places[index]
             child = self._child(node, name, listed)
             if child is None:
                 continue
