@@ -33,7 +33,7 @@ from scopefs.catalog.reasons import Reason
 from scopefs.vfs import catalog_ops, currency, reads, writers
 from scopefs.vfs import mount as mount_module
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.handles import Handle
+from scopefs.vfs.handles import REVOKED, Handle
 from scopefs.vfs.inodes import Node
 from scopefs.writer.transaction import write_note
 from tests.conftest import ALICE_FACT, Scenario
@@ -613,6 +613,37 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
 
     run_alice_mount(scenario, refusal_passed)
     assert as_alice(scenario, read_note, path) == written + ALICE_FACT[len(written):]
+
+
+def test_a_writer_kept_for_a_sandbox_since_dismissed_is_let_go_uncommitted(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox's writer whose settle commit was refused, then the sandbox dismissed: no close of it
+    can come any more, and a later try must not commit what it wrote once its access has ended. The
+    settle lets it go, uncommitted, at its next turn, whatever the view does."""
+    path = "private/notes/allergy.md"
+    tries: list[int] = []
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        tries.append(1)
+        raise Denied(Reason.EXPLICIT_DENY)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino, _, node, handle = await _idle_writer(fs, tool, path, b"written in a sandbox since gone\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", refused)
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None and tries == [1]
+        handle.pid_namespace = REVOKED  # as ``HandleTable.revoke`` marks a dismissed sandbox's handles
+        as_alice(scenario, write_note, "private/notes/elsewhere.md", b"a change in the view\n")
+        await fs.mount.sync()  # the view moves: a kept writer would be tried again
+        await fs.commits.writers.settle()
+        assert tries == [1] and fs.commits.writers.writer_of(node) is None and node.draft is None
+        _drop_begun(node)
+        assert await KernelFile(fs, ino).read() == ALICE_FACT
+        tool.check("the dismissed sandbox's writer let go")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, path) == ALICE_FACT
 
 
 def test_a_close_that_heard_a_refusal_is_not_told_it_again(

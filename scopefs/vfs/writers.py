@@ -33,7 +33,7 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.errors import BadInput, Denied
-from scopefs.vfs.handles import Handle
+from scopefs.vfs.handles import REVOKED, Handle
 from scopefs.vfs.inodes import Node
 from scopefs.vfs.mount import MountState
 
@@ -42,6 +42,7 @@ WRITER_IDLE_S = 1.0  # a writer's handle left alone this long without a close th
 UNCOMMITTED_KEPT_S = 30.0  # a writer whose commit at the settle failed (refused, say) is kept this long
 # with no write, for a close to hear of it, and tried again each ``WRITER_IDLE_S`` (``settle``); then
 # nobody is left to tell (a mapping written back after its close): one last try, and its writes go
+
 
 class Release(Protocol):
     """``Commits.release``: let go of a handle (committing what it holds unless ``commit`` is false,
@@ -102,6 +103,8 @@ class Writers:
         is not tried again; a refusal only once the view has moved; anything else (storage, a
         conflict) each ``WRITER_IDLE_S``."""
         node = handle.node
+        if handle.pid_namespace == REVOKED:
+            return False  # its sandbox is gone: no close is left to hear of it, nor a try to make for it
         if self._by_inode.setdefault(node.ino, fh) != fh:
             return False
         now = time.monotonic()
@@ -141,6 +144,9 @@ class Writers:
                 # process's own close is refused instead, or commits once resumed
             elif handle.node.deposit is not None and (handle.wrote or _size(handle.node)):
                 continue  # a deposit's close always comes, with its handle: filed then, whole
+            elif handle.kept_since is not None and handle.pid_namespace == REVOKED:
+                # Kept for a sandbox since dismissed: nothing it wrote after a refusal outlives it.
+                await self._settle_one(handle.node, fh, keep=False, commit=False)
             elif handle.kept_since is None:
                 if handle.used < idle:
                     await self._settle_one(handle.node, fh, keep=True)
