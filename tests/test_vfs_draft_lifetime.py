@@ -900,6 +900,7 @@ def test_one_failed_refresh_after_a_quiet_while_suspends_the_mount_but_keeps_its
         armed.append(True)
         await tool.overwrite("private/notes/saved.md", b"saved again\n")
         assert not armed and fs.mount.view.usable and fs.mount.suspended
+        assert fs.mount.refresh_failed.is_set()  # the follower, however long it sleeps, looks again soon
         reads: list[bool] = []
         failing_refresh = getattr(mount_module, "refresh")  # noqa: B009 - the one _refreshes_failing put there
 

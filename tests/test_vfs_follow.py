@@ -91,6 +91,7 @@ class _Mount:
     def __init__(self, database: Path) -> None:
         self.view = _View()
         self.suspended = self.failing = False  # no write of its own the view lacks, no refresh failing
+        self.refresh_failed = trio.Event()
         self.seen_at: float | None = None
         self._fresh = 0
         self._reader = apsw.Connection(str(database))
@@ -114,13 +115,13 @@ def _follow_alone(mount: object, watched: Path) -> Follow:
     return follow
 
 
-async def _until_seen(mount: _Mount | _Expiring | _Suspended) -> None:
+async def _until_seen(mount: _Mount | _Expiring | _Suspended | _FailedInARequest) -> None:
     with trio.move_on_after(SEEN_BOUND_S):
         while mount.seen_at is None:  # noqa: ASYNC110 - set by the loop under test, which signals nothing
             await trio.sleep(0.01)
 
 
-def _seen_by_the_loop_alone(mount: _Mount | _Expiring | _Suspended, folder: Path,
+def _seen_by_the_loop_alone(mount: _Mount | _Expiring | _Suspended | _FailedInARequest, folder: Path,
                             meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
     """The loop alone, watching ``folder``, until ``mount`` notes what it must see; ``meanwhile`` runs
     beside it (nothing else writes into the folder)."""
@@ -176,6 +177,7 @@ class _Expiring:
     def __init__(self, expiry: int) -> None:
         self.view = _View()
         self.suspended = self.failing = False
+        self.refresh_failed = trio.Event()
         self.seen_at: float | None = None
         self._expiry = expiry
 
@@ -249,6 +251,7 @@ class _Suspended:
     def __init__(self, failures: int) -> None:
         self.view = _View()
         self.suspended, self.failing = True, True
+        self.refresh_failed = trio.Event()
         self.seen_at: float | None = None
         self._failures = failures
 
@@ -268,3 +271,37 @@ def test_a_suspended_mount_looks_again_soon_though_nothing_wakes_it(tmp_path: Pa
     mount = _Suspended(failures=3)
 
     _seen_by_the_loop_alone(mount, tmp_path)  # a folder nothing writes into
+
+
+class _FailedInARequest:
+    """A mount whose refreshes read until a request's own refresh fails (``fail_in_a_request``), as
+    ``MountState._refreshed`` records it; the follower's next refresh after that resumes it (``seen_at``)."""
+
+    def __init__(self) -> None:
+        self.view = _View()
+        self.suspended = self.failing = False
+        self.refresh_failed = trio.Event()
+        self.seen_at: float | None = None
+
+    def fail_in_a_request(self) -> None:
+        self.suspended = self.failing = True  # after a write of its own: nothing is served meanwhile
+        self.refresh_failed.set()
+
+    async def sync(self, since: int | None = None) -> None:
+        if self.failing and self.seen_at is None:
+            self.seen_at = time.monotonic()
+            self.suspended = self.failing = False
+
+
+def test_a_refresh_failing_in_a_request_wakes_the_loop(tmp_path: Path, no_net: None) -> None:
+    """A refresh that a request asked for fails while the loop sleeps with nothing to report and the net
+    (``FOLLOW_S``) out of reach: the loop must look again itself, or the mount stays suspended,
+    serving nothing, however soon the catalog reads again. (It slept until the net did.)"""
+    mount = _FailedInARequest()
+
+    async def fail_later() -> None:
+        await trio.sleep(0.3)  # the loop is asleep by now, on a folder nothing writes into
+        mount.fail_in_a_request()
+
+    _seen_by_the_loop_alone(mount, tmp_path, fail_later)
+    assert not mount.suspended

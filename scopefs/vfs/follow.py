@@ -104,6 +104,9 @@ class Follow:
         look_again = False
         late_look: float | None = None  # time.monotonic() of the last read a report asked for
         while True:
+            failed = mount.refresh_failed
+            if failed.is_set():  # the failure that set it is ``failing`` now, read below
+                failed = mount.refresh_failed = trio.Event()
             watching, added = (watch.watch("catalog", self._directories(), CATALOG_EVENTS, commit_events)
                                if watch is not None else (False, False))
             # While a refresh fails: soon again, for the view to resume, or be emptied in FAIL_CLOSED_S.
@@ -124,12 +127,7 @@ class Follow:
             if late_look is not None:
                 wait = min(wait, max(0.0, late_look - time.monotonic()))
             with trio.move_on_after(wait):
-                if watching:
-                    assert watch is not None
-                    await watch.changed("catalog")
-                    look_again = True
-                else:
-                    await trio.sleep_forever()
+                look_again = await _reported_or_failed(watch if watching else None, failed)
             since = time.monotonic_ns()
             if look_again:
                 late_look = time.monotonic() + LATE_LOOK_S
@@ -402,3 +400,29 @@ def _send_invalidations(batch: list[Queued], progress: Progress) -> bool:
                 sent = sent and exc.errno in GONE
         progress.ended += 1
     return sent
+
+
+async def _reported_or_failed(watch: DirectoryWatch | None, failed: trio.Event) -> bool:
+    """Wait for a report of the catalogs' folders (True) or for a refresh to fail (False).
+
+    A refresh a request asked for (a lookup's, a save's) can fail while
+    the follower sleeps for ``FOLLOW_S``; a save's own commit is reported,
+    but a lookup's failed read is not, and the mount would stay failing,
+    or suspended and serving nothing, until the net woke the follower.
+    """
+    reported = False
+    async with trio.open_nursery() as nursery:
+        async def on_report(changes: DirectoryWatch) -> None:
+            nonlocal reported
+            await changes.changed("catalog")
+            reported = True
+            nursery.cancel_scope.cancel()
+
+        async def on_failure() -> None:
+            await failed.wait()
+            nursery.cancel_scope.cancel()
+
+        if watch is not None:
+            nursery.start_soon(on_report, watch)
+        nursery.start_soon(on_failure)
+    return reported

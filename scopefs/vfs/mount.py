@@ -96,6 +96,9 @@ class MountState:
         self.wrote = False  # a catalog call changed rows since the follower last checkpointed
         self._sync_lock = trio.Lock()
         self.settle_wanted = trio.Event()  # set when a writer or a removal starts waiting (``vfs.follow``)
+        # Set when a refresh fails, whoever asked for it: the follower, which may be asleep for
+        # ``follow.FOLLOW_S``, then looks again every ``follow.POLL_S`` until one succeeds.
+        self.refresh_failed = trio.Event()
         self.currency = Currency()  # how current the view applied is (``vfs.currency``; ``sync``)
         # Told the view that was left each time it moves on (``vfs.history``), right after the layers,
         # on this thread, before any request sees the new view.
@@ -214,6 +217,7 @@ class MountState:
             new = await self.catalog(fresh, self.home, old)
         except Exception as exc:
             self.currency.forget_mark()  # whatever failed may have written: the next refresh reads whole
+            self.refresh_failed.set()
             if first is not None and not done:
                 raise  # the commit failed: the view was not read, and is no staler than before
             # After a write of this mount's, the view applied shows what the write replaced (a note's
