@@ -122,13 +122,27 @@ class Commits:
             raise fail(errno.EISDIR if node.kind is not Kind.RESULTS else errno.EROFS)
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
-        await self.ensure_draft(node, truncate=truncate)
+        had_draft = node.draft is not None
+        draft = await self.ensure_draft(node, truncate=truncate)
         handle = self.writers.writer_of(node)
         if handle is not None:  # another request's, made while the draft loaded: one writer per node
             handle.used = time.monotonic()
             return handle
         handle = Handle(node, writable=True, pid_namespace=pid_namespace)
-        self.writers.register(node, mount.callers.give(handle))
+        try:
+            fh = mount.callers.give(handle)
+        except BaseException:
+            # Its sandbox was dismissed while the draft loaded: the draft was made for nobody. Left,
+            # it would be read in place of the note (another session's save shown never), and the next
+            # writer would start from it, putting it back over that save (or commit the truncation).
+            if not had_draft and node.draft is draft and node.opens == 0:
+                if draft.dirty:
+                    mount.kernel.forget_pages(node)
+                    node.discarded_until = node.invalidations_queued
+                draft.close()
+                node.draft = None
+            raise
+        self.writers.register(node, fh)
         return handle
 
     async def flush_inode(self, node: Node) -> None:
@@ -142,6 +156,9 @@ class Commits:
         # the while: this close answers for that commit (the writer kept if it failed: found below).
         lost = await writers.settled(node)
         handle, fh = writers.writer_of(node), writers.fh_of(node)
+        if handle is not None and fh is not None and writers.forsaken(handle):
+            await writers.let_go(node, fh=fh, commit=False)  # its sandbox is gone: so are its refused writes
+            handle = None
         if handle is None or fh is None:
             if lost is not None:
                 raise fail(lost)  # the settle's commit failed for good, and its writes went
@@ -154,7 +171,12 @@ class Commits:
                     await writers.let_go(node, fh=fh, commit=False)  # refused or failed: none of it stays readable
             raise
         if handle.wrote or node.draft is None or not node.draft.dirty:
-            await writers.let_go(node, fh=fh)
+            # Its release commits once more what was written during this commit (through the same
+            # writer, by another process): if that fails, those writes went, and this close says so.
+            released = await writers.let_go(node, fh=fh)
+            lost = lost if lost is not None else released
+        if lost is not None:
+            raise fail(lost)  # the settle's commit (or the release's) failed for good, and its writes went
 
     async def create(self, parent_ino: int, name: bytes, pid_namespace: int | None) -> tuple[Node, int]:
         """A new note or scratch file, open for writing: its node and file handle."""
@@ -214,8 +236,12 @@ class Commits:
         draft.dirty = True
         node = mount.layers.inodes.new(Kind.NOTE, parts, draft=draft)
         node.deposit, node.attached = handle, False
+        try:
+            fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
+        except BaseException:
+            draft.close()  # its sandbox was dismissed during the check: nobody will write or close it
+            raise
         node.lookups += 1
-        fh = mount.callers.give(Handle(node, writable=True, pid_namespace=pid_namespace))
         self.writers.register(node, fh)
         return node, fh
 
@@ -225,13 +251,16 @@ class Commits:
         if not draft.dirty or draft.size == 0:
             return
         mount = self._mount
+        # Read here, on the trio thread: the catalog thread never touches a draft's descriptor.
+        data = draft.read(0, draft.size)
+        draft.dirty = False  # writes landing during the filing mark it dirty again (as ``save``)
         try:
-            # Read here, on the trio thread: the catalog thread never touches a draft's descriptor.
-            data = draft.read(0, draft.size)
             await mount.catalog(catalog_ops.deposit, mount.home, mount.session_id, node.deposit, data)
-        except Denied:
-            raise fail(errno.EACCES) from None
-        draft.dirty = False
+        except BaseException as exc:
+            draft.dirty = True
+            if isinstance(exc, Denied):
+                raise fail(errno.EACCES) from None
+            raise
 
     def write(self, handle: Handle, off: int, buf: bytes) -> int:
         if not handle.writable or handle.node.draft is None:
@@ -391,9 +420,13 @@ class Commits:
         whatever commit of it is under way: ``ScopeFS.fsync``.)
         """
         mount = self._mount
-        for committing, _ in list(self._committing.values()):
-            if committing.parts[:len(folder)] == folder:
-                await mount.commit_over(committing)
+
+        async def under_way() -> None:
+            for committing, _ in list(self._committing.values()):
+                if committing.parts[:len(folder)] == folder:
+                    await mount.commit_over(committing)
+
+        await under_way()
         for fh in self.writers.handles():
             handle = mount.handles.get(fh)
             if handle is None:
@@ -415,6 +448,8 @@ class Commits:
                 if not is_refusal(exc) or mount.suspended:
                     raise  # this fsync did not make the new name durable: it says so
                 log.warning("a new note's commit was refused at its folder's fsync")
+        # The settle may have let go of a writer meanwhile (passed over above), its commit not done yet.
+        await under_way()
 
     async def sync(self, node: Node | None) -> None:
         """``fsync``: make what closes committed without a sync durable, for ``node``'s note, or

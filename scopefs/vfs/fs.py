@@ -350,13 +350,17 @@ class ScopeFS(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes, inode: int = 0,
                     ctx: pyfuse3.RequestContext | None = None) -> int:
         mount = self.mount
+        writers = self.commits.writers
         found_by_fh = mount.handles.get(fh) if fh else None
-        if found_by_fh is not None:  # a file this mount created, until its first close committed it
-            handle = found_by_fh
+        if found_by_fh is not None and writers.fh_of(found_by_fh.node) == fh:
+            handle = found_by_fh  # a file this mount created, until its first close committed it
             mount.callers.check_handle(handle)
         else:
-            node = mount.node(inode)
-            found = self.commits.writers.writer_of(node)
+            # By inode; so too through a created file's handle that a release is letting go of (the
+            # settle's, while the process still writes): its draft may be closed once that commit is
+            # done, and a write landing in it meanwhile would go with it, its close answering 0.
+            node = found_by_fh.node if found_by_fh is not None else mount.node(inode)
+            found = writers.writer_of(node)
             if found is None:
                 handle = await self.commits.writer(node, mount.callers.writeback_opener(node, ctx))
             else:
@@ -392,7 +396,12 @@ class ScopeFS(pyfuse3.Operations):
                 raise fail(errno.EIO)
         # A RELEASE the kernel has not sent yet (it sends them in the background, and a full background
         # queue can hold one behind this FSYNC) has not let go of its writer: found below, and committed.
-        if handle is not None or self.commits.writers.writer_of(node) is not None:
+        writers = self.commits.writers
+        writer = handle if handle is not None else writers.writer_of(node)
+        if writer is not None and writers.forsaken(writer):
+            await writers.let_go(node, fh=fh if handle is not None else writers.fh_of(node),
+                                 commit=False)  # not this fsync's to commit
+        elif writer is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
 

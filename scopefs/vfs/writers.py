@@ -113,6 +113,13 @@ class Writers:
         handle.retry_seq = self._mount.view.seq if is_refusal(exc) else None
         return True
 
+    @staticmethod
+    def forsaken(handle: Handle) -> bool:
+        """Whether ``handle`` is a writer kept after a failed commit (``keep``) for a sandbox since
+        dismissed: what it wrote after that failure must not outlive the sandbox, so it is let go
+        uncommitted, by the settle, an unmount's settle, or any close or fsync of its inode."""
+        return handle.kept_since is not None and handle.pid_namespace == REVOKED
+
     async def settled(self, node: Node) -> int | None:
         """Until no settle of ``node``'s writer is under way, or the inode has a writer again (kept
         after a failure, or a new one: the close commits that one); the errno of the settle's commit
@@ -137,6 +144,8 @@ class Writers:
             if handle is None:
                 if self._by_inode.get(ino) == fh:
                     del self._by_inode[ino]  # the kernel released it (a mount's first files may get RELEASE)
+            elif self.forsaken(handle):  # first: an unmount dismisses every sandbox before its settle
+                await self._settle_one(handle.node, fh, keep=False, commit=False)
             elif everything:
                 await self.let_go(handle.node, fh=fh)
             elif mount.suspended:
@@ -144,9 +153,6 @@ class Writers:
                 # process's own close is refused instead, or commits once resumed
             elif handle.node.deposit is not None and (handle.wrote or _size(handle.node)):
                 continue  # a deposit's close always comes, with its handle: filed then, whole
-            elif handle.kept_since is not None and handle.pid_namespace == REVOKED:
-                # Kept for a sandbox since dismissed: nothing it wrote after a refusal outlives it.
-                await self._settle_one(handle.node, fh, keep=False, commit=False)
             elif handle.kept_since is None:
                 if handle.used < idle:
                     await self._settle_one(handle.node, fh, keep=True)
