@@ -227,3 +227,34 @@ def test_every_cached_name_of_a_named_artifact_is_looked_at(scenario: Scenario) 
         assert all(node.verified is None for node in sharing)
 
     run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures("no_kernel")
+def test_a_node_read_again_after_its_pages_were_dropped_is_looked_at_again(scenario: Scenario,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's pages are dropped while its reader stays (a rename by another session, a policy change:
+    ``forget_pages``), and it is read again from that reader: its pages are cached again, so its
+    artifact must be looked at again. The old code left it out of the sweep and of inotify's names
+    for good, so a tamper under those pages was never found."""
+    home = scenario.cli.home
+    artifact = artifact_path(home, scenario.alice, NOTE)
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        assert await tool.read(f"private/{NOTE}") == ALICE_FACT
+        node = fs.mount.node(await tool.ino(f"private/{NOTE}"))
+        fs.mount.kernel.forget_pages(node)  # as a view change that keeps the revision does: verified is None
+        assert await tool.read(f"private/{NOTE}") == ALICE_FACT  # from the reader it kept
+        assert node.verified is not None, "its pages are cached again, but its artifact is looked at no more"
+        dropped: list[Node] = []
+        forget = fs.mount.kernel.forget_pages
+
+        def recorded(dropping: Node) -> None:
+            dropped.append(dropping)
+            forget(dropping)
+        monkeypatch.setattr(fs.mount.kernel, "forget_pages", recorded)
+        _tamper(artifact)
+        await fs.reads.recheck_named({artifact.name})
+        assert dropped == [node], "the tamper under the pages cached again went unseen"
+        assert await errno_of(tool.read(f"private/{NOTE}")) == errno.EIO
+
+    run_alice_mount(scenario, script)

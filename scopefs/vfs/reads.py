@@ -144,6 +144,8 @@ class Reads:
                     # read back (``_keeps_to_old``).
                     or self._keeps_to_old(node, reader, note)):
                 self._readers.move_to_end(node.ino)
+                if node.verified is None:  # its pages were dropped since (a rename elsewhere, a policy
+                    self._cached_from(node, reader.note, reader.stamp)  # change): cached again from here
                 return reader
             verifying = self._verifying.get(node.ino)
             if verifying is None:
@@ -161,13 +163,7 @@ class Reads:
             # READ holds pages that dropping them would wait for).
             mount.kernel.forget_pages(node)
             node.stale_pages = False
-        node.cached_revision = note.revision_id
-        node.verified = (note, stamp)
-        self._cached[node.ino] = node
-        self._by_locator.setdefault(note.locator, {})[node.ino] = node
-        place = mount.artifacts.place(note)
-        if place is not None:
-            self._stores.add(place[0])
+        self._cached_from(node, note, stamp)
         self.expose(note)
         reader = Reader(node, note, fd, stamp, whole)
         old = self._readers.pop(node.ino, None)
@@ -177,6 +173,17 @@ class Reads:
         while len(self._readers) > KEEP_READERS:
             self._readers.popitem(last=False)[1].close()
         return reader
+
+    def _cached_from(self, node: Node, note: VisibleNote, stamp: Stamp) -> None:
+        """The kernel caches ``node``'s pages of ``note``, verified as of ``stamp``: the artifact is
+        looked at again by the sweep and when inotify names it (``recheck``, ``recheck_named``)."""
+        node.cached_revision = note.revision_id
+        node.verified = (note, stamp)
+        self._cached[node.ino] = node
+        self._by_locator.setdefault(note.locator, {})[node.ino] = node
+        place = self._mount.artifacts.place(note)
+        if place is not None:
+            self._stores.add(place[0])
 
     @staticmethod
     def _keeps_to_old(node: Node, reader: Reader, note: VisibleNote) -> bool:
