@@ -665,3 +665,41 @@ def test_the_rest_of_a_folder_s_listing_skips_no_note_when_the_view_moves_on(
         tool.check("the rest of the folder's listing")
 
     run_alice_mount(scenario, script)
+
+
+@pytest.mark.usefixtures(no_kernel.__name__)
+@pytest.mark.parametrize("goes", ["forgotten", "held by its lineage"])
+def test_a_backup_of_an_earlier_revision_stops_serving_it_once_it_may_not_be_shown(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch, goes: str) -> None:
+    """Emacs renames a note to ``note~`` before its save and keeps the backup: a scratch file frozen to
+    what was then the note's revision, an earlier one after the save. Once that revision may no
+    longer be shown (forgotten, held by its lineage), the backup must stop serving it, as its
+    ``.history`` file does: the old code answered only whether the note was still in the view, so
+    the backup served the forgotten bytes for as long as the mount lived. A hold (the change log
+    says so) also drops the backup's cached pages."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        assert await tool.read(ALLERGY) == ALICE_FACT
+        first = fs.mount.layers.note_of(fs.mount.node(await tool.ino(ALLERGY)))
+        assert first is not None
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        await tool.create("private/notes", "allergy.md", SECOND)  # the save: the note's next revision
+        backup = fs.mount.node(await tool.ino("private/notes/allergy.md~"))
+        assert backup.frozen is not None and backup.frozen.revision_id == first.revision_id
+        assert await tool.read("private/notes/allergy.md~") == ALICE_FACT  # still shown, served
+        dropped: list[int] = []
+        _drops_seen(monkeypatch, dropped, lambda ino: ino)
+        if goes == "forgotten":
+            forget_revision(scenario.cli.home, first.revision_id, scenario.alice_session)
+        else:
+            with catalog(scenario.cli.home) as conn:
+                conn.execute("INSERT INTO lineage_holds (revision_id, cause_revision_id, agent_id, cause, held_at)"
+                             " VALUES (?, ?, 'main', 'tombstone', ?)", (first.revision_id, first.revision_id, now_us()))
+            await fs.mount.sync()
+            await fs.mount.kernel.drop_pages_now([backup], for_refresh=True)  # as the worker sends what is queued
+            assert backup.ino in dropped
+        assert await inprocess_errno(KernelFile(fs, backup.ino).read()) == errno.EACCES
+        assert backup.verified is None  # its pages are on their way out
+        assert await tool.read(ALLERGY) == SECOND  # the note itself is untouched
+        tool.check(f"the backup of a revision {goes}")
+
+    run_alice_mount(scenario, script)

@@ -297,16 +297,37 @@ class History:
         """EACCES unless the revision ``node`` shows may still be shown (before every ``READ`` of it)."""
         revision = node.frozen
         assert node.kind is Kind.REVISION and revision is not None
+        await self._may_show(revision)
+        self._dropped_gone.discard(node.ino)  # its pages may be cached again: if it goes again, they go again
+
+    async def check_backup(self, node: Node) -> None:
+        """EACCES unless a scratch file frozen to an earlier revision of a note (Emacs's ``note~``, kept
+        after the save that followed) may still show it: as a ``.history`` revision file (``check``),
+        not forgotten, held or run out since. Frozen to the revision the view shows, it is the note's
+        own content, decided by the view (``Reads``).
+
+        Asked of the catalog at every ``READ``: a forget writes no change-log entry, and no lookup of
+        a ``.history`` name comes first to notice it, as one does for a revision file. A ``READ``
+        that finds it gone drops the backup's pages (``_read``). Backups are read seldom.
+        """
+        revision = node.frozen
+        assert node.kind is Kind.SCRATCH and revision is not None
+        note = self._mount.layers.note_for(revision.resource_id)
+        if note is not None and note.revision_id != revision.revision_id:
+            await self._may_show(revision, afresh=True)
+
+    async def _may_show(self, revision: VisibleNote, *, afresh: bool = False) -> None:
+        """EACCES unless ``revision`` is one of its note's revisions that may be shown now (as last
+        read, unless ``afresh``)."""
         note = self._mount.layers.note_for(revision.resource_id)
         if note is None or not self._mount.shows(note.resource_id):
             raise fail(errno.EACCES)  # revoked, or the note left the view, since it was looked up
         listed = self._lists.get(note.resource_id)
-        if listed is None or listed.current != note.revision_id:
+        if afresh or listed is None or listed.current != note.revision_id:
             listed = await self._read(note)
         shown = listed.by_id.get(revision.revision_id)
         if shown is None or _expired(shown, now_us()):
             raise fail(errno.EACCES)
-        self._dropped_gone.discard(node.ino)  # its pages may be cached again: if it goes again, they go again
 
     async def _read(self, note: VisibleNote) -> Listed:
         """``note``'s revisions that may be shown, read from the catalog now; what changed is dropped."""
@@ -374,7 +395,9 @@ class History:
             resources = {n.resource_id for p in new.delta for n in (old.notes.get(p), new.notes.get(p))
                          if n is not None}
         else:
-            paths, resources = None, {*self._lists, *self._revision_nodes}
+            backups = {n.frozen.resource_id for n in self._mount.layers.local.values()
+                       if n.kind is Kind.SCRATCH and n.frozen is not None}
+            paths, resources = None, {*self._lists, *self._revision_nodes, *backups}
         for resource_id in resources:
             self._drop(resource_id, None)
         if paths is None:
@@ -392,12 +415,16 @@ class History:
         self._drop_listings(folders)
 
     def _drop(self, resource_id: str, parts: Parts | None) -> None:
-        """Forget what was read of a note's revisions and drop the kernel's pages of them (and, given the
-        note's ``parts``, the listing of its history folder)."""
+        """Forget what was read of a note's revisions and drop the kernel's pages of them, and of the
+        scratch files frozen to one (``check_backup``; and, given the note's ``parts``, the listing of
+        its history folder)."""
         self._lists.pop(resource_id, None)
         self._expiry.pop(resource_id, None)
         for node in self._revision_nodes.get(resource_id, {}).values():
             self._mount.kernel.forget_pages(node)
+        for node in self._mount.layers.local.values():
+            if node.kind is Kind.SCRATCH and node.frozen is not None and node.frozen.resource_id == resource_id:
+                self._mount.kernel.forget_pages(node)
         if parts is not None:
             folder = self._known.get((HISTORY, *parts))
             if folder is not None and folder.kind is Kind.HISTORY:

@@ -108,6 +108,8 @@ class Reads:
             raise fail(errno.EISDIR)
         if node.kind is Kind.REVISION:  # an earlier revision (``vfs.history``): still one it may show?
             await self._history.check(node)
+        elif node.kind is Kind.SCRATCH and node.frozen is not None and node.draft is None:
+            await self._history.check_backup(node)  # a backup of an earlier one: the same question
         if node.invalidations_ended < node.discarded_until:
             raise fail(errno.EACCES)  # refused, as the writes discarded were: no zeros where they were
         if node.draft is not None:
