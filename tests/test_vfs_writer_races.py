@@ -255,3 +255,48 @@ def test_a_folder_s_fsync_waits_for_a_commit_the_settle_began_while_it_waited(
 
     run_alice_mount(scenario, script)
     assert "notes/later.md" not in unsynced_paths(scenario.cli.home)
+
+
+def test_a_write_into_a_writer_kept_for_a_dismissed_sandbox_starts_a_writer_of_its_own(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer kept after a refused settle belongs to a sandbox since dismissed; another process (the
+    session's next sandbox, say) then writes the note. Its bytes must not land in the forsaken draft,
+    which is let go uncommitted: they start a writer of their own, from the note, and its close
+    commits them. (A first version of the forsaken writer's let-go dropped them, the close answering 0.)"""
+    refused_bytes = b"refused, then its sandbox dismissed\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino, _, _, handle = await _idle_writer(fs, tool, PATH, refused_bytes)
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None
+        handle.pid_namespace = REVOKED
+        other = await KernelFile.open(fs, ino, os.O_WRONLY)
+        await other.write(0, b"NEXT")
+        await other.flush()
+        tool.check("the next process's write and close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, PATH) == b"NEXT" + ALICE_FACT[4:]
+
+
+def test_a_backup_whose_writer_s_sandbox_is_dismissed_while_it_loads_keeps_its_content(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scratch file frozen to a revision (a backup) is written by a sandbox dismissed while its draft
+    loads: the draft made is the backup's content now (it is frozen no more), so it stays. (A first
+    version dropped it, leaving the backup with neither: empty, unreadable.)"""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        await tool.rename("private/notes", "allergy.md", "allergy.md~")
+        ino = await tool.ino("private/notes/allergy.md~")
+
+        def dismissed(handle: Any) -> int:
+            raise fail(errno.EACCES)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(fs.mount.callers, "give", dismissed)
+            assert await errno_of(KernelFile(fs, ino).write(0, b"refused")) == errno.EACCES
+        assert await KernelFile(fs, ino).read() == ALICE_FACT
+        tool.check("the refused write into the backup")
+
+    run_alice_mount(scenario, script)

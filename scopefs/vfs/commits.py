@@ -73,12 +73,16 @@ class Commits:
 
     async def ensure_draft(self, node: Node, *, truncate: bool) -> Draft:
         """``node``'s draft, made now from its current content (or from nothing) if it has none."""
+        return (await self._draft_of(node, truncate=truncate))[0]
+
+    async def _draft_of(self, node: Node, *, truncate: bool) -> tuple[Draft, bool]:
+        """``ensure_draft``, and whether this call made the draft (rather than found one)."""
         mount = self._mount
         existing = node.draft
         if existing is not None:
             if truncate and existing.size:
                 existing.truncate(0)
-            return existing
+            return existing, False
         while True:
             committed_here = node.committed_revision
             source = self._content_of(node)
@@ -90,7 +94,7 @@ class Commits:
             data = await self._reads.load(source)  # a large note loads on a thread: the node may move on
             loaded_from = source.resource_id if data else None
             if node.draft is not None:  # another request made one meanwhile: it may hold that request's
-                return node.draft  # writes already, so it is the draft
+                return node.draft, False  # writes already, so it is the draft
             # Another request's draft of this node committed and let go meanwhile: start from that commit,
             # or the close would put the content loaded back over it. (Another session's save meanwhile is
             # overwritten, as any save through a mount overwrites what it did not read: last writer wins.)
@@ -100,7 +104,7 @@ class Commits:
         node.frozen = None if node.kind is Kind.SCRATCH else node.frozen
         if truncate and source is not None and source.size:
             draft.dirty = True
-        return draft
+        return draft, True
 
     def _content_of(self, node: Node) -> VisibleNote | None:
         """The revision a draft of ``node`` starts from: a backup's own, or the one its note shows."""
@@ -114,7 +118,13 @@ class Commits:
         or truncation made it; a dismissal revokes it like any other.
         """
         mount = self._mount
-        handle = self.writers.writer_of(node)
+        writers = self.writers
+        handle = writers.writer_of(node)
+        if handle is not None and writers.forsaken(handle):
+            # Kept for a sandbox since dismissed: none of it may be committed, and nothing written now
+            # may go with it when it is let go. This write starts a writer of its own, from the note.
+            await writers.let_go(node, fh=writers.fh_of(node), commit=False)
+            handle = writers.writer_of(node)
         if handle is not None:
             handle.used = time.monotonic()
             return handle
@@ -122,9 +132,8 @@ class Commits:
             raise fail(errno.EISDIR if node.kind is not Kind.RESULTS else errno.EROFS)
         if node.kind is not Kind.SCRATCH:
             mount.check_writable(node.parts)
-        had_draft = node.draft is not None
-        draft = await self.ensure_draft(node, truncate=truncate)
-        handle = self.writers.writer_of(node)
+        draft, made = await self._draft_of(node, truncate=truncate)
+        handle = writers.writer_of(node)
         if handle is not None:  # another request's, made while the draft loaded: one writer per node
             handle.used = time.monotonic()
             return handle
@@ -132,17 +141,18 @@ class Commits:
         try:
             fh = mount.callers.give(handle)
         except BaseException:
-            # Its sandbox was dismissed while the draft loaded: the draft was made for nobody. Left,
-            # it would be read in place of the note (another session's save shown never), and the next
-            # writer would start from it, putting it back over that save (or commit the truncation).
-            if not had_draft and node.draft is draft and node.opens == 0:
+            # Its sandbox was dismissed while the note's draft loaded: the draft was made for nobody.
+            # Left, it would be read in place of the note (another session's save shown never), and
+            # the next writer would start from it, putting it back over that save (or commit the
+            # truncation). A scratch file's draft is its content, frozen no more: it stays.
+            if made and node.kind is Kind.NOTE and node.draft is draft and node.opens == 0:
                 if draft.dirty:
                     mount.kernel.forget_pages(node)
                     node.discarded_until = node.invalidations_queued
                 draft.close()
                 node.draft = None
             raise
-        self.writers.register(node, fh)
+        writers.register(node, fh)
         return handle
 
     async def flush_inode(self, node: Node) -> None:

@@ -361,7 +361,7 @@ class ScopeFS(pyfuse3.Operations):
             # done, and a write landing in it meanwhile would go with it, its close answering 0.
             node = found_by_fh.node if found_by_fh is not None else mount.node(inode)
             found = writers.writer_of(node)
-            if found is None:
+            if found is None or writers.forsaken(found):  # (a forsaken one is let go: ``Commits.writer``)
                 handle = await self.commits.writer(node, mount.callers.writeback_opener(node, ctx))
             else:
                 handle = found

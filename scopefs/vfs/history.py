@@ -390,16 +390,15 @@ class History:
         their history folders and of every folder above.
         """
         new = self._mount.view
+        backups = self._backups()
         if new.base_seq == old.seq and new.usable == old.usable and new.access.view == old.access.view:
             paths: frozenset[Parts] | None = new.delta
             resources = {n.resource_id for p in new.delta for n in (old.notes.get(p), new.notes.get(p))
                          if n is not None}
         else:
-            backups = {n.frozen.resource_id for n in self._mount.layers.local.values()
-                       if n.kind is Kind.SCRATCH and n.frozen is not None}
             paths, resources = None, {*self._lists, *self._revision_nodes, *backups}
         for resource_id in resources:
-            self._drop(resource_id, None)
+            self._drop(resource_id, None, backups)
         if paths is None:
             folders = [node for node in self._known.values() if node.kind is Kind.HISTORY]
         else:
@@ -414,17 +413,24 @@ class History:
                        and node.kind is Kind.HISTORY]
         self._drop_listings(folders)
 
-    def _drop(self, resource_id: str, parts: Parts | None) -> None:
+    def _backups(self) -> dict[str, list[Node]]:
+        """The scratch files frozen to a revision (``check_backup``), by the note they copy."""
+        found: dict[str, list[Node]] = {}
+        for node in self._mount.layers.local.values():
+            if node.kind is Kind.SCRATCH and node.frozen is not None:
+                found.setdefault(node.frozen.resource_id, []).append(node)
+        return found
+
+    def _drop(self, resource_id: str, parts: Parts | None, backups: dict[str, list[Node]] | None = None) -> None:
         """Forget what was read of a note's revisions and drop the kernel's pages of them, and of the
-        scratch files frozen to one (``check_backup``; and, given the note's ``parts``, the listing of
-        its history folder)."""
+        scratch files frozen to one (``backups``, found now if not given; and, given the note's
+        ``parts``, the listing of its history folder)."""
         self._lists.pop(resource_id, None)
         self._expiry.pop(resource_id, None)
         for node in self._revision_nodes.get(resource_id, {}).values():
             self._mount.kernel.forget_pages(node)
-        for node in self._mount.layers.local.values():
-            if node.kind is Kind.SCRATCH and node.frozen is not None and node.frozen.resource_id == resource_id:
-                self._mount.kernel.forget_pages(node)
+        for node in (backups if backups is not None else self._backups()).get(resource_id, ()):
+            self._mount.kernel.forget_pages(node)
         if parts is not None:
             folder = self._known.get((HISTORY, *parts))
             if folder is not None and folder.kind is Kind.HISTORY:
