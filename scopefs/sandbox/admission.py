@@ -2,11 +2,14 @@
 
 A Unix seqpacket socket in a root-only directory; the server listens only
 to root peers. The launcher says ``admit <pid namespace inode>`` for the
-sandbox it is starting and keeps the connection open while the sandbox
-runs, and says ``dismiss`` once it is gone; the admission also ends when
-the connection closes, so a launcher that dies cannot leave a namespace
-admitted. Kept free of trio and pyfuse3 so
-that starting a command stays cheap.
+sandbox it is starting, with a descriptor of that namespace, and keeps the
+connection open while the sandbox runs, and says ``dismiss`` once it is
+gone; the admission also ends when the connection closes, so a launcher
+that dies cannot leave a namespace admitted. The server holds the
+namespace's descriptor while it is admitted: the kernel gives a freed
+namespace's number to the next one it makes, and a number the server
+admits must not name another sandbox's namespace meanwhile. Kept free of
+trio and pyfuse3 so that starting a command stays cheap.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ log = logging.getLogger("scopefs.sandbox")
 class Admission:
     """One sandbox's pid namespace admitted to a mount, for as long as this lives."""
 
-    def __init__(self, control: str, namespace: int, timeout: float = 10.0) -> None:
+    def __init__(self, control: str, namespace: int, held: int, timeout: float = 10.0) -> None:
+        """``held``: a descriptor of the namespace (``/proc/PID/ns/pid``), sent for the server to hold."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             self._sock.settimeout(timeout)
             self._sock.connect(control)
-            self._sock.send(b"admit %d" % namespace)
+            socket.send_fds(self._sock, [b"admit %d" % namespace], [held])
             if self._sock.recv(MAX_MESSAGE) != b"ok":
                 raise ConnectionError("the mount server refused the sandbox")
         except BaseException:

@@ -332,7 +332,7 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
     try:
         init_pid, pidfd, namespace = _sandbox_init(status, target.control)
         if target.control is not None:
-            admission = _admit(target.control, namespace)
+            admission = _admit(target.control, namespace, init_pid)
         # Forwarding from before the go: a resize or a Ctrl-C the moment the command starts reaches it,
         # rather than find the launcher with SIGWINCH ignored (lost) or SIGINT its own (the whole
         # sandbox killed). One that comes before the go reaches the shim that waits for it.
@@ -364,12 +364,22 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
     raise SandboxUnavailable("the sandbox ended abnormally: bubblewrap reported no exit status for the command")
 
 
-def _admit(control: str, namespace: int) -> Admission:
+def _admit(control: str, namespace: int, init_pid: int) -> Admission:
+    """Admit ``namespace``, the pid namespace of the sandbox whose pid 1 is ``init_pid``, handing the
+    mount a descriptor of it to hold (``sandbox.admission``)."""
     try:
-        return Admission(control, namespace)
+        held = os.open(f"/proc/{init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        raise SandboxUnavailable("cannot admit the sandbox: its pid namespace is gone; nothing was run") from None
+    try:
+        if os.fstat(held).st_ino != namespace:  # a pid reused since the namespace was read: admit nothing
+            raise SandboxUnavailable("cannot build a sandbox: its pid namespace is not its own; nothing was run")
+        return Admission(control, namespace, held)
     except OSError as exc:  # ConnectionError, a missing socket, a timeout
         raise SandboxUnavailable(f"cannot admit the sandbox at its mount ({type(exc).__name__}); "
                                  "nothing was run") from None
+    finally:
+        os.close(held)
 
 
 def _kill_sandbox(proc: subprocess.Popen[bytes], pidfd: int) -> None:
