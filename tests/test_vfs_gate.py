@@ -183,27 +183,3 @@ def test_an_admission_is_counted(admissions: int) -> None:
         gate.admit(42)
     gate.dismiss(42)
     assert gate.holds(42) is (admissions == 2)
-
-
-def test_a_close_from_outside_the_admitted_sandboxes_commits_nothing(scenario: Scenario) -> None:
-    """Any close of a note commits what was written to it (the kernel does not say which descriptor
-    wrote), so a descriptor passed out of a sandbox, held by another uid or by a sandbox since
-    dismissed, could commit another sandbox's half-written note just by closing a duplicate. Such a
-    close commits nothing: the writer's own close does (the old code committed at the outsider's)."""
-    async def test(fs: ScopeFS, gate: Gate, ino: int) -> None:
-        mine = pid_namespace(os.getpid())
-        assert mine is not None
-        me = context(SESSION_UID, os.getpid())
-        gate.admit(mine)
-        assert await fs.write(0, 0, b"half of ", ino, me) == len(b"half of ")
-        node = fs.mount.node(ino)
-        for outsider in (context(SESSION_UID + 1, os.getpid()), context(SESSION_UID, 0)):  # another uid; unseen
-            await fs.flush(0, ino, outsider)
-            assert fs.commits.writers.writer_of(node) is not None and node.committed_revision is None
-        assert await fs.write(0, 8, b"it, then all", ino, me) == len(b"it, then all")
-        await fs.flush(0, ino, me)  # the writer's own close
-        assert fs.commits.writers.writer_of(node) is None and node.committed_revision is not None
-        assert await fs.read(0, 0, 4096, ino, me) == b"half of it, then all" + ALICE_FACT[20:]
-        gate.dismiss(mine)
-
-    _run(scenario, test)

@@ -373,11 +373,6 @@ class ScopeFS(pyfuse3.Operations):
 
     @guarded
     async def flush(self, fh: int, inode: int = 0, ctx: pyfuse3.RequestContext | None = None) -> None:
-        if not self.mount.callers.allows(ctx) and not is_writeback(ctx):
-            # A close from outside the admitted sandboxes (a descriptor passed out of one, held by
-            # another uid or by a sandbox since dismissed) commits nothing of what a sandbox is
-            # writing: that writer's own close does, or the settle once it is left alone.
-            return
         handle = self.mount.handles.get(fh) if fh else None
         node = handle.node if handle is not None else self.mount.layers.inodes.get(inode)
         if node is not None:
