@@ -332,7 +332,7 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
     try:
         init_pid, pidfd, namespace = _sandbox_init(status, target.control)
         if target.control is not None:
-            admission = _admit(target.control, namespace, init_pid)
+            admission = _admit(target.control, namespace, init_pid, pidfd)
         # Forwarding from before the go: a resize or a Ctrl-C the moment the command starts reaches it,
         # rather than find the launcher with SIGWINCH ignored (lost) or SIGINT its own (the whole
         # sandbox killed). One that comes before the go reaches the shim that waits for it.
@@ -364,15 +364,20 @@ def _supervise(proc: subprocess.Popen[bytes], target: Target, status: StatusStre
     raise SandboxUnavailable("the sandbox ended abnormally: bubblewrap reported no exit status for the command")
 
 
-def _admit(control: str, namespace: int, init_pid: int) -> Admission:
-    """Admit ``namespace``, the pid namespace of the sandbox whose pid 1 is ``init_pid``, handing the
-    mount a descriptor of it to hold (``sandbox.admission``)."""
+def _admit(control: str, namespace: int, init_pid: int, pidfd: int) -> Admission:
+    """Admit ``namespace``, the pid namespace of the sandbox whose pid 1 is ``init_pid`` (``pidfd``),
+    handing the mount a descriptor of it to hold (``sandbox.admission``)."""
     try:
         held = os.open(f"/proc/{init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         raise SandboxUnavailable("cannot admit the sandbox: its pid namespace is gone; nothing was run") from None
     try:
-        if os.fstat(held).st_ino != namespace:  # a pid reused since the namespace was read: admit nothing
+        alive = True
+        try:
+            signal.pidfd_send_signal(pidfd, 0)  # pid 1 still the sandbox's: its pid was not reused meanwhile
+        except ProcessLookupError:
+            alive = False
+        if not alive or os.fstat(held).st_ino != namespace:  # a pid reused since: admit nothing
             raise SandboxUnavailable("cannot build a sandbox: its pid namespace is not its own; nothing was run")
         return Admission(control, namespace, held)
     except OSError as exc:  # ConnectionError, a missing socket, a timeout
