@@ -300,3 +300,48 @@ def test_a_backup_whose_writer_s_sandbox_is_dismissed_while_it_loads_keeps_its_c
         tool.check("the refused write into the backup")
 
     run_alice_mount(scenario, script)
+
+
+def test_a_truncation_by_path_starts_from_the_note_not_from_a_forsaken_writer_s_draft(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``truncate -s N note`` while a writer kept for a dismissed sandbox still holds its refused bytes:
+    the truncation commits at once, and must commit the note cut to N, not those bytes (the old code
+    truncated and committed the forsaken draft)."""
+    refused_bytes = b"REFUSED, then its sandbox dismissed\n"
+
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino, _, _, handle = await _idle_writer(fs, tool, PATH, b"")
+        await KernelFile(fs, ino).write(0, refused_bytes)
+        handle.used -= 10.0
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None
+        handle.pid_namespace = REVOKED
+        await fs.commits.truncate(fs.mount.node(ino), 10, by_path=True)
+        tool.check("the truncation by path")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, PATH) == ALICE_FACT[:10]
+
+
+def test_a_forsaken_writer_s_draft_is_never_committed_whoever_holds_it(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that took a forsaken writer's draft over (while that writer was let go and a commit
+    held the note's lock) holds the dismissed sandbox's refused bytes with its own: its close is
+    refused, and nothing of it is committed."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        ino, writer, node, handle = await _idle_writer(fs, tool, PATH, b"refused\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None
+        handle.pid_namespace = REVOKED
+        fs.commits.writers.unregister(node, fs.commits.writers.fh_of(node) or 0)  # as the let-go left it
+        taken_over = await fs.commits.writer(node, None)  # found no writer: took the draft as it was
+        assert taken_over is not handle
+        assert await errno_of(writer.flush()) == errno.EACCES
+        tool.check("the taken-over draft's close")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, PATH) == ALICE_FACT

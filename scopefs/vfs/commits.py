@@ -119,12 +119,10 @@ class Commits:
         """
         mount = self._mount
         writers = self.writers
+        # A writer kept for a sandbox since dismissed: none of it may be committed, and nothing written
+        # now may go with it when it is let go. This write starts a writer of its own, from the note.
+        await writers.forsake(node)
         handle = writers.writer_of(node)
-        if handle is not None and writers.forsaken(handle):
-            # Kept for a sandbox since dismissed: none of it may be committed, and nothing written now
-            # may go with it when it is let go. This write starts a writer of its own, from the note.
-            await writers.let_go(node, fh=writers.fh_of(node), commit=False)
-            handle = writers.writer_of(node)
         if handle is not None:
             handle.used = time.monotonic()
             return handle
@@ -287,6 +285,7 @@ class Commits:
         """``truncate(2)``/``ftruncate(2)``: the draft's new size (by path, committed at once)."""
         if node.kind is Kind.DIR:
             raise fail(errno.EISDIR)
+        await self.writers.forsake(node)  # a truncation starts from the note, not from what it holds
         draft = await self.ensure_draft(node, truncate=False)
         draft.truncate(size)
         if by_path and node.kind is Kind.NOTE:  # truncate(2) by path: nobody will close it
@@ -351,6 +350,9 @@ class Commits:
                 self._refused(node, draft)
                 raise fail(errno.EACCES)  # removed by another session, or the view went and came back
             return  # unlinked here while open: its writes go with it, as on any filesystem
+        if self.writers.forsaken_draft(draft):  # a dismissed sandbox's refused writes, taken over meanwhile
+            self._refused(node, draft)
+            raise fail(errno.EACCES)
         try:
             saved = await self.save(node, draft, node.parts, node.resource_id, durable=durable)
         except BaseException:
@@ -377,6 +379,7 @@ class Commits:
         current = self._mount.layers.note_for(expected)
         if current is not None and current.parts == parts and draft.holds(current.size, current.sha256):
             draft.dirty = draft.refused = False
+            draft.kept_for = None
             return None
         try:
             self._mount.check_copy(node)
@@ -393,6 +396,7 @@ class Commits:
                 self._refused(node, draft)
             raise
         draft.refused = False  # what it holds now is committed
+        draft.kept_for = None
         self.owed.saved(cell_agent, saved.store_id, durable=durable)
         return saved
 

@@ -28,6 +28,9 @@ class Draft:
         # A commit of it was refused (``Commits._refused``): its bytes are not read back, by this
         # mount's READs either, until what it holds is committed or the draft is let go.
         self.refused = False
+        # The writer's handle the settle kept it for after a failed commit (``Writers.keep``), until
+        # what it holds is committed: once that writer's sandbox is dismissed, nothing commits it.
+        self.kept_for: object | None = None
         self.mtime_ns = time.time_ns()
         if initial:
             os.pwrite(self.fd, initial, 0)

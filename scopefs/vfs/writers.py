@@ -33,6 +33,7 @@ import pyfuse3
 import trio
 
 from scopefs.catalog.errors import BadInput, Denied
+from scopefs.vfs.drafts import Draft
 from scopefs.vfs.handles import REVOKED, Handle
 from scopefs.vfs.inodes import Node
 from scopefs.vfs.mount import MountState
@@ -108,6 +109,8 @@ class Writers:
         if self._by_inode.setdefault(node.ino, fh) != fh:
             return False
         now = time.monotonic()
+        if node.draft is not None:
+            node.draft.kept_for = handle
         handle.kept_since = now if handle.kept_since is None else handle.kept_since
         handle.retry_at = math.inf if isinstance(exc, BadInput) else now + WRITER_IDLE_S
         handle.retry_seq = self._mount.view.seq if is_refusal(exc) else None
@@ -119,6 +122,20 @@ class Writers:
         dismissed: what it wrote after that failure must not outlive the sandbox, so it is let go
         uncommitted, by the settle, an unmount's settle, or any close or fsync of its inode."""
         return handle.kept_since is not None and handle.pid_namespace == REVOKED
+
+    @staticmethod
+    def forsaken_draft(draft: Draft) -> bool:
+        """Whether ``draft`` holds what a forsaken writer wrote after its failed commit: whoever holds
+        it now (a write that took it over while that writer was let go), it is never committed."""
+        kept_for = draft.kept_for
+        return isinstance(kept_for, Handle) and Writers.forsaken(kept_for)
+
+    async def forsake(self, node: Node) -> None:
+        """Let go of ``node``'s writer, uncommitted, if it is forsaken (before a write or a truncation
+        starts from the note)."""
+        handle = self.writer_of(node)
+        if handle is not None and self.forsaken(handle):
+            await self.let_go(node, fh=self.fh_of(node), commit=False)
 
     async def settled(self, node: Node) -> int | None:
         """Until no settle of ``node``'s writer is under way, or the inode has a writer again (kept
