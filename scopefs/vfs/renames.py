@@ -181,6 +181,7 @@ class Renames:
         """A note renamed to a scratch name (vim's and Emacs's backup before a save)."""
         mount = self._mount
         layers = mount.layers
+        await self._commits.writers.forsake(node)  # a dismissed sandbox's refused writes go, uncommitted
         await self._commits.commit(node)
         if not mount.serving:  # the backup would be frozen to what the view shows: maybe what that commit replaced
             raise fail(errno.EACCES)
@@ -197,6 +198,7 @@ class Renames:
     async def _rename_note(self, node: Node, src: Parts, dst: Parts, target: Node | None) -> None:
         mount = self._mount
         layers = mount.layers
+        await self._commits.writers.forsake(node)  # a dismissed sandbox's refused writes go, uncommitted
         await self._commits.commit(node)
         removal = layers.removed.get(dst)
         if removal is not None and removal.in_flight:
