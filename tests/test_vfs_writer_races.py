@@ -345,3 +345,20 @@ def test_a_forsaken_writer_s_draft_is_never_committed_whoever_holds_it(
 
     run_alice_mount(scenario, script)
     assert as_alice(scenario, read_note, PATH) == ALICE_FACT
+
+
+def test_a_rename_of_a_note_a_forsaken_writer_held_moves_the_note_as_committed(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mv note other`` while a writer kept for a dismissed sandbox still holds refused bytes: the move
+    commits the note's draft first, and must neither commit those bytes nor fail over them."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        _, _, _, handle = await _idle_writer(fs, tool, PATH, b"refused, then dismissed\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None
+        handle.pid_namespace = REVOKED
+        await tool.rename("private/notes", "allergy.md", "moved.md")
+
+    run_alice_mount(scenario, script)
+    assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
