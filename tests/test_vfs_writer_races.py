@@ -362,3 +362,32 @@ def test_a_rename_of_a_note_a_forsaken_writer_held_moves_the_note_as_committed(
 
     run_alice_mount(scenario, script)
     assert as_alice(scenario, read_note, "private/notes/moved.md") == ALICE_FACT
+
+
+def test_a_rename_of_a_new_note_a_forsaken_writer_held_finds_nothing_to_move(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new note, never committed, whose writer was kept after a refused settle and whose sandbox was
+    then dismissed: a rename of it (another process's ``mv``) must not commit those bytes at the new
+    name. The writer is let go uncommitted, so the note never was: ENOENT, as after a refused first
+    commit."""
+    async def script(fs: ScopeFS, tool: Tool) -> None:
+        folder = await tool.folder("private/notes")
+        info, attributes = await fs.create(folder, b"new.md", 0o600, os.O_WRONLY | os.O_CREAT,
+                                           None)  # type: ignore[arg-type]
+        await fs.write(info.fh, 0, b"refused, then its sandbox dismissed\n", attributes.st_ino, None)
+        handle = fs.mount.handles.get(info.fh)
+        assert handle is not None
+        handle.used -= 10.0
+        with monkeypatch.context() as patch:
+            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+            await fs.commits.writers.settle()
+        assert handle.kept_since is not None
+        handle.pid_namespace = REVOKED
+        assert await errno_of(fs.rename(folder, b"new.md", folder, b"final.md", 0,
+                                        None)) == errno.ENOENT  # type: ignore[arg-type]
+        tool.check("the rename of the forsaken new note")
+
+    run_alice_mount(scenario, script)
+    for path in ("private/notes/new.md", "private/notes/final.md"):
+        with pytest.raises(Denied):
+            as_alice(scenario, read_note, path)

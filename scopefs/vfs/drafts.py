@@ -57,7 +57,8 @@ class Draft:
         self.size = size
         if size == 0:
             self.source_resource = None  # nothing of the loaded note is left,
-            self.refused = False  # nor of what a commit refused
+            self.refused = False  # nor of what a commit refused,
+            self.kept_for = None  # nor of what a writer kept for a dismissed sandbox wrote
         self._touch()
 
     def _touch(self) -> None:

@@ -127,6 +127,7 @@ class Renames:
             node.parts, node.frozen = dst, None
             self._commits.bind(node, frozen.resource_id)
             return
+        await self._commits.writers.forsake(node)  # (not under the lock: a release may wait for it)
         async with node.commit_lock:  # a close of the same file commits it too: one at a time
             if node.resource_id is None and (not node.attached or layers.local.get(src) is not node):
                 raise fail(errno.ENOENT)  # let go meanwhile: its first commit was refused, so it never was
@@ -147,6 +148,8 @@ class Renames:
         mount = self._mount
         layers = mount.layers
         draft = await self._commits.ensure_draft(node, truncate=False)
+        if self._commits.writers.forsaken_draft(draft):  # a dismissed sandbox's refused writes
+            raise fail(errno.EACCES)
         replacing = target.resource_id if target is not None else None  # the note saved over, if any
         cancelled = None
         if removal is not None and not removal.in_flight and layers.removed.get(dst) is removal:
