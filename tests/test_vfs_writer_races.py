@@ -29,7 +29,7 @@ from scopefs.catalog.visible import build
 from scopefs.vfs import catalog_ops
 from scopefs.vfs.errors import fail
 from scopefs.vfs.fs import ScopeFS
-from scopefs.vfs.handles import REVOKED
+from scopefs.vfs.handles import REVOKED, Handle
 from scopefs.writer.transaction import write_note
 from tests.conftest import ACCOUNT, ALICE_FACT, ALICE_SENDER, CHANNEL, Scenario
 from tests.inprocesskit import KernelFile, Tool, as_alice, errno_of, no_kernel, run_alice_mount
@@ -39,6 +39,16 @@ from tests.test_vfs_draft_lifetime import _drop_begun, _fails, _idle_writer, _to
 pytestmark = pytest.mark.usefixtures(no_kernel.__name__)
 
 PATH = "private/notes/allergy.md"
+
+
+async def _forsaken(fs: ScopeFS, handle: Handle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``handle``, an idle writer, made forsaken: the settle's commit of it refused, so it is kept for a
+    close to hear of it; then its sandbox dismissed (as ``HandleTable.revoke`` marks its handles)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
+        await fs.commits.writers.settle()
+    assert handle.kept_since is not None
+    handle.pid_namespace = REVOKED
 
 
 def test_writes_through_a_created_file_s_handle_while_the_settle_commits_it_are_kept(
@@ -118,11 +128,7 @@ def test_a_writer_kept_for_a_dismissed_sandbox_is_never_committed(
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino, _, node, handle = await _idle_writer(fs, tool, PATH, written)
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None  # kept for a close to hear of the refusal
-        handle.pid_namespace = REVOKED  # as ``HandleTable.revoke`` marks a dismissed sandbox's handles
+        await _forsaken(fs, handle, monkeypatch)
         if by == "an unmount's settle":
             await fs.commits.writers.settle(everything=True)
         elif by == "another process's close":
@@ -267,11 +273,7 @@ def test_a_write_into_a_writer_kept_for_a_dismissed_sandbox_starts_a_writer_of_i
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino, _, _, handle = await _idle_writer(fs, tool, PATH, refused_bytes)
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None
-        handle.pid_namespace = REVOKED
+        await _forsaken(fs, handle, monkeypatch)
         other = await KernelFile.open(fs, ino, os.O_WRONLY)
         await other.write(0, b"NEXT")
         await other.flush()
@@ -313,11 +315,7 @@ def test_a_truncation_by_path_starts_from_the_note_not_from_a_forsaken_writer_s_
         ino, _, _, handle = await _idle_writer(fs, tool, PATH, b"")
         await KernelFile(fs, ino).write(0, refused_bytes)
         handle.used -= 10.0
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None
-        handle.pid_namespace = REVOKED
+        await _forsaken(fs, handle, monkeypatch)
         await fs.commits.truncate(fs.mount.node(ino), 10, by_path=True)
         tool.check("the truncation by path")
 
@@ -332,11 +330,7 @@ def test_a_forsaken_writer_s_draft_is_never_committed_whoever_holds_it(
     refused, and nothing of it is committed."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino, writer, node, handle = await _idle_writer(fs, tool, PATH, b"refused\n")
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None
-        handle.pid_namespace = REVOKED
+        await _forsaken(fs, handle, monkeypatch)
         fs.commits.writers.unregister(node, fs.commits.writers.fh_of(node) or 0)  # as the let-go left it
         taken_over = await fs.commits.writer(node, None)  # found no writer: took the draft as it was
         assert taken_over is not handle
@@ -353,11 +347,7 @@ def test_a_rename_of_a_note_a_forsaken_writer_held_moves_the_note_as_committed(
     commits the note's draft first, and must neither commit those bytes nor fail over them."""
     async def script(fs: ScopeFS, tool: Tool) -> None:
         _, _, _, handle = await _idle_writer(fs, tool, PATH, b"refused, then dismissed\n")
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None
-        handle.pid_namespace = REVOKED
+        await _forsaken(fs, handle, monkeypatch)
         await tool.rename("private/notes", "allergy.md", "moved.md")
 
     run_alice_mount(scenario, script)
@@ -378,11 +368,7 @@ def test_a_rename_of_a_new_note_a_forsaken_writer_held_finds_nothing_to_move(
         handle = fs.mount.handles.get(info.fh)
         assert handle is not None
         handle.used -= 10.0
-        with monkeypatch.context() as patch:
-            patch.setattr(catalog_ops, "commit", functools.partial(_fails, Denied(Reason.EXPLICIT_DENY)))
-            await fs.commits.writers.settle()
-        assert handle.kept_since is not None
-        handle.pid_namespace = REVOKED
+        await _forsaken(fs, handle, monkeypatch)
         assert await errno_of(fs.rename(folder, b"new.md", folder, b"final.md", 0,
                                         None)) == errno.ENOENT  # type: ignore[arg-type]
         tool.check("the rename of the forsaken new note")
