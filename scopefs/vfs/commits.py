@@ -144,14 +144,24 @@ class Commits:
             # the next writer would start from it, putting it back over that save (or commit the
             # truncation). A scratch file's draft is its content, frozen no more: it stays.
             if made and node.kind is Kind.NOTE and node.draft is draft and node.opens == 0:
-                if draft.dirty:
-                    mount.kernel.forget_pages(node)
-                    node.discarded_until = node.invalidations_queued
-                draft.close()
-                node.draft = None
+                self._discard(node)
             raise
         writers.register(node, fh)
         return handle
+
+    def _discard(self, node: Node) -> None:
+        """Drop ``node``'s draft. If it held uncommitted bytes, the kernel's pages (and its size) of
+        them go too, and READs by inode are refused until that drop has ended
+        (``Node.discarded_until``): a kernel still sizing the file as written would pad the older
+        revision with zeros."""
+        draft = node.draft
+        if draft is None:
+            return
+        if draft.dirty:
+            self._mount.kernel.forget_pages(node)
+            node.discarded_until = node.invalidations_queued  # (queued, or one queued already)
+        draft.close()
+        node.draft = None
 
     async def flush_inode(self, node: Node) -> None:
         """A close of a file that was opened without an open: commit its writes, let go of its handle.
@@ -163,10 +173,8 @@ class Commits:
         # The settle may be committing this inode's writes, its writer taken out of the registry for
         # the while: this close answers for that commit (the writer kept if it failed: found below).
         lost = await writers.settled(node)
+        await writers.forsake(node)  # a dismissed sandbox's refused writes go, uncommitted, not this close's
         handle, fh = writers.writer_of(node), writers.fh_of(node)
-        if handle is not None and fh is not None and writers.forsaken(handle):
-            await writers.let_go(node, fh=fh, commit=False)  # its sandbox is gone: so are its refused writes
-            handle = None
         if handle is None or fh is None:
             if lost is not None:
                 raise fail(lost)  # the settle's commit failed for good, and its writes went
@@ -293,6 +301,7 @@ class Commits:
                 await self.commit(node)
             except BaseException:
                 if node.opens == 0 and node.draft is draft:  # nor release it: the failed truncation goes now
+                    # (not ``_discard``: the kernel kept no size of it, its SETATTR failed; reads go on)
                     self._mount.kernel.forget_pages(node)
                     draft.close()
                     node.draft = None
@@ -599,11 +608,8 @@ class Commits:
         lost = None
         if node.opens == 0 and node.kind is Kind.NOTE and node.draft is not None:
             if node.draft.dirty:
-                mount.kernel.forget_pages(node)  # a draft whose commit failed is discarded: so are its pages
-                node.discarded_until = node.invalidations_queued  # (queued, or one queued already)
-                lost = failure
-            node.draft.close()  # committed by flush
-            node.draft = None
+                lost = failure  # a draft whose commit failed is discarded (else it was committed by flush)
+            self._discard(node)
             if node.resource_id is None and layers.local.get(node.parts) is node:
                 layers.drop_local(node.parts)  # a new note whose first commit failed never existed
                 layers.detach(node)

@@ -397,11 +397,9 @@ class ScopeFS(pyfuse3.Operations):
         # A RELEASE the kernel has not sent yet (it sends them in the background, and a full background
         # queue can hold one behind this FSYNC) has not let go of its writer: found below, and committed.
         writers = self.commits.writers
-        writer = handle if handle is not None else writers.writer_of(node)
-        if writer is not None and writers.forsaken(writer):
-            await writers.let_go(node, fh=fh if handle is not None else writers.fh_of(node),
-                                 commit=False)  # not this fsync's to commit
-        elif writer is not None:
+        await writers.forsake(node)  # a dismissed sandbox's refused writes are not this fsync's to commit
+        handle = self.mount.handles.get(fh) if fh else None  # (let go with them, if it was that writer)
+        if handle is not None or writers.writer_of(node) is not None:
             await self.commits.commit(node, durable=True)
         await self.commits.sync(node)  # what earlier closes committed without a sync
 
