@@ -147,6 +147,12 @@ def _fails(error: Exception, *args: Any, **kwargs: Any) -> Any:
     raise error
 
 
+def _refused_counted(tries: list[int], *args: Any, **kwargs: Any) -> Any:
+    """A commit the catalog refuses, each try noted in ``tries`` (patched in for ``catalog_ops.commit``)."""
+    tries.append(1)
+    raise Denied(Reason.EXPLICIT_DENY)
+
+
 async def _touched(fs: ScopeFS, tool: Tool) -> tuple[int, int, int]:
     """``touch private/notes/touched.md``'s create and close (nothing written, so nothing committed yet):
     the folder's inode, the file's handle (for its RELEASE) and its inode."""
@@ -312,9 +318,7 @@ def test_a_folder_s_fsync_answers_for_the_folder_when_a_new_note_s_commit_is_ref
     the folder holds (the file's own fsync is what reports the refusal)."""
     tried: list[int] = []
 
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        tried.append(1)
-        raise Denied(Reason.EXPLICIT_DENY)
+    refused = functools.partial(_refused_counted, tried)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         folder, _, ino = await _touched(fs, tool)
@@ -521,9 +525,7 @@ def test_a_settle_s_refused_commit_is_heard_by_the_writer_s_close_and_nothing_ol
     path = "private/notes/allergy.md"
     refusals: list[int] = []
 
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        refusals.append(1)
-        raise Denied(Reason.EXPLICIT_DENY)
+    refused = functools.partial(_refused_counted, refusals)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         assert await tool.read(path) == ALICE_FACT
@@ -557,9 +559,7 @@ def test_a_writer_the_settle_could_not_commit_is_tried_again_then_let_go(
     written = b"written back after the close\n"
     tries: list[int] = []
 
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        tries.append(1)
-        raise Denied(Reason.EXPLICIT_DENY)
+    refused = functools.partial(_refused_counted, tries)
 
     async def kept(fs: ScopeFS, tool: Tool) -> tuple[int, Node, Handle]:
         ino = await tool.ino(path)
@@ -623,9 +623,7 @@ def test_a_writer_kept_for_a_sandbox_since_dismissed_is_let_go_uncommitted(
     path = "private/notes/allergy.md"
     tries: list[int] = []
 
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        tries.append(1)
-        raise Denied(Reason.EXPLICIT_DENY)
+    refused = functools.partial(_refused_counted, tries)
 
     async def script(fs: ScopeFS, tool: Tool) -> None:
         ino, _, node, handle = await _idle_writer(fs, tool, path, b"written in a sandbox since gone\n")
